@@ -1,0 +1,45 @@
+// Declarations shared by the schema registration, the CPU kernel and the
+// CUDA kernel of ddpm::fused_sample. The schema itself lives in ops.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+namespace ddpm_ops {
+
+// Shape, dtype and device checks that do not look at tensor values. Written
+// against symbolic sizes so the Meta kernel (torch.compile, torch.export) runs
+// exactly the checks the CPU and CUDA kernels run.
+void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
+                             at::TensorList weights, at::TensorList biases,
+                             const at::Tensor& sqrt_recip_alphas,
+                             const at::Tensor& coef_eps, int64_t num_steps,
+                             int64_t total_timesteps, c10::string_view precision);
+
+// The data-dependent check: every timestep t_start - k, k < num_steps, must
+// index the coefficient tables. Reads t_start's values, so on CUDA it
+// synchronises with the host; the CUDA kernel calls it only when asked to.
+void check_timesteps_in_range(const at::Tensor& t_start, int64_t num_steps,
+                              int64_t table_length);
+
+// How the matrix products are computed. kFloat32 is exact fp32 arithmetic;
+// the others are opt-in tensor-core paths (CUDA only; the CPU always computes
+// in fp32, which is at least as accurate).
+enum class Precision { kFloat32, kTF32, kBFloat16 };
+Precision parse_precision(c10::string_view precision);
+
+at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
+                            at::TensorList weights, at::TensorList biases,
+                            const at::Tensor& sqrt_recip_alphas,
+                            const at::Tensor& coef_eps, int64_t num_steps,
+                            int64_t total_timesteps, bool validate,
+                            c10::string_view precision);
+
+at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
+                             at::TensorList weights, at::TensorList biases,
+                             const at::Tensor& sqrt_recip_alphas,
+                             const at::Tensor& coef_eps, int64_t num_steps,
+                             int64_t total_timesteps, bool validate,
+                             c10::string_view precision);
+
+}  // namespace ddpm_ops

@@ -1,0 +1,21 @@
+"""Loads the compiled op library ``ddpm_ops._C`` into the dispatcher."""
+import pathlib
+
+import torch
+
+
+def _load() -> str:
+    package_dir = pathlib.Path(__file__).parent
+    candidates = sorted(package_dir.glob("_C*.so")) + sorted(package_dir.glob("_C*.pyd"))
+    if not candidates:
+        raise ImportError(
+            f"ddpm_ops: the compiled library _C was not found in {package_dir}; "
+            "build it with `pip install --no-build-isolation -e .`"
+        )
+    torch.ops.load_library(str(candidates[0]))
+    return str(candidates[0])
+
+
+#: Path of the loaded shared library; a C++ program that runs an exported
+#: model links or dlopens this file so the dispatcher knows ddpm::fused_sample.
+LIBRARY_PATH = _load()

@@ -1,0 +1,136 @@
+"""Typed Python entry points of ``torch.ops.ddpm.fused_sample``.
+
+The schema, the argument checks and the fake (Meta) kernel all live in C++
+(csrc/ops.cpp, csrc/checks.cpp), so eager calls, torch.compile, torch.export
+and AOTInductor see one definition.
+"""
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from . import _library  # noqa: F401  (registers ddpm::fused_sample)
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def fused_sample(
+    x: torch.Tensor,
+    t_start: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor],
+    sqrt_recip_alphas: torch.Tensor,
+    coef_eps: torch.Tensor,
+    num_steps: int,
+    total_timesteps: int,
+    *,
+    validate: bool = False,
+    precision: str = "fp32",
+) -> torch.Tensor:
+    """Run ``num_steps`` reverse-diffusion (DDPM) steps of an MLP noise network as one op.
+
+    Equal to :func:`ddpm_ops.reference.reference` (the loop of DESIGN.md)::
+
+        for k in range(num_steps):
+            t = t_start - k
+            eps = mlp(cat([x, t / total_timesteps], dim=1))
+            x = sqrt_recip_alphas[t] * (x - coef_eps[t] * eps)
+
+    Args:
+        x: ``(batch, dim)`` float32, the samples at timestep ``t_start``.
+        t_start: ``(batch,)`` int64 or int32, each sample's first timestep.
+        weights: the MLP's ``nn.Linear`` weights ``(out_l, in_l)``; ``in_0 = dim + 1``
+            (the last input column is ``t / total_timesteps``), the last layer
+            outputs ``dim``. SiLU between layers, none after the last.
+        biases: one ``(out_l,)`` bias per weight.
+        sqrt_recip_alphas, coef_eps: 1-D float32 tables of equal length, indexed
+            by timestep (see :func:`ddpm_ops.coefficient_tables`).
+        num_steps: how many steps K >= 0 to run; 0 returns a copy of ``x``.
+        total_timesteps: T, the divisor of the time input.
+        validate: on CUDA, check every timestep on the host before launching
+            and raise a ``RuntimeError`` for one outside the tables (this
+            synchronises with the GPU). Without it the CUDA kernel never
+            synchronises: a sample whose timesteps ``t_start - k`` fall outside
+            the tables is never read out of bounds, and its output row is NaN.
+            On the CPU the check always runs and always raises.
+        precision: ``"fp32"`` (default, exact fp32 arithmetic), or on CUDA the
+            opt-in tensor-core modes ``"tf32"`` and ``"bf16"`` (bf16 operands,
+            fp32 accumulation), faster at large batch with relative error up to
+            about 5e-3. The CPU computes in fp32 whatever is asked.
+
+    Returns:
+        A new contiguous ``(batch, dim)`` float32 tensor; inputs are never
+        mutated or aliased.
+
+    Raises:
+        RuntimeError: for a bad argument (the message names it, what was
+            expected and what was given), and when called under grad mode with
+            an input that requires grad: the op is inference-only.
+    """
+    return torch.ops.ddpm.fused_sample(
+        x, t_start, list(weights), list(biases), sqrt_recip_alphas, coef_eps,
+        int(num_steps), int(total_timesteps), validate, precision,
+    )
+
+
+def mlp_parameters(eps_net: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The weights and biases of an ``nn.Sequential`` of ``Linear`` and ``SiLU``.
+
+    Raises ``ValueError`` unless ``eps_net`` is Linear (SiLU Linear)*, each
+    Linear with a bias: the only MLP the op computes.
+    """
+    layers = list(eps_net.children()) if isinstance(eps_net, nn.Sequential) else [eps_net]
+    weights, biases = [], []
+    for position, layer in enumerate(layers):
+        expect_linear = position % 2 == 0
+        if expect_linear and isinstance(layer, nn.Linear) and layer.bias is not None:
+            weights.append(layer.weight)
+            biases.append(layer.bias)
+        elif not expect_linear and isinstance(layer, nn.SiLU):
+            continue
+        else:
+            expected = "nn.Linear with bias" if expect_linear else "nn.SiLU"
+            raise ValueError(
+                f"eps_net: expected Linear, SiLU, Linear, ..., Linear; layer {position} "
+                f"should be {expected}, got {type(layer).__name__}"
+            )
+    if len(layers) % 2 == 0:
+        raise ValueError(f"eps_net: expected the last layer to be nn.Linear, got {type(layers[-1]).__name__}")
+    return weights, biases
+
+
+class FusedDDPMSampler(nn.Module):
+    """``num_steps`` DDPM steps of an MLP noise network, run by the fused op.
+
+    Holds (shares, does not copy) the parameters of ``eps_net`` and the two
+    coefficient tables as buffers; ``forward(x, t_start)`` is the reference
+    loop of DESIGN.md.
+    """
+
+    def __init__(
+        self,
+        eps_net: nn.Module,
+        sqrt_recip_alphas: torch.Tensor,
+        coef_eps: torch.Tensor,
+        num_steps: int,
+        total_timesteps: int,
+        *,
+        precision: str = "fp32",
+    ):
+        super().__init__()
+        mlp_parameters(eps_net)  # fail at construction, not at the first call
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+        self.eps_net = eps_net
+        self.register_buffer("sqrt_recip_alphas", sqrt_recip_alphas)
+        self.register_buffer("coef_eps", coef_eps)
+        self.num_steps = num_steps
+        self.total_timesteps = total_timesteps
+        self.precision = precision
+
+    def forward(self, x: torch.Tensor, t_start: torch.Tensor) -> torch.Tensor:
+        weights, biases = mlp_parameters(self.eps_net)
+        return fused_sample(
+            x, t_start, weights, biases, self.sqrt_recip_alphas, self.coef_eps,
+            self.num_steps, self.total_timesteps, precision=self.precision,
+        )
