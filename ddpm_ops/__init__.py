@@ -3,12 +3,24 @@
 Importing the package registers ``torch.ops.ddpm.fused_sample``.
 """
 from ._library import LIBRARY_PATH
+from .export import fuse_exported_program
+from .graph_pass import (
+    DDPMSamplingRewrite,
+    auto_rewrite_enabled,
+    disable_auto_rewrite,
+    enable_auto_rewrite,
+)
 from .ops import FusedDDPMSampler, fused_sample, mlp_parameters
 from .reference import reference
 from .schedules import coefficient_tables, cosine_betas, linear_betas
 
 __all__ = [
+    "DDPMSamplingRewrite",
     "LIBRARY_PATH",
+    "auto_rewrite_enabled",
+    "disable_auto_rewrite",
+    "enable_auto_rewrite",
+    "fuse_exported_program",
     "FusedDDPMSampler",
     "coefficient_tables",
     "cosine_betas",
@@ -17,3 +29,10 @@ __all__ = [
     "mlp_parameters",
     "reference",
 ]
+
+# The torch.compile rewrite (ddpm_ops/graph_pass.py): installed into inductor's
+# config on import unless DDPM_OPS_DISABLE_AUTO_REWRITE=1.
+from . import graph_pass as _graph_pass  # noqa: E402
+
+if _graph_pass._enabled:
+    _graph_pass.install()

@@ -1,0 +1,68 @@
+"""Exported models: turn an ``ExportedProgram`` of a sampling loop into one that calls the op."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+from torch.export import ExportedProgram
+
+from .graph_pass import rewrite_graph
+
+
+def fuse_exported_program(ep: ExportedProgram) -> ExportedProgram:
+    """A copy of ``ep`` in which every DDPM sampling loop calls ``ddpm::fused_sample``.
+
+    ``ep`` is ``torch.export.export(model, (x, t_start))`` of a module whose
+    forward runs the reference loop of DESIGN.md (any spelling the
+    ``torch.compile`` rewrite accepts; the matcher is the same, see
+    :mod:`ddpm_ops.graph_pass`). Both the default (training) IR and the output of
+    ``ep.run_decompositions()`` are understood. The result has the same inputs,
+    outputs, parameters and buffers (parameters the op takes over stay as
+    inputs, unchanged); ``ep`` itself is not modified. What the matcher does not
+    fully understand is left as it was, so a program with no such loop comes
+    back equal to ``ep``.
+
+    The result is for inference: the op has no backward, so run it under
+    ``torch.no_grad()`` / ``torch.inference_mode()`` (``ep.module()``), or
+    package it for deployment::
+
+        ep = ddpm_ops.fuse_exported_program(torch.export.export(sampler, (x, t)))
+        torch.export.save(ep, "sampler.pt2")            # load: import ddpm_ops first
+        path = torch._inductor.aoti_compile_and_package(ep)
+        runner = torch._inductor.aoti_load_package(path)  # in a process that imported ddpm_ops
+
+    Rewrites are logged at INFO on the ``ddpm_ops.rewrite`` logger.
+    """
+    if not isinstance(ep, ExportedProgram):
+        raise TypeError(f"ep: expected a torch.export.ExportedProgram, got {type(ep).__name__}")
+    new = copy.deepcopy(ep)
+    gm = new.graph_module
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    before = [a.name if isinstance(a, torch.fx.Node) else None for a in output.args[0]]
+    if rewrite_graph(gm.graph) == 0:
+        return new
+    after = [a.name if isinstance(a, torch.fx.Node) else None for a in output.args[0]]
+    renamed = {b: a for b, a in zip(before, after) if b is not None and b != a}
+    _rename_outputs(new, renamed)
+    gm.recompile()
+    new.validate()
+    return new
+
+
+def _rename_outputs(ep: ExportedProgram, renamed: dict[str, str]) -> None:
+    """Point the signature's outputs at the nodes that now produce them."""
+    if not renamed:
+        return
+
+    def fix(arg):
+        name = getattr(arg, "name", None)
+        if name in renamed:
+            return dataclasses.replace(arg, name=renamed[name])
+        return arg
+
+    for spec in ep.graph_signature.output_specs:
+        spec.arg = fix(spec.arg)
+    for entry in ep.module_call_graph:
+        if entry.signature is not None:
+            entry.signature.outputs = [fix(a) for a in entry.signature.outputs]
