@@ -1,0 +1,288 @@
+"""Benchmark: the DDPM sampling loop of DESIGN.md against ddpm::fused_sample.
+
+One process, all contenders on the same inputs:
+  eager           the reference loop (an nn.Module like DESIGN.md's Sampler)
+  graph           that loop captured in one CUDA graph, replayed
+  compile         torch.compile(default), dynamic batch (one compile per table)
+  compile-ro      torch.compile(mode="reduce-overhead"), dynamic batch
+  compile-ma      torch.compile(mode="max-autotune"), only with --max-autotune
+  fused           ddpm_ops.fused_sample
+  fused-graph     the fused op captured in a CUDA graph, replayed
+  fused-tf32/bf16 the opt-in tensor-core precisions (extra rows, not contenders)
+  x+1             a trivial op: the floor of both clocks
+
+Two clocks per contender:
+  latency  one call with the GPU idle before it (sync, event, call, event,
+           sync), median of many: what a caller waiting for the result sees.
+  gpu      many calls back to back (or graph replays) / count: the GPU time a
+           call costs in a pipeline.
+Also each contender's relative error against a float64 evaluation of the loop,
+and TFLOP/s for large batches against the fp32 floor of
+2*((dim+1)*h + h*h + h*dim) FLOP per sample-step (generalised to any widths).
+
+    python benchmarks/bench.py                 # H200 tables (about 5 minutes)
+    python benchmarks/bench.py --device cpu    # short CPU run
+    python benchmarks/bench.py --json out.json
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import ddpm_ops
+
+TABLES = {
+    "seed": dict(dim=64, hidden=256, depth=3, steps=16, batches=[1, 8, 64, 512, 4096, 32768]),
+    "policy": dict(dim=12, hidden=1024, depth=3, steps=5, batches=[1, 8, 64, 256]),
+}
+CPU_BATCHES = {"seed": [1, 8, 64, 512, 4096], "policy": [1, 8, 64, 256]}
+TOTAL_TIMESTEPS = 1000
+
+
+class Sampler(nn.Module):
+    """DESIGN.md's reference loop with configurable width and depth (Linear layers)."""
+
+    def __init__(self, dim, hidden, depth, steps, total_timesteps=TOTAL_TIMESTEPS):
+        super().__init__()
+        self.K, self.T = steps, total_timesteps
+        widths = [dim + 1] + [hidden] * (depth - 1) + [dim]
+        layers = []
+        for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+            if i:
+                layers.append(nn.SiLU())
+            layers.append(nn.Linear(fan_in, fan_out))
+        self.eps_net = nn.Sequential(*layers)
+        c1, c2 = ddpm_ops.coefficient_tables(ddpm_ops.linear_betas(total_timesteps))
+        self.register_buffer("sqrt_recip_alphas", c1)
+        self.register_buffer("coef_eps", c2)
+
+    def forward(self, x, t_start):
+        x_cur = x
+        for k in range(self.K):
+            t_idx = t_start - k
+            t_norm = t_idx.to(x.dtype) / self.T
+            eps = self.eps_net(torch.cat([x_cur, t_norm[:, None]], dim=1))
+            c1 = self.sqrt_recip_alphas[t_idx].view(-1, 1)
+            c2 = self.coef_eps[t_idx].view(-1, 1)
+            x_cur = c1 * (x_cur - c2 * eps)
+        return x_cur
+
+
+def flops_per_sample_step(model):
+    return sum(2 * m.in_features * m.out_features for m in model.eps_net if isinstance(m, nn.Linear))
+
+
+class Clock:
+    def __init__(self, device):
+        self.cuda = device == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def latency_us(self, fn, reps):
+        times = []
+        for _ in range(reps):
+            self.sync()
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+
+    def gpu_us(self, fn, reps, rounds=5):
+        """Median over rounds of (reps calls back to back) / reps."""
+        results = []
+        for _ in range(rounds):
+            self.sync()
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(reps):
+                    fn()
+                end.record()
+                end.synchronize()
+                results.append(start.elapsed_time(end) * 1e3 / reps)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                results.append((time.perf_counter() - t0) * 1e6 / reps)
+        return statistics.median(results)
+
+
+def capture(fn, warmup=3):
+    """A CUDA graph of fn() and its (static) output."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def forced(variant, fn):
+    os.environ["DDPM_OPS_CUDA_KERNEL"] = variant
+    try:
+        return fn()
+    finally:
+        del os.environ["DDPM_OPS_CUDA_KERNEL"]
+
+
+def rel_err(out, ref):
+    out = out.double()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def reps_for(clock, fn, budget_s):
+    """How many calls fit in budget_s (at least 3, at most 200)."""
+    clock.sync()
+    t0 = time.perf_counter()
+    fn()
+    clock.sync()
+    one = max(time.perf_counter() - t0, 1e-6)
+    return int(min(200, max(3, budget_s / one)))
+
+
+def run_table(name, cfg, args, clock, device):
+    torch.manual_seed(0)
+    model = Sampler(cfg["dim"], cfg["hidden"], cfg["depth"], cfg["steps"]).to(device).eval()
+    model64 = Sampler(cfg["dim"], cfg["hidden"], cfg["depth"], cfg["steps"]).to(device).double().eval()
+    model64.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    weights, biases = ddpm_ops.mlp_parameters(model.eps_net)
+    flop = flops_per_sample_step(model) * cfg["steps"]
+
+    compiled = {"compile": torch.compile(model, dynamic=True)}
+    if device == "cuda":
+        compiled["compile-ro"] = torch.compile(model, mode="reduce-overhead", dynamic=True)
+        if args.max_autotune:
+            compiled["compile-ma"] = torch.compile(model, mode="max-autotune", dynamic=True)
+
+    batches = args.batches or (cfg["batches"] if device == "cuda" else CPU_BATCHES[name])
+    rows = []
+    for batch in batches:
+        x = torch.randn(batch, cfg["dim"], device=device)
+        t = torch.randint(cfg["steps"] - 1, TOTAL_TIMESTEPS, (batch,), device=device)
+        ref = model64(x.double(), t)
+
+        def fused(precision="fp32"):
+            return ddpm_ops.fused_sample(x, t, weights, biases, model.sqrt_recip_alphas,
+                                         model.coef_eps, cfg["steps"], TOTAL_TIMESTEPS,
+                                         precision=precision)
+
+        contenders = {"eager": lambda: model(x, t)}
+        for key, cmodel in compiled.items():
+            if args.skip_compile_above and batch > args.skip_compile_above:
+                continue
+            contenders[key] = (lambda m: lambda: m(x, t))(cmodel)
+        contenders["fused"] = fused
+        extras = {}
+        if device == "cuda":
+            extras = {"fused-tf32": lambda: fused("tf32"), "fused-bf16": lambda: fused("bf16")}
+            if args.variants:  # each kernel forced (DDPM_OPS_CUDA_KERNEL), to tune the rule
+                for variant in ("cluster", "tiled32", "tiled64"):
+                    for precision in ("fp32", "tf32"):
+                        extras[f"{variant}-{precision}"] = (
+                            lambda v, p: lambda: forced(v, lambda: fused(p)))(variant, precision)
+        trivial = lambda: x + 1  # noqa: E731
+
+        entries = {}
+        with torch.inference_mode():
+            for key, fn in {**contenders, **extras, "x+1": trivial}.items():
+                t0 = time.perf_counter()
+                out = fn()
+                if key.startswith("compile"):
+                    out = fn()  # reduce-overhead records its graph on the second call
+                clock.sync()
+                warm_s = time.perf_counter() - t0
+                reps = reps_for(clock, fn, args.budget)
+                entry = {"latency_us": clock.latency_us(fn, min(reps, 100)),
+                         "gpu_us": clock.gpu_us(fn, reps),
+                         "rel_err": None if key == "x+1" else rel_err(out.clone(), ref),
+                         "first_call_s": warm_s}
+                entries[key] = entry
+            if device == "cuda":
+                for key, fn in (("graph", contenders["eager"]), ("fused-graph", fused)):
+                    graph, out = capture(fn)
+                    graph.replay()
+                    err = rel_err(out.clone(), ref)
+                    reps = reps_for(clock, graph.replay, args.budget)
+                    entries[key] = {"latency_us": clock.latency_us(graph.replay, min(reps, 100)),
+                                    "gpu_us": clock.gpu_us(graph.replay, reps), "rel_err": err}
+                    del graph
+                graph, _ = capture(trivial)
+                entries["x+1"]["graph_gpu_us"] = clock.gpu_us(graph.replay, 200)
+                del graph
+        for key, entry in entries.items():
+            entry["tflops"] = batch * flop / (entry["gpu_us"] * 1e-6) / 1e12
+            rows.append({"table": name, "batch": batch, "contender": key, **entry})
+        print_batch(name, cfg, batch, entries, flop)
+    return rows
+
+
+def print_batch(name, cfg, batch, entries, flop):
+    others = {k: v for k, v in entries.items() if k in ("eager", "graph") or k.startswith("compile")}
+    print(f"\n[{name}] dim={cfg['dim']} hidden={cfg['hidden']} depth={cfg['depth']} "
+          f"steps={cfg['steps']} batch={batch}  ({batch * flop / 1e9:.3f} GFLOP per call)")
+    print(f"  {'contender':<12} {'latency us':>11} {'gpu us':>10} {'rel err':>9} {'TFLOP/s':>8}")
+    for key, e in entries.items():
+        err = "" if e["rel_err"] is None else f"{e['rel_err']:.1e}"
+        tf = f"{e['tflops']:.2f}" if batch >= 4096 else ""
+        print(f"  {key:<12} {e['latency_us']:>11.1f} {e['gpu_us']:>10.1f} {err:>9} {tf:>8}")
+    if "graph_gpu_us" in entries["x+1"]:
+        print(f"  x+1 replayed from a CUDA graph: {entries['x+1']['graph_gpu_us']:.1f} us gpu")
+    best_lat = min(others.values(), key=lambda e: e["latency_us"])
+    best_gpu = min(others.values(), key=lambda e: e["gpu_us"])
+    fused_gpu = min(entries[k]["gpu_us"] for k in ("fused", "fused-graph") if k in entries)
+    print(f"  fused speed-up over best other: latency {best_lat['latency_us'] / entries['fused']['latency_us']:.1f}x,"
+          f" gpu time {best_gpu['gpu_us'] / fused_gpu:.1f}x")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
+    parser.add_argument("--batches", type=int, nargs="+", help="override the batch sizes")
+    parser.add_argument("--max-autotune", action="store_true", help="also torch.compile(mode='max-autotune')")
+    parser.add_argument("--skip-compile-above", type=int, default=0,
+                        help="leave torch.compile out for batches above this (0: never)")
+    parser.add_argument("--variants", action="store_true",
+                        help="also time each CUDA kernel variant forced (fp32 and tf32)")
+    parser.add_argument("--budget", type=float, default=0.15, help="seconds of calls per measurement")
+    parser.add_argument("--json", help="write all numbers here")
+    args = parser.parse_args()
+    if args.device == "cuda":
+        assert torch.cuda.is_available(), "--device cuda needs a GPU (try --device cpu)"
+        props = torch.cuda.get_device_properties(0)
+        print(f"GPU {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}, "
+              f"CUDA {torch.version.cuda}; {time.strftime('%Y-%m-%d')}")
+    else:
+        print(f"CPU, {torch.get_num_threads()} threads; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}")
+    clock = Clock(args.device)
+    rows = []
+    for name in args.tables:
+        rows += run_table(name, TABLES[name], args, clock, args.device)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": args.device, "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

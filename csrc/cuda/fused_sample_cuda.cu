@@ -1,0 +1,313 @@
+// CUDA kernel of ddpm::fused_sample: argument handling, the choice between
+// the two kernels of fused_sample_kernels.cuh, and their launch.
+//
+// Which kernel (a simple rule, from measurements on an H200; BENCHMARKS.md):
+//   - the cluster kernel (exact fp32, latency-optimised) for small and medium
+//     batches, and for any shape the tiled kernel cannot hold;
+//   - the tiled tensor-core kernel for large batches: 3xTF32 for "fp32",
+//     one tf32 product for "tf32" and "bf16".
+// DDPM_OPS_CUDA_KERNEL=cluster|tiled32|tiled64 forces one (tests, benchmarks).
+#include "../fused_sample.h"
+#include "fused_sample_kernels.cuh"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
+
+namespace ddpm_ops {
+namespace {
+
+using cuda_kernels::ClusterPlan;
+using cuda_kernels::kMaxLayers;
+using cuda_kernels::SampleArgs;
+using cuda_kernels::TilePlan;
+
+// Batch sizes from which the tiled kernel beats the cluster kernel.
+constexpr int64_t kTiledMinBatchFp32 = 4096;
+constexpr int64_t kTiledMinBatchFast = 2048;
+constexpr int kMaxClusterRows = 64;
+constexpr int kPreferredClusterSize = 16;
+
+struct DeviceInfo {
+  int sm_count = 0;
+  int max_smem = 0;          // opt-in dynamic shared memory per block
+  int cluster_size = 0;      // largest that launches with one CTA per SM
+  int max_clusters = 0;      // co-resident clusters of that size
+};
+
+// Raises a kernel's dynamic shared-memory limit (and, for cluster kernels,
+// allows the non-portable size 16) once per device.
+template <typename Kernel>
+void prepare_kernel(Kernel kernel, int device, int max_smem, bool cluster) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> done;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!done.insert({reinterpret_cast<const void*>(kernel), device}).second) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+  if (cluster) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+}
+
+const DeviceInfo& device_info(int device) {
+  static std::mutex mutex;
+  static std::vector<DeviceInfo> cache(64);
+  std::lock_guard<std::mutex> lock(mutex);
+  TORCH_CHECK(device < static_cast<int>(cache.size()), "ddpm::fused_sample: device index ", device,
+              " is beyond the supported 64 devices");
+  DeviceInfo& info = cache[device];
+  if (info.sm_count != 0) return info;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // Every cluster instantiation uses the same block size and (at most) all of
+  // the shared memory, so one of them answers for all.
+  auto kernel = cuda_kernels::cluster_sample_kernel<1, 2>;
+  prepare_kernel(kernel, device, info.max_smem, true);
+  for (int size = kPreferredClusterSize; size >= 1; size /= 2) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(size);
+    config.blockDim = dim3(cuda_kernels::kClusterThreads);
+    config.dynamicSmemBytes = info.max_smem;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = size;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+      (void)cudaGetLastError();  // an unsupported size is an answer, not an error
+      clusters = 0;
+    }
+    if (clusters > 0) {
+      info.cluster_size = size;
+      info.max_clusters = clusters;
+      break;
+    }
+  }
+  TORCH_CHECK(info.cluster_size > 0, "ddpm::fused_sample: no thread-block cluster fits on device ",
+              device);
+  return info;
+}
+
+int round_up(int v, int m) { return (v + m - 1) / m * m; }
+
+enum class Variant { kCluster, kTiled32, kTiled64 };
+
+// Shared memory the tiled kernel needs for 16 * mt rows, or 0 if the depth or
+// widths leave it out.
+size_t tiled_smem_bytes(const SampleArgs& a, int mt, TilePlan* plan) {
+  const int rows = 16 * mt;
+  int widest = a.dim + 1;
+  for (int l = 0; l < a.num_layers; ++l) widest = std::max(widest, a.layers[l].out);
+  const int ld = round_up(widest, cuda_kernels::kTileKChunk) + 4;
+  plan->act_ld = ld;
+  plan->act_offset[0] = 0;
+  plan->act_offset[1] = rows * ld;
+  plan->x_offset = 2 * rows * ld;
+  // 16-byte aligned for cp.async 16
+  plan->stage_offset = round_up(plan->x_offset + rows * a.dim, 4);
+  plan->t_offset = plan->stage_offset + 2 * cuda_kernels::kTileStageFloats;
+  plan->valid_offset = plan->t_offset + rows;
+  for (int l = 0; l < a.num_layers; ++l) {
+    plan->vec4[l] = a.layers[l].in % 4 == 0 && reinterpret_cast<uintptr_t>(a.layers[l].weight) % 16 == 0;
+  }
+  return static_cast<size_t>(plan->valid_offset + rows) * sizeof(float);
+}
+
+Variant choose_variant(const SampleArgs& a, Precision precision, const DeviceInfo& info,
+                       bool tiled_fits[2]) {
+  if (const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL")) {
+    if (std::strcmp(forced, "cluster") == 0) return Variant::kCluster;
+    if (std::strcmp(forced, "tiled32") == 0 && tiled_fits[0]) return Variant::kTiled32;
+    if (std::strcmp(forced, "tiled64") == 0 && tiled_fits[1]) return Variant::kTiled64;
+  }
+  const int64_t threshold =
+      precision == Precision::kFloat32 ? kTiledMinBatchFp32 : kTiledMinBatchFast;
+  if (a.batch < threshold) return Variant::kCluster;
+  // 64-row tiles halve the weight traffic once there are enough of them to
+  // fill every multiprocessor.
+  if (tiled_fits[1] && (a.batch + 63) / 64 >= info.sm_count) return Variant::kTiled64;
+  if (tiled_fits[0]) return Variant::kTiled32;
+  return Variant::kCluster;
+}
+
+void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cudaStream_t stream) {
+  const int cs = info.cluster_size;
+  const int L = a.num_layers;
+  ClusterPlan p = {};
+  p.cluster_size = cs;
+  int hidden_ld = 0;
+  for (int l = 0; l + 1 < L; ++l) hidden_ld = std::max(hidden_ld, a.layers[l].out);
+  p.hidden_ld = hidden_ld;
+  size_t weight_floats = 0;
+  for (int l = 0; l < L; ++l) {
+    weight_floats += static_cast<size_t>(cuda_kernels::slice_size(a.layers[l].out, cs)) * a.layers[l].in;
+  }
+  // Per row: layer-0 input, two hidden buffers, two eps buffers, x, and t/valid.
+  const size_t row_floats = static_cast<size_t>(a.dim + 1) + 2 * hidden_ld + 3 * a.dim + 2;
+  const size_t budget = info.max_smem / sizeof(float);
+  // Spread the batch over all co-resident clusters; shrink the row tile while
+  // the weights would not stay on chip (down to 8 rows), then while even the
+  // activations do not fit.
+  const int64_t per_cluster = (a.batch + info.max_clusters - 1) / info.max_clusters;
+  int rows = static_cast<int>(std::min<int64_t>(per_cluster, kMaxClusterRows));
+  while (rows > 8 && rows * row_floats + weight_floats > budget) rows /= 2;
+  while (rows > 1 && rows * row_floats > budget) rows /= 2;
+  TORCH_CHECK(rows * row_floats <= budget, "ddpm::fused_sample: dim ", a.dim,
+              " and the hidden widths need more shared memory per sample than the GPU has (",
+              info.max_smem, " bytes per block)");
+  p.rows_per_tile = rows;
+  int offset = 0;
+  p.in0_offset = offset;        offset += rows * (a.dim + 1);
+  p.hidden_offset[0] = offset;  offset += rows * hidden_ld;
+  p.hidden_offset[1] = offset;  offset += rows * hidden_ld;
+  p.eps_offset[0] = offset;     offset += rows * a.dim;
+  p.eps_offset[1] = offset;     offset += rows * a.dim;
+  p.x_offset = offset;          offset += rows * a.dim;
+  p.t_offset = offset;          offset += rows;
+  p.valid_offset = offset;      offset += rows;
+  // Weight slices that fit stay in shared memory; the rest are read from
+  // global memory (L2) by the same code through a generic pointer.
+  for (int l = 0; l < L; ++l) {
+    const int floats = cuda_kernels::slice_size(a.layers[l].out, cs) * a.layers[l].in;
+    if (static_cast<size_t>(offset) + floats <= budget) {
+      p.weight_offset[l] = offset;
+      offset += floats;
+    } else {
+      p.weight_offset[l] = -1;
+    }
+  }
+  const size_t smem = static_cast<size_t>(offset) * sizeof(float);
+  const int tiles = static_cast<int>((a.batch + rows - 1) / rows);
+
+  void (*kernel)(SampleArgs, ClusterPlan);
+  if (rows <= 2) {
+    kernel = cuda_kernels::cluster_sample_kernel<1, 2>;
+  } else if (rows <= 16) {
+    kernel = cuda_kernels::cluster_sample_kernel<2, 2>;
+  } else {
+    kernel = cuda_kernels::cluster_sample_kernel<4, 4>;
+  }
+  prepare_kernel(kernel, device, info.max_smem, true);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(tiles) * cs);
+  config.blockDim = dim3(cuda_kernels::kClusterThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cs;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, p));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <int MT>
+void launch_tiled(const SampleArgs& a, const TilePlan& p, size_t smem, Precision precision,
+                  const DeviceInfo& info, int device, cudaStream_t stream) {
+  void (*kernel)(SampleArgs, TilePlan) = precision == Precision::kFloat32
+                                             ? cuda_kernels::tiled_sample_kernel<MT, 3>
+                                             : cuda_kernels::tiled_sample_kernel<MT, 1>;
+  prepare_kernel(kernel, device, info.max_smem, false);
+  const unsigned blocks = static_cast<unsigned>((a.batch + 16 * MT - 1) / (16 * MT));
+  kernel<<<blocks, cuda_kernels::kTileThreads, smem, stream>>>(a, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
+                             at::TensorList weights, at::TensorList biases,
+                             const at::Tensor& sqrt_recip_alphas,
+                             const at::Tensor& coef_eps, int64_t num_steps,
+                             int64_t total_timesteps, bool validate,
+                             c10::string_view precision) {
+  check_fused_sample_args(x, t_start, weights, biases, sqrt_recip_alphas, coef_eps, num_steps,
+                          total_timesteps, precision);
+  const Precision mode = parse_precision(precision);
+  c10::cuda::CUDAGuard guard(x.device());
+  const int64_t table_length = sqrt_recip_alphas.size(0);
+  if (validate) {
+    check_timesteps_in_range(t_start, num_steps, table_length);
+  }
+  const int64_t batch = x.size(0);
+  if (num_steps == 0 || batch == 0) {
+    return x.clone(at::MemoryFormat::Contiguous);
+  }
+  const int num_layers = static_cast<int>(weights.size());
+  TORCH_CHECK(num_layers <= kMaxLayers, "ddpm::fused_sample: weights holds ", num_layers,
+              " layers; the CUDA kernel supports at most ", kMaxLayers);
+  TORCH_CHECK(batch <= INT32_MAX && table_length <= INT32_MAX && num_steps <= INT32_MAX,
+              "ddpm::fused_sample: batch, num_steps and the table length must fit in int32 on CUDA");
+
+  // Contiguous views (copies only for non-contiguous inputs), kept alive here.
+  const at::Tensor x_c = x.contiguous();
+  const at::Tensor t_c = t_start.contiguous();
+  const at::Tensor c1_c = sqrt_recip_alphas.contiguous();
+  const at::Tensor c2_c = coef_eps.contiguous();
+  std::vector<at::Tensor> keep;
+  keep.reserve(2 * num_layers);
+  SampleArgs a = {};
+  for (int l = 0; l < num_layers; ++l) {
+    keep.push_back(weights[l].contiguous());
+    keep.push_back(biases[l].contiguous());
+    a.layers[l].weight = keep[2 * l].data_ptr<float>();
+    a.layers[l].bias = keep[2 * l + 1].data_ptr<float>();
+    a.layers[l].out = static_cast<int>(weights[l].size(0));
+    a.layers[l].in = static_cast<int>(weights[l].size(1));
+  }
+  at::Tensor out = at::empty({batch, x.size(1)}, x.options());
+  a.num_layers = num_layers;
+  a.x = x_c.data_ptr<float>();
+  a.t_start = t_c.data_ptr();
+  a.t_is_int64 = t_c.scalar_type() == at::kLong;
+  a.sqrt_recip_alphas = c1_c.data_ptr<float>();
+  a.coef_eps = c2_c.data_ptr<float>();
+  a.table_length = static_cast<int>(table_length);
+  a.out = out.data_ptr<float>();
+  a.batch = static_cast<int>(batch);
+  a.dim = static_cast<int>(x.size(1));
+  a.num_steps = static_cast<int>(num_steps);
+  a.total_timesteps = static_cast<float>(total_timesteps);
+
+  const int device = x.get_device();
+  const DeviceInfo& info = device_info(device);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  TilePlan plans[2] = {};
+  size_t smem[2];
+  bool fits[2];
+  for (int i = 0; i < 2; ++i) {
+    smem[i] = tiled_smem_bytes(a, 2 * (i + 1), &plans[i]);
+    fits[i] = smem[i] <= static_cast<size_t>(info.max_smem);
+  }
+  switch (choose_variant(a, mode, info, fits)) {
+    case Variant::kCluster:
+      launch_cluster(a, info, device, stream);
+      break;
+    case Variant::kTiled32:
+      launch_tiled<2>(a, plans[0], smem[0], mode, info, device, stream);
+      break;
+    case Variant::kTiled64:
+      launch_tiled<4>(a, plans[1], smem[1], mode, info, device, stream);
+      break;
+  }
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(ddpm, CUDA, m) { m.impl("fused_sample", &fused_sample_cuda); }
+
+}  // namespace ddpm_ops

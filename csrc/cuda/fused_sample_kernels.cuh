@@ -1,0 +1,502 @@
+// Device code of ddpm::fused_sample on CUDA: two kernels, no torch headers
+// (so they compile-check standalone). fused_sample_cuda.cu picks one per call.
+//
+// cluster_sample_kernel (small and medium batch, exact fp32): a thread-block
+//   cluster of up to 16 CTAs runs a tile of rows through all steps. CTA r owns
+//   a slice of every layer's output neurons and keeps that slice of the weights
+//   in shared memory for the whole call; each layer's outputs are pushed into
+//   every CTA's shared memory (distributed shared memory) and one cluster
+//   barrier per layer publishes them. The latency of a layer is one split-K dot
+//   product per thread plus a warp-shuffle reduction plus one barrier.
+//
+// tiled_sample_kernel (large batch): each CTA owns 16*MT rows for all steps,
+//   activations stay in shared memory, weights stream from L2 through a
+//   double-buffered cp.async stage, and the products run on tensor cores:
+//   mma.sync m16n8k8 tf32, three of them per product (3xTF32: big*big +
+//   big*small + small*big) for fp32 accuracy, one for the opt-in fast modes.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cstdint>
+
+namespace ddpm_ops {
+namespace cuda_kernels {
+
+namespace cg = cooperative_groups;
+
+// The schema allows any depth; kernel arguments carry a fixed-size table.
+constexpr int kMaxLayers = 32;
+
+struct LayerArgs {
+  const float* weight;  // (out, in), row-major, global memory
+  const float* bias;    // (out,)
+  int in;
+  int out;
+};
+
+struct SampleArgs {
+  LayerArgs layers[kMaxLayers];
+  int num_layers;
+  const float* x;          // (batch, dim) contiguous
+  const void* t_start;     // (batch,) int32 or int64
+  bool t_is_int64;
+  const float* sqrt_recip_alphas;
+  const float* coef_eps;
+  int table_length;
+  float* out;              // (batch, dim) contiguous
+  int batch;
+  int dim;
+  int num_steps;
+  float total_timesteps;
+};
+
+// Loads t_start[row], reporting whether every timestep t_start - k, k < steps,
+// indexes the tables. The returned start is clamped into [-1, table_length] so
+// that later int arithmetic cannot overflow; reads clamp again per step.
+__device__ __forceinline__ int load_t_start(const SampleArgs& a, int row, bool* valid) {
+  const long long t = a.t_is_int64 ? static_cast<const long long*>(a.t_start)[row]
+                                   : static_cast<long long>(static_cast<const int*>(a.t_start)[row]);
+  *valid = t < a.table_length && t - (a.num_steps - 1) >= 0;
+  return static_cast<int>(t < -1 ? -1 : (t > a.table_length ? a.table_length : t));
+}
+
+__device__ __forceinline__ int clamp_index(int t, int length) {
+  return t < 0 ? 0 : (t >= length ? length - 1 : t);
+}
+
+// Same formula as the CPU kernel (and F.silu): v * sigmoid(v).
+__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
+
+// ---------------------------------------------------------------------------
+// Cluster kernel
+// ---------------------------------------------------------------------------
+
+constexpr int kClusterThreads = 256;
+
+// Shared-memory layout of one CTA (offsets in floats) and the work split,
+// computed on the host (fused_sample_cuda.cu) so every CTA agrees.
+struct ClusterPlan {
+  int cluster_size;
+  int rows_per_tile;
+  int hidden_ld;                 // row stride of the hidden buffers (widest hidden layer)
+  int weight_offset[kMaxLayers]; // slice of layer l in shared memory, or -1: read it from global
+  int in0_offset;                // rows x (dim + 1): [x, t / T], the input of layer 0
+  int hidden_offset[2];          // rows x hidden_ld, ping-pong outputs of hidden layers
+  int eps_offset[2];             // rows x dim, outputs of the last layer, by step parity
+  int x_offset;                  // rows x dim, the current sample
+  int t_offset;                  // rows ints: clamped t_start
+  int valid_offset;              // rows ints: 1 when every timestep is in range
+};
+
+__host__ __device__ inline int slice_size(int out, int cluster_size) {
+  return (out + cluster_size - 1) / cluster_size;
+}
+
+// One layer's slice on one CTA: out_all[r][n0 + c] = act(bias + in[r] . w[c])
+// for rows r < rows, slice columns c < ns, written into every CTA's out buffer.
+// Each output tile (RT rows x CT columns) is computed by G consecutive lanes
+// that split the inner dimension and reduce with shuffles; G is as large as
+// the thread count allows, which keeps small-batch layers short.
+template <int RT, int CT>
+__device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const float* in, int in_ld,
+                                              const float* w, const float* bias, int K, int rows,
+                                              int ns, int n0, bool apply_silu, float* out,
+                                              int out_ld, int cluster_size) {
+  const int tiles_c = (ns + CT - 1) / CT;
+  const int ntiles = ((rows + RT - 1) / RT) * tiles_c;
+  if (ntiles == 0) return;
+  int G = 32;
+  while (G > 1 && (ntiles * G > kClusterThreads || G / 2 >= K)) G >>= 1;
+  const int lane_g = threadIdx.x & (G - 1);
+  const int groups = kClusterThreads / G;
+  const int warp_first_group = (threadIdx.x & ~31) / G;
+  // Whole warps iterate together (the shuffles need every lane); a group past
+  // the last tile computes a clamped duplicate and stores nothing.
+  for (int base = 0; base + warp_first_group < ntiles; base += groups) {
+    const int tile = base + threadIdx.x / G;
+    const bool tile_ok = tile < ntiles;
+    const int tc = (tile_ok ? tile : 0) % tiles_c;
+    const int tr = (tile_ok ? tile : 0) / tiles_c;
+    int r_idx[RT], c_idx[CT];
+#pragma unroll
+    for (int i = 0; i < RT; ++i) r_idx[i] = min(tr * RT + i, rows - 1);
+#pragma unroll
+    for (int j = 0; j < CT; ++j) c_idx[j] = min(tc * CT + j, ns - 1);
+    float acc[RT][CT];
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+#pragma unroll
+      for (int j = 0; j < CT; ++j) acc[i][j] = 0.f;
+    for (int k = lane_g; k < K; k += G) {
+      float a[RT], b[CT];
+#pragma unroll
+      for (int i = 0; i < RT; ++i) a[i] = in[r_idx[i] * in_ld + k];
+#pragma unroll
+      for (int j = 0; j < CT; ++j) b[j] = w[c_idx[j] * K + k];
+#pragma unroll
+      for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int j = 0; j < CT; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+#pragma unroll
+      for (int j = 0; j < CT; ++j)
+        for (int off = G / 2; off > 0; off >>= 1)
+          acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
+    // Every lane of the group now holds the sums; the lanes share the remote
+    // stores (one destination CTA each).
+#pragma unroll
+    for (int i = 0; i < RT; ++i) {
+#pragma unroll
+      for (int j = 0; j < CT; ++j) {
+        const int r = tr * RT + i;
+        const int c = tc * CT + j;
+        if (!tile_ok || r >= rows || c >= ns) continue;
+        float v = acc[i][j] + __ldg(bias + c);
+        if (apply_silu) v = silu(v);
+        float* local = out + r * out_ld + n0 + c;
+        for (int d = lane_g; d < cluster_size; d += G) *cluster.map_shared_rank(local, d) = v;
+      }
+    }
+  }
+}
+
+template <int RT, int CT>
+__global__ void __launch_bounds__(kClusterThreads, 1)
+    cluster_sample_kernel(const __grid_constant__ SampleArgs a, const __grid_constant__ ClusterPlan p) {
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ float4 smem_f4[];
+  float* smem = reinterpret_cast<float*>(smem_f4);
+  const int cs = p.cluster_size;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int row0 = static_cast<int>(blockIdx.x / cs) * p.rows_per_tile;
+  const int rows = min(p.rows_per_tile, a.batch - row0);
+  const int dim = a.dim;
+  const int L = a.num_layers;
+  float* in0 = smem + p.in0_offset;
+  float* xcur = smem + p.x_offset;
+  int* t0 = reinterpret_cast<int*>(smem + p.t_offset);
+  int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
+
+  // This CTA's weight slices: rows [n0, n0 + ns) of each layer, contiguous in
+  // global memory, copied once.
+  for (int l = 0; l < L; ++l) {
+    if (p.weight_offset[l] < 0) continue;
+    const LayerArgs& la = a.layers[l];
+    const int s = slice_size(la.out, cs);
+    const int n0 = rank * s;
+    const int count = max(0, min(s, la.out - n0)) * la.in;
+    const float* src = la.weight + static_cast<size_t>(n0) * la.in;
+    float* dst = smem + p.weight_offset[l];
+    for (int i = threadIdx.x; i < count; i += kClusterThreads) dst[i] = __ldg(src + i);
+  }
+  for (int r = threadIdx.x; r < rows; r += kClusterThreads) {
+    bool ok;
+    t0[r] = load_t_start(a, row0 + r, &ok);
+    valid[r] = ok;
+    in0[r * (dim + 1) + dim] = static_cast<float>(t0[r]) / a.total_timesteps;
+  }
+  for (int i = threadIdx.x; i < rows * dim; i += kClusterThreads) {
+    const int r = i / dim, j = i - r * dim;
+    const float v = __ldg(a.x + static_cast<size_t>(row0) * dim + i);
+    xcur[i] = v;
+    in0[r * (dim + 1) + j] = v;
+  }
+  // Every CTA of the cluster must be running before anyone stores into its
+  // shared memory; this also publishes the local setup to the CTA's threads.
+  cluster.sync();
+
+  for (int k = 0; k < a.num_steps; ++k) {
+    const float* in = in0;
+    int in_ld = dim + 1;
+    float* eps = smem + p.eps_offset[k & 1];
+    for (int l = 0; l < L; ++l) {
+      const LayerArgs& la = a.layers[l];
+      const bool last = l + 1 == L;
+      const int s = slice_size(la.out, cs);
+      const int n0 = rank * s;
+      const int ns = max(0, min(s, la.out - n0));
+      const float* w = p.weight_offset[l] >= 0 ? smem + p.weight_offset[l]
+                                               : la.weight + static_cast<size_t>(n0) * la.in;
+      float* out = last ? eps : smem + p.hidden_offset[l & 1];
+      const int out_ld = last ? dim : p.hidden_ld;
+      cluster_layer<RT, CT>(cluster, in, in_ld, w, la.bias + n0, la.in, rows, ns, n0, !last, out,
+                            out_ld, cs);
+      // Publishes this layer's outputs everywhere. With ping-pong hidden
+      // buffers and eps alternating by step, this one barrier also orders every
+      // earlier read of a buffer before the next remote write into it.
+      cluster.sync();
+      in = out;
+      in_ld = out_ld;
+    }
+    // x <- c1 * (x - c2 * eps), redundantly on every CTA (cheaper than another
+    // exchange), and the next step's layer-0 input.
+    for (int i = threadIdx.x; i < rows * dim; i += kClusterThreads) {
+      const int r = i / dim, j = i - r * dim;
+      const int t = clamp_index(t0[r] - k, a.table_length);
+      const float c1 = __ldg(a.sqrt_recip_alphas + t);
+      const float c2 = __ldg(a.coef_eps + t);
+      const float v = c1 * (xcur[i] - c2 * eps[i]);
+      xcur[i] = v;
+      in0[r * (dim + 1) + j] = v;
+    }
+    for (int r = threadIdx.x; r < rows; r += kClusterThreads)
+      in0[r * (dim + 1) + dim] = static_cast<float>(t0[r] - (k + 1)) / a.total_timesteps;
+    __syncthreads();
+  }
+
+  // Every CTA holds the result; they share the writing by row.
+  for (int r = rank; r < rows; r += cs) {
+    float* dst = a.out + static_cast<size_t>(row0 + r) * dim;
+    const float nan = __int_as_float(0x7fc00000);
+    for (int j = threadIdx.x; j < dim; j += kClusterThreads)
+      dst[j] = valid[r] ? xcur[r * dim + j] : nan;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tiled tensor-core kernel
+// ---------------------------------------------------------------------------
+
+constexpr int kTileThreads = 256;          // 8 warps
+constexpr int kTileWarpCols = 32;          // each warp: all rows x 32 output columns
+constexpr int kTilePassCols = 8 * kTileWarpCols;  // output columns per pass
+constexpr int kTileKChunk = 32;            // inner-dimension chunk per stage
+constexpr int kTileStageLd = kTileKChunk + 4;     // == 4 mod 32: conflict-free fragments
+constexpr int kTileStageFloats = kTilePassCols * kTileStageLd;
+
+struct TilePlan {
+  int act_ld;          // == 4 mod 32, >= every width rounded up to kTileKChunk
+  int act_offset[2];   // rows x act_ld each
+  int x_offset;        // rows x dim
+  int stage_offset;    // 2 stages
+  int t_offset;
+  int valid_offset;
+  bool vec4[kMaxLayers];  // weight rows 16-byte aligned: copy with 16-byte cp.async
+};
+
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool pred) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool pred) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ uint32_t to_tf32(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The weight stream is the same for every step: (layer, pass, chunk) in
+// order. Walking it as one sequence lets the copy of the next chunk, even the
+// next layer's first, overlap the current chunk's products.
+struct ChunkCursor {
+  int layer, pass, chunk;
+  __device__ void advance(const SampleArgs& a) {
+    const LayerArgs& la = a.layers[layer];
+    if (++chunk < (la.in + kTileKChunk - 1) / kTileKChunk) return;
+    chunk = 0;
+    if (++pass < (la.out + kTilePassCols - 1) / kTilePassCols) return;
+    pass = 0;
+    if (++layer == a.num_layers) layer = 0;
+  }
+};
+
+// Stage <- W[pass cols, chunk k-range] as [n][k], zero outside the matrix.
+__device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& p, const ChunkCursor& c,
+                                           float* stage) {
+  const LayerArgs& la = a.layers[c.layer];
+  const int n_base = c.pass * kTilePassCols;
+  const int k_base = c.chunk * kTileKChunk;
+  if (p.vec4[c.layer]) {
+    for (int i = threadIdx.x; i < kTilePassCols * (kTileKChunk / 4); i += kTileThreads) {
+      const int n = i / (kTileKChunk / 4), k = (i % (kTileKChunk / 4)) * 4;
+      const bool ok = n_base + n < la.out && k_base + k < la.in;
+      const float* src = ok ? la.weight + static_cast<size_t>(n_base + n) * la.in + k_base + k : la.weight;
+      cp_async16(stage + n * kTileStageLd + k, src, ok);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kTilePassCols * kTileKChunk; i += kTileThreads) {
+      const int n = i / kTileKChunk, k = i % kTileKChunk;
+      const bool ok = n_base + n < la.out && k_base + k < la.in;
+      const float* src = ok ? la.weight + static_cast<size_t>(n_base + n) * la.in + k_base + k : la.weight;
+      cp_async4(stage + n * kTileStageLd + k, src, ok);
+    }
+  }
+  cp_async_commit();
+}
+
+// kSplit = 3: 3xTF32 (fp32 accuracy); kSplit = 1: plain tf32.
+template <int MT, int kSplit>
+__global__ void __launch_bounds__(kTileThreads, 1)
+    tiled_sample_kernel(const __grid_constant__ SampleArgs a, const __grid_constant__ TilePlan p) {
+  constexpr int kRows = 16 * MT;
+  extern __shared__ float4 smem_f4[];
+  float* smem = reinterpret_cast<float*>(smem_f4);
+  const int row0 = blockIdx.x * kRows;
+  const int rows = min(kRows, a.batch - row0);
+  const int dim = a.dim;
+  const int ld = p.act_ld;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  float* act0 = smem + p.act_offset[0];  // layer-0 input; layer l reads act0 when l is even
+  float* act1 = smem + p.act_offset[1];
+  float* xcur = smem + p.x_offset;
+  float* stages = smem + p.stage_offset;
+  int* t0 = reinterpret_cast<int*>(smem + p.t_offset);
+  int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
+
+  ChunkCursor cursor{0, 0, 0};
+  int stage = 0;
+  load_chunk(a, p, cursor, stages);  // overlaps the setup below
+
+  // Zero both buffers: the products read up to the next chunk boundary past a
+  // layer's width, where the staged weights are zero; the activations there
+  // must be finite. Rows past the batch compute on zeros and are not stored.
+  for (int i = threadIdx.x; i < kRows * ld; i += kTileThreads) act0[i] = act1[i] = 0.f;
+  __syncthreads();
+  for (int r = threadIdx.x; r < kRows; r += kTileThreads) {
+    bool ok = false;
+    t0[r] = r < rows ? load_t_start(a, row0 + r, &ok) : 0;
+    valid[r] = ok;
+    act0[r * ld + dim] = static_cast<float>(t0[r]) / a.total_timesteps;
+  }
+  for (int i = threadIdx.x; i < kRows * dim; i += kTileThreads) {
+    const int r = i / dim, j = i - r * dim;
+    const float v = r < rows ? __ldg(a.x + static_cast<size_t>(row0) * dim + i) : 0.f;
+    xcur[i] = v;
+    act0[r * ld + j] = v;
+  }
+  // (the first barrier of the chunk loop publishes the setup)
+
+  for (int k = 0; k < a.num_steps; ++k) {
+    for (int l = 0; l < a.num_layers; ++l) {
+      const LayerArgs& la = a.layers[l];
+      const bool last = l + 1 == a.num_layers;
+      const float* in = (l & 1) ? act1 : act0;
+      float* out = (l & 1) ? act0 : act1;
+      const int nchunks = (la.in + kTileKChunk - 1) / kTileKChunk;
+      const int npasses = (la.out + kTilePassCols - 1) / kTilePassCols;
+      for (int pass = 0; pass < npasses; ++pass) {
+        const int warp_n = pass * kTilePassCols + warp * kTileWarpCols;
+        const bool warp_active = warp_n < la.out;  // warp-uniform
+        float acc[MT][4][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+        for (int chunk = 0; chunk < nchunks; ++chunk) {
+          // Prefetch the next chunk of the stream into the other stage; that
+          // stage was last read before the trailing barrier of the previous
+          // iteration.
+          cursor.advance(a);
+          load_chunk(a, p, cursor, stages + (stage ^ 1) * kTileStageFloats);
+          cp_async_wait<1>();
+          __syncthreads();
+          const float* ws = stages + stage * kTileStageFloats + warp * kTileWarpCols * kTileStageLd;
+          if (warp_active) {
+#pragma unroll
+            for (int ks = 0; ks < kTileKChunk / 8; ++ks) {
+              const int kc = chunk * kTileKChunk + ks * 8;
+              uint32_t a_big[MT][4], a_small[MT][4];
+#pragma unroll
+              for (int m = 0; m < MT; ++m) {
+                const float* base = in + (m * 16 + g) * ld + kc + t4;
+                const float v[4] = {base[0], base[8 * ld], base[4], base[8 * ld + 4]};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  a_big[m][e] = to_tf32(v[e]);
+                  if (kSplit == 3) a_small[m][e] = to_tf32(v[e] - __uint_as_float(a_big[m][e]));
+                }
+              }
+#pragma unroll
+              for (int n = 0; n < 4; ++n) {
+                const float* wb = ws + (n * 8 + g) * kTileStageLd + ks * 8 + t4;
+                const float v[2] = {wb[0], wb[4]};
+                uint32_t b_big[2], b_small[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  b_big[e] = to_tf32(v[e]);
+                  if (kSplit == 3) b_small[e] = to_tf32(v[e] - __uint_as_float(b_big[e]));
+                }
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                  if (kSplit == 3) {
+                    mma_tf32(acc[m][n], a_small[m], b_big);
+                    mma_tf32(acc[m][n], a_big[m], b_small);
+                  }
+                  mma_tf32(acc[m][n], a_big[m], b_big);
+                }
+              }
+            }
+          }
+          __syncthreads();
+          stage ^= 1;
+        }
+        if (warp_active) {
+#pragma unroll
+          for (int n = 0; n < 4; ++n) {
+            const int col = warp_n + n * 8 + 2 * t4;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              if (col + e >= la.out) continue;
+              const float b = __ldg(la.bias + col + e);
+#pragma unroll
+              for (int m = 0; m < MT; ++m) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  float v = acc[m][n][2 * h + e] + b;
+                  if (!last) v = silu(v);
+                  out[(m * 16 + g + 8 * h) * ld + col + e] = v;
+                }
+              }
+            }
+          }
+        }
+      }
+      __syncthreads();  // outputs visible before the next layer reads them
+    }
+    // eps is in act0 or act1 by the parity of the depth; the next input goes
+    // to act0 (element-wise, so in place is fine when they coincide).
+    const float* eps = (a.num_layers & 1) ? act1 : act0;
+    for (int i = threadIdx.x; i < kRows * dim; i += kTileThreads) {
+      const int r = i / dim, j = i - r * dim;
+      const int t = clamp_index(t0[r] - k, a.table_length);
+      const float c1 = __ldg(a.sqrt_recip_alphas + t);
+      const float c2 = __ldg(a.coef_eps + t);
+      const float v = c1 * (xcur[i] - c2 * eps[r * ld + j]);
+      xcur[i] = v;
+      act0[r * ld + j] = v;
+    }
+    for (int r = threadIdx.x; r < kRows; r += kTileThreads)
+      act0[r * ld + dim] = static_cast<float>(t0[r] - (k + 1)) / a.total_timesteps;
+    __syncthreads();
+  }
+  cp_async_wait<0>();  // the last prefetch, unused, must land before exit
+
+  const float nan = __int_as_float(0x7fc00000);
+  for (int i = threadIdx.x; i < rows * dim; i += kTileThreads) {
+    const int r = i / dim;
+    a.out[static_cast<size_t>(row0) * dim + i] = valid[r] ? xcur[i] : nan;
+  }
+}
+
+}  // namespace cuda_kernels
+}  // namespace ddpm_ops

@@ -1,0 +1,136 @@
+"""CUDA-specific checks of ddpm::fused_sample: every kernel variant, odd shapes,
+the no-sync NaN contract, CUDA-graph capture and the opt-in fast precisions."""
+import pytest
+import torch
+
+import ddpm_ops
+from problems import make_problem, relative_error
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+FP32_TOLERANCE = 1e-5
+FAST_TOLERANCE = 5e-3
+# DDPM_OPS_CUDA_KERNEL forces a variant; a tiled variant that cannot hold the
+# shape falls back to the cluster kernel, which is also checked here.
+VARIANTS = ["cluster", "tiled32", "tiled64", "auto"]
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request, monkeypatch):
+    if request.param == "auto":
+        monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    else:
+        monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", request.param)
+    return request.param
+
+
+def reference64_cuda(problem):
+    """The reference loop in float64 on the GPU (the CPU is slow at large batch)."""
+    def f64(t):
+        return t.double()
+    return ddpm_ops.reference(
+        f64(problem.x), problem.t_start, [f64(w) for w in problem.weights],
+        [f64(b) for b in problem.biases], f64(problem.sqrt_recip_alphas),
+        f64(problem.coef_eps), problem.num_steps, problem.total_timesteps).cpu()
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64, 513, 4096])
+def test_seed_shape_every_variant(variant, batch):
+    problem = make_problem(batch, 64, [256, 256], 16, device="cuda")
+    out = ddpm_ops.fused_sample(*problem.args())
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
+@pytest.mark.parametrize("batch, dim, hidden, num_steps", [
+    (1, 1, [], 1),
+    (3, 7, [1], 5),
+    (5, 7, [33, 7], 3),
+    (37, 33, [300, 1, 64], 4),
+    (300, 130, [1024], 2),
+    (70, 12, [1024, 1024], 5),
+    (65, 3, [7, 33, 300, 5], 7),
+    (2, 64, [256, 256], 100),
+])
+@pytest.mark.parametrize("t_dtype", [torch.int32, torch.int64])
+def test_odd_shapes_every_variant(variant, batch, dim, hidden, num_steps, t_dtype):
+    problem = make_problem(batch, dim, hidden, num_steps, device="cuda", t_dtype=t_dtype,
+                           total_timesteps=max(num_steps, 200))
+    out = ddpm_ops.fused_sample(*problem.args())
+    assert out.shape == (batch, dim) and out.is_contiguous()
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
+def test_out_of_range_rows_are_nan_without_sync(variant):
+    problem = make_problem(200, 16, [40, 40], 6, device="cuda", total_timesteps=50)
+    t = problem.t_start.clone()
+    t[3] = 2             # t - 5 < 0
+    t[77] = 50           # == table length
+    t[150] = -(2 ** 40)  # far outside, int64
+    args = list(problem.args())
+    args[1] = t
+    out = ddpm_ops.fused_sample(*args)
+    bad = torch.zeros(200, dtype=torch.bool, device="cuda")
+    bad[[3, 77, 150]] = True
+    assert torch.isnan(out[bad]).all()
+    # The reference would index the tables out of bounds: run it on the good rows.
+    good = ~bad
+    problem.x, problem.t_start = problem.x[good], problem.t_start[good]
+    assert relative_error(out[good], reference64_cuda(problem)) <= FP32_TOLERANCE
+    with pytest.raises(RuntimeError, match="t_start out of range"):
+        ddpm_ops.fused_sample(*args, validate=True)
+
+
+def test_cuda_graph_replay_equals_eager():
+    problem = make_problem(8, 64, [256, 256], 16, device="cuda")
+    eager = ddpm_ops.fused_sample(*problem.args())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ddpm_ops.fused_sample(*problem.args())  # warm-up: first-call setup outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ddpm_ops.fused_sample(*problem.args())
+    fresh = torch.randn_like(problem.x)
+    problem.x.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert relative_error(captured, reference64_cuda(problem)) <= FP32_TOLERANCE
+    assert not torch.equal(captured, eager)
+
+
+def test_runs_on_the_current_stream():
+    problem = make_problem(4096, 64, [256, 256], 4, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        # Produced on the side stream just before the call: only a launch on
+        # that same stream is ordered after it.
+        x = problem.x * 1.0
+        problem.x = x
+        out = ddpm_ops.fused_sample(*problem.args())
+    stream.synchronize()
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_fast_precisions_at_large_batch(precision):
+    problem = make_problem(32768, 64, [256, 256], 16, device="cuda")
+    out = ddpm_ops.fused_sample(*problem.args(), precision=precision)
+    assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
+
+
+def test_large_batch_fp32_is_exact():
+    problem = make_problem(32768, 64, [256, 256], 16, device="cuda")
+    out = ddpm_ops.fused_sample(*problem.args())
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
+def test_inputs_untouched_and_zero_steps_copy():
+    problem = make_problem(33, 9, [17], 3, device="cuda")
+    before = [t.clone() for t in (problem.x, problem.t_start, *problem.weights, *problem.biases)]
+    ddpm_ops.fused_sample(*problem.args())
+    after = (problem.x, problem.t_start, *problem.weights, *problem.biases)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    problem.num_steps = 0
+    copy = ddpm_ops.fused_sample(*problem.args())
+    assert torch.equal(copy, problem.x) and copy.data_ptr() != problem.x.data_ptr()
