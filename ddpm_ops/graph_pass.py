@@ -248,7 +248,38 @@ def _linear(node: Any) -> tuple[Node, Node, Node, list[Node]]:
                 bv = _val(bias)
                 if bv is not None and bv.dim() == 1:
                     return mm.args[0], _transposed(mm.args[1]), bias, [node, mm]
+        # inductor's CPU decomposition of a one-row addmm with small weights
+        # (batch 1): 1 * (input.T * weight.T).sum(0, keepdim=True) + 1 * bias
+        for prod, bias in (node.args[:2], node.args[1::-1]):
+            prod, bias = _times_one(prod), _times_one(bias)
+            if _is(prod, aten.sum.dim_IntList) and list(prod.args[1]) == [0] \
+                    and (prod.args[2] if len(prod.args) > 2 else prod.kwargs.get("keepdim")) is True \
+                    and _is(prod.args[0], aten.mul.Tensor) and isinstance(bias, Node):
+                bv = _val(bias)
+                if bv is None or bv.dim() != 1:
+                    continue
+                mul = prod.args[0]
+                for it, wt in (mul.args[:2], mul.args[1::-1]):
+                    try:
+                        inp, weight = _transposed(it), _transposed(wt)
+                    except _NoMatch:
+                        continue
+                    iv, wv = _val(inp), _val(weight)
+                    if iv is None or wv is None or iv.dim() != 2 or wv.dim() != 2 \
+                            or not _known_eq(wv.shape[0], bv.shape[0]) \
+                            or not _known_eq(iv.shape[1], wv.shape[1]):
+                        continue
+                    ones = [n for n in node.args[:2] if n is not prod and n is not bias]
+                    return inp, weight, bias, [node, prod, mul, it, *ones]
     raise _NoMatch(f"{getattr(node, 'name', node)} ({getattr(node, 'target', node)}) is not a Linear")
+
+
+def _times_one(node: Any) -> Any:
+    """``a`` for ``a * 1`` (the ``alpha``/``beta`` factors of a decomposed addmm)."""
+    if _is(node, aten.mul.Tensor) and len(node.args) == 2 and node.args[1] == 1 \
+            and not isinstance(node.args[1], bool):
+        return node.args[0]
+    return node
 
 
 def _transposed(node: Any) -> Node:

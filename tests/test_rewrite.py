@@ -1,0 +1,402 @@
+"""The automatic torch.compile rewrite of DDPM sampling loops (ddpm_ops/graph_pass.py).
+
+Every test compares the compiled model with eager float32 (1e-5 relative) and,
+for the rewritten loops, with the float64 loop, on fresh random inputs. On
+CUDA the post-grad graph differs from the CPU's; the "cuda" cases run there.
+"""
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor.utils import run_and_get_code
+
+import ddpm_ops
+from ddpm_ops import graph_pass
+from test_rewrite_models import (
+    DecayingWeightSampler,
+    HelperSampler,
+    LeakyEpsSampler,
+    MismatchedTimestepSampler,
+    NoisySampler,
+    OneLayerSampler,
+    ReluSampler,
+    Sampler,
+    ScaledEpsSampler,
+    TrajectorySampler,
+    WarmStartSampler,
+    WrongTimeSampler,
+    make_inputs,
+    relative_error,
+)
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])
+DEVICES = ["cpu", CUDA]
+
+FUSED_CALL = re.compile(r"torch\.ops\.ddpm\.fused_sample\.default\(")
+MATMUL = re.compile(r"extern_kernels\.(mm|addmm|bmm|baddbmm)\b|aten\.(mm|addmm|bmm|linear)\b"
+                    r"|_mkl_linear|mkldnn|tl\.dot|cpp_gemm|cublas")
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile():
+    """Every test compiles from scratch (the pass runs, logs, and is counted)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with inductor_config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+    torch._dynamo.reset()
+
+
+def compile_run(model, *args, dynamic=None):
+    """(compiled output, generated code) of ``torch.compile(model)(*args)`` without grad."""
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(model, dynamic=dynamic), *args)
+    return out, "\n".join(code)
+
+
+def fused_calls(code):
+    return len(FUSED_CALL.findall(code))
+
+
+def assert_fused_once(code):
+    assert fused_calls(code) == 1, code
+    assert not MATMUL.search(code), MATMUL.search(code)
+
+
+def check_numbers(model, out, *args):
+    """Compiled ``out`` equals eager float32 (1e-5) and the float64 loop (1e-4)."""
+    with torch.no_grad():
+        ref = model(*args)
+        m64 = model.to(torch.float64)
+        ref64 = m64(*[a.double() if a.is_floating_point() else a for a in args])
+        model.to(torch.float32)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    refs64 = ref64 if isinstance(ref64, (tuple, list)) else (ref64,)
+    for o, r, r64 in zip(outs, refs, refs64):
+        assert o.dtype == r.dtype and o.shape == r.shape
+        assert relative_error(o, r) < 1e-5
+        assert relative_error(o, r64) < 1e-4
+        assert relative_error(o, r) < 1e-5
+
+
+# ----------------------------------------------------------------------------- 1. installed on import
+
+def test_installed_on_import():
+    current = inductor_config.post_grad_custom_pre_pass
+    assert isinstance(current, ddpm_ops.DDPMSamplingRewrite)
+    assert isinstance(current, torch._inductor.custom_graph_pass.CustomGraphPass)
+    assert ddpm_ops.auto_rewrite_enabled()
+
+
+def test_uuid_is_stable_and_covers_source(tmp_path, monkeypatch):
+    a, b = graph_pass.DDPMSamplingRewrite(), graph_pass.DDPMSamplingRewrite()
+    before = a.uuid()
+    assert before == b.uuid() and before is not None
+    hash(before)
+    copy = tmp_path / "graph_pass.py"
+    copy.write_bytes(graph_pass._SOURCE_FILES[0].read_bytes() + b"\n# edited\n")
+    monkeypatch.setattr(graph_pass, "_SOURCE_FILES", (copy,))
+    assert graph_pass.DDPMSamplingRewrite().uuid() != before
+
+
+class UserPass(torch._inductor.custom_graph_pass.CustomGraphPass):
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, graph):
+        self.calls += 1
+
+    def uuid(self):
+        return "user-pass-v1"
+
+
+def test_chains_a_user_pass_and_disable_restores_it():
+    user = UserPass()
+    with inductor_config.patch(post_grad_custom_pre_pass=user):
+        graph_pass.install()
+        ours = inductor_config.post_grad_custom_pre_pass
+        assert isinstance(ours, ddpm_ops.DDPMSamplingRewrite) and ours.chained is user
+        assert "user-pass-v1" in str(ours.uuid())
+        graph_pass.install()  # idempotent
+        assert inductor_config.post_grad_custom_pre_pass is ours
+        model = Sampler(num_steps=2)
+        x, t = make_inputs(model)
+        out, code = compile_run(model, x, t)
+        assert user.calls >= 1
+        assert_fused_once(code)
+        check_numbers(model, out, x, t)
+        ddpm_ops.disable_auto_rewrite()
+        try:
+            assert inductor_config.post_grad_custom_pre_pass is user
+            assert not ddpm_ops.auto_rewrite_enabled()
+        finally:
+            ddpm_ops.enable_auto_rewrite()
+        assert inductor_config.post_grad_custom_pre_pass.chained is user
+
+
+def test_chained_pass_without_uuid_disables_caching():
+    ours = graph_pass.DDPMSamplingRewrite(chained=lambda graph: None)
+    assert ours.uuid() is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_disable_auto_rewrite(device):
+    model = Sampler(num_steps=2).to(device)
+    x, t = make_inputs(model, device=device)
+    ddpm_ops.disable_auto_rewrite()
+    try:
+        assert not ddpm_ops.auto_rewrite_enabled()
+        out, code = compile_run(model, x, t)
+    finally:
+        ddpm_ops.enable_auto_rewrite()
+    assert fused_calls(code) == 0
+    check_numbers(model, out, x, t)
+
+
+def test_environment_variable_disables():
+    script = "import ddpm_ops; print(ddpm_ops.auto_rewrite_enabled())"
+    env = dict(os.environ, DDPM_OPS_DISABLE_AUTO_REWRITE="1")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------------------- 2./3. real code, one op
+
+REWRITTEN = {
+    "reference": lambda: Sampler(dim=4, hidden=(16, 16), num_steps=3),
+    "one_step": lambda: Sampler(dim=2, hidden=(8,), num_steps=1),
+    "one_layer": lambda: OneLayerSampler(dim=3, num_steps=2),
+    "deep_narrow": lambda: Sampler(dim=5, hidden=(7, 9, 3, 6), num_steps=2),
+    "unsqueeze_to": lambda: Sampler(dim=4, hidden=(8,), num_steps=3, bcast="unsqueeze",
+                                    tcast="to", cat_dim=-1),
+    "view_plain_first": lambda: Sampler(dim=4, hidden=(8,), num_steps=2, bcast="view",
+                                        first_plain=True, total_timesteps=200),
+    "helpers": lambda: HelperSampler(dim=3, width=8, depth=3, steps=4, T=500),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(REWRITTEN))
+def test_loop_becomes_one_op(case, device):
+    model = REWRITTEN[case]().to(device)
+    x, t = make_inputs(model, batch=6, device=device)
+    out, code = compile_run(model, x, t)
+    assert_fused_once(code)
+    check_numbers(model, out, x, t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_steps(device):
+    model = Sampler(dim=3, hidden=(8,), num_steps=120).to(device)
+    x, t = make_inputs(model, batch=4, device=device)
+    out, code = compile_run(model, x, t)
+    assert_fused_once(code)
+    assert "120, 1000)" in code
+    check_numbers(model, out, x, t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dynamic_batch(device):
+    model = Sampler(dim=4, hidden=(16,), num_steps=3).to(device)
+    compiled = torch.compile(model, dynamic=True)
+    for batch in (3, 7, 1):
+        x, t = make_inputs(model, batch=batch, device=device)
+        with torch.no_grad():
+            out, code = run_and_get_code(compiled, x, t)
+        if code:
+            assert_fused_once("\n".join(code))
+        check_numbers(model, out, x, t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int32_timesteps(device):
+    model = Sampler(dim=4, hidden=(8,), num_steps=3).to(device)
+    x, t = make_inputs(model, device=device, t_dtype=torch.int32)
+    out, code = compile_run(model, x, t)
+    assert_fused_once(code)
+    check_numbers(model, out, x, t)
+
+
+# ----------------------------------------------------------------------------- 3. near misses
+
+NOT_REWRITTEN = {
+    "relu": ReluSampler,
+    "eps_rescaled": ScaledEpsSampler,
+    "time_divisor": WrongTimeSampler,
+    "timestep_mismatch": MismatchedTimestepSampler,
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(NOT_REWRITTEN))
+def test_near_miss_left_alone(case, device):
+    model = NOT_REWRITTEN[case](dim=3, hidden=(8,), num_steps=2).to(device)
+    x, t = make_inputs(model, device=device)
+    out, code = compile_run(model, x, t)
+    assert fused_calls(code) == 0
+    with torch.no_grad():
+        assert relative_error(out, model(x, t)) < 1e-5
+
+
+def test_float64_left_alone():
+    model = Sampler(dim=3, hidden=(8,), num_steps=2).double()
+    x, t = make_inputs(model, dtype=torch.float64)
+    out, code = compile_run(model, x, t)
+    assert fused_calls(code) == 0
+    with torch.no_grad():
+        assert relative_error(out, model(x, t)) < 1e-10
+
+
+PARTIAL = {
+    # model, expected number of fused ops
+    "noise_between_steps": (NoisySampler, 3),
+    "trajectory": (TrajectorySampler, 3),
+    "weights_change": (DecayingWeightSampler, 3),
+    "intermediate_used": (LeakyEpsSampler, 2),   # steps {0} and {2}; step 1 stays
+    "warm_start": (WarmStartSampler, 2),  # step 0 alone (1 layer), steps 1..2 from t_start - 1
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(PARTIAL))
+def test_partial_rewrites_keep_meaning(case, device):
+    cls, expected = PARTIAL[case]
+    model = cls(dim=3, hidden=(8,), num_steps=3).to(device)
+    x, t = make_inputs(model, device=device)
+    args = (x, t)
+    if cls is NoisySampler:
+        args = (x, t, torch.randn(3, *x.shape, device=device))
+    out, code = compile_run(model, *args)
+    assert fused_calls(code) == expected, code
+    check_numbers(model, out, *args)
+
+
+# ----------------------------------------------------------------------------- 4. inference only
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_training_graph_not_rewritten(device):
+    model = Sampler(dim=3, hidden=(8,), num_steps=2).to(device)
+    x, t = make_inputs(model, device=device)
+    x.requires_grad_(True)
+    out, code = run_and_get_code(torch.compile(model), x, t)
+    code = "\n".join(code)
+    assert fused_calls(code) == 0
+    ref = model(x, t)
+    assert relative_error(out, ref) < 1e-5
+    grads = torch.autograd.grad(out.square().sum(), [x, *model.parameters()])
+    grads_ref = torch.autograd.grad(ref.square().sum(), [x, *model.parameters()])
+    for g, gr in zip(grads, grads_ref):
+        assert relative_error(g, gr) < 1e-5
+
+
+class NoInferenceFlag(torch._inductor.custom_graph_pass.CustomGraphPass):
+    """The rewrite as torch versions without ``is_inference`` call it."""
+
+    def __call__(self, graph):
+        graph_pass.DDPMSamplingRewrite()(graph)
+
+    def uuid(self):
+        return None
+
+
+def test_training_graph_not_rewritten_without_inference_flag():
+    model = Sampler(dim=3, hidden=(8,), num_steps=2)
+    x, t = make_inputs(model)
+    with inductor_config.patch(post_grad_custom_pre_pass=NoInferenceFlag()):
+        out, code = run_and_get_code(torch.compile(model), x, t)
+        code = "\n".join(code)
+        assert fused_calls(code) == 0
+        grads = torch.autograd.grad(out.sum(), list(model.parameters()))
+        ref = model(x, t)
+        grads_ref = torch.autograd.grad(ref.sum(), list(model.parameters()))
+        for g, gr in zip(grads, grads_ref):
+            assert relative_error(g, gr) < 1e-5
+        torch._dynamo.reset()
+        out, code = compile_run(model, x, t)  # an inference graph is still rewritten
+        assert_fused_once(code)
+
+
+# ----------------------------------------------------------------------------- 8. visible
+
+def test_logs_rewrite_and_near_miss(caplog):
+    caplog.set_level(logging.DEBUG, logger="ddpm_ops")
+    model = Sampler(dim=4, hidden=(16,), num_steps=3)
+    x, t = make_inputs(model, batch=5)
+    compile_run(model, x, t)
+    infos = [r.getMessage() for r in caplog.records
+             if r.name == "ddpm_ops.rewrite" and r.levelno == logging.INFO]
+    assert len(infos) == 1
+    assert "fused 3 DDPM steps" in infos[0] and "(5, 4)" in infos[0] and "2 layers" in infos[0]
+    caplog.clear()
+    torch._dynamo.reset()
+    model = ReluSampler(dim=3, hidden=(8,), num_steps=2)
+    compile_run(model, *make_inputs(model))
+    debug = [r.getMessage() for r in caplog.records
+             if r.name == "ddpm_ops.rewrite" and r.levelno == logging.DEBUG]
+    assert any("is not SiLU" in m for m in debug), debug
+    assert not any(r.levelno == logging.INFO for r in caplog.records if r.name == "ddpm_ops.rewrite")
+
+
+# ----------------------------------------------------------------------------- 5. cache-correct
+
+CACHE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    import ddpm_ops
+    from torch._dynamo.utils import counters
+    sys.path.insert(0, {tests!r})
+    from test_rewrite_models import Sampler, make_inputs
+    if sys.argv[1] == "off":
+        ddpm_ops.disable_auto_rewrite()
+    torch.manual_seed(0)
+    model = Sampler(dim=4, hidden=(8,), num_steps=3)
+    x, t = make_inputs(model, seed=1)
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        compiled(x, t)
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        out = compiled(x, t)
+    names = [e.name for e in prof.events()]
+    with torch.no_grad():
+        err = ((out - model(x, t)).norm() / model(x, t).norm()).item()
+    print(json.dumps(dict(
+        hit=counters["inductor"]["fxgraph_cache_hit"],
+        miss=counters["inductor"]["fxgraph_cache_miss"],
+        fused=names.count("ddpm::fused_sample"),
+        mm=sum(n in ("aten::mm", "aten::addmm", "aten::linear") for n in names),
+        err=err)))
+""")
+
+
+def test_fx_graph_cache_hit_runs_fused_op(tmp_path):
+    script = tmp_path / "compile_once.py"
+    script.write_text(CACHE_SCRIPT.format(tests=os.path.dirname(__file__)))
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"),
+               TORCHINDUCTOR_FX_GRAPH_CACHE="1")
+    env.pop("DDPM_OPS_DISABLE_AUTO_REWRITE", None)
+
+    def run(mode):
+        import json
+        res = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True,
+                             text=True)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return json.loads(res.stdout.strip().splitlines()[-1])
+
+    first = run("on")
+    assert first["miss"] >= 1 and first["hit"] == 0 and first["fused"] == 1 and first["mm"] == 0
+    second = run("on")
+    assert second["hit"] >= 1 and second["miss"] == 0, second
+    assert second["fused"] == 1 and second["mm"] == 0 and second["err"] < 1e-5
+    off = run("off")  # another cache key: a miss, and the loop runs unfused
+    assert off["miss"] >= 1 and off["hit"] == 0 and off["fused"] == 0, off
+    assert off["err"] < 1e-5
