@@ -23,9 +23,9 @@ def fuse_exported_program(ep: ExportedProgram) -> ExportedProgram:
     fully understand is left as it was, so a program with no such loop comes
     back equal to ``ep``.
 
-    The result is for inference: the op has no backward, so run it under
-    ``torch.no_grad()`` / ``torch.inference_mode()`` (``ep.module()``), or
-    package it for deployment::
+    The result is for inference: the op has no backward, so the copy's
+    parameters no longer require grad (``ep``'s are untouched). Run it with
+    ``result.module()(x, t_start)``, save it, or package it for deployment::
 
         ep = ddpm_ops.fuse_exported_program(torch.export.export(sampler, (x, t)))
         torch.export.save(ep, "sampler.pt2")            # load: import ddpm_ops first
@@ -45,6 +45,15 @@ def fuse_exported_program(ep: ExportedProgram) -> ExportedProgram:
     after = [a.name if isinstance(a, torch.fx.Node) else None for a in output.args[0]]
     renamed = {b: a for b, a in zip(before, after) if b is not None and b != a}
     _rename_outputs(new, renamed)
+    # The op is inference-only: parameters of the copy stop requiring grad, so
+    # that running it (or compiling it with AOTInductor) under grad mode works.
+    for value in new.state_dict.values():
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            value.requires_grad_(False)
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder" and isinstance(val, torch.Tensor) and val.requires_grad:
+            node.meta["val"] = val.detach()
     gm.recompile()
     new.validate()
     return new

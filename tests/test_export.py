@@ -1,0 +1,114 @@
+"""Exported models: ddpm_ops.fuse_exported_program, save/load, AOTInductor."""
+import pytest
+import torch
+from torch.export import Dim
+
+import ddpm_ops
+from test_rewrite_models import HelperSampler, ReluSampler, Sampler, make_inputs, relative_error
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])
+DEVICES = ["cpu", CUDA]
+MATMULS = {"linear", "addmm", "mm", "bmm", "matmul"}
+
+
+def targets(ep):
+    return [getattr(n.target, "__name__", str(n.target)).split(".")[0]
+            for n in ep.graph.nodes if n.op == "call_function"]
+
+
+def ops_called(ep):
+    return [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+
+
+def check(model, out, x, t):
+    with torch.no_grad():
+        ref = model(x, t)
+        ref64 = model.double()(x.double(), t)
+        model.float()
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(out, ref64) < 1e-4
+
+
+def batch_dynamic():
+    batch = Dim("batch", min=1, max=1024)
+    return {"x": {0: batch}, "t_start": {0: batch}}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("decompose", [False, True], ids=["training_ir", "decomposed"])
+def test_fused_program_calls_op_once(device, decompose):
+    model = Sampler(dim=4, hidden=(16, 8), num_steps=5).to(device)
+    x, t = make_inputs(model, batch=6, device=device)
+    ep = torch.export.export(model, (x, t))
+    if decompose:
+        ep = ep.run_decompositions()
+    before = ep.graph_module.code
+    fused = ddpm_ops.fuse_exported_program(ep)
+    assert ep.graph_module.code == before  # the input program is not modified
+    calls = ops_called(fused)
+    assert calls.count("ddpm.fused_sample.default") == 1, calls
+    assert not MATMULS & set(targets(fused)), calls
+    # the same signature: inputs, outputs, parameters and buffers
+    assert fused.graph_signature.input_specs == ep.graph_signature.input_specs
+    assert [s.kind for s in fused.graph_signature.output_specs] == \
+        [s.kind for s in ep.graph_signature.output_specs]
+    assert fused.call_spec == ep.call_spec
+    assert set(fused.state_dict) == set(ep.state_dict)
+    out = fused.module()(x, t)  # grad mode on: the copy's parameters do not require grad
+    check(model, out, x, t)
+    assert all(p.requires_grad for p in ep.parameters())
+
+
+def test_helper_spelling_and_dynamic_batch():
+    model = HelperSampler(dim=3, width=8, depth=3, steps=4, T=500)
+    x, t = make_inputs(model, batch=5)
+    ep = torch.export.export(model, (x, t), dynamic_shapes={"sample": {0: Dim("b")},
+                                                            "t": {0: Dim("b")}})
+    fused = ddpm_ops.fuse_exported_program(ep)
+    assert ops_called(fused).count("ddpm.fused_sample.default") == 1
+    for batch in (1, 9):
+        x, t = make_inputs(model, batch=batch)
+        with torch.no_grad():
+            check(model, fused.module()(x, t), x, t)
+
+
+def test_near_miss_program_unchanged():
+    model = ReluSampler(dim=3, hidden=(8,), num_steps=2)
+    x, t = make_inputs(model)
+    ep = torch.export.export(model, (x, t))
+    fused = ddpm_ops.fuse_exported_program(ep)
+    assert fused.graph_module.code == ep.graph_module.code
+
+
+def test_rejects_other_types():
+    with pytest.raises(TypeError, match="ExportedProgram"):
+        ddpm_ops.fuse_exported_program(torch.nn.Linear(2, 2))
+
+
+def test_save_and_load(tmp_path):
+    model = Sampler(dim=4, hidden=(8,), num_steps=3)
+    x, t = make_inputs(model)
+    fused = ddpm_ops.fuse_exported_program(torch.export.export(model, (x, t)))
+    path = tmp_path / "sampler.pt2"
+    torch.export.save(fused, str(path))
+    loaded = torch.export.load(str(path))
+    assert ops_called(loaded).count("ddpm.fused_sample.default") == 1
+    x, t = make_inputs(model)
+    with torch.no_grad():
+        check(model, loaded.module()(x, t), x, t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_aoti_package(tmp_path, device):
+    """The deployment path of examples/export_deploy.py: AOTInductor compiles the op call."""
+    model = Sampler(dim=4, hidden=(16,), num_steps=4).to(device)
+    x, t = make_inputs(model, batch=3, device=device)
+    ep = torch.export.export(model, (x, t), dynamic_shapes=batch_dynamic())
+    fused = ddpm_ops.fuse_exported_program(ep)
+    path = torch._inductor.aoti_compile_and_package(fused, package_path=str(tmp_path / "s.pt2"))
+    runner = torch._inductor.aoti_load_package(path)
+    for batch in (3, 17):
+        x, t = make_inputs(model, batch=batch, device=device)
+        check(model, runner(x, t), x, t)
