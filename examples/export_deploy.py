@@ -13,7 +13,8 @@
 The package calls the op through the dispatcher, so the op library must be
 loaded in the process that runs it: in Python ``import ddpm_ops``; in C++
 ``dlopen(ddpm_ops.LIBRARY_PATH)`` (printed at the end) before
-``torch::inductor::AOTIModelPackageLoader`` loads the package.
+``torch::inductor::AOTIModelPackageLoader`` loads the package; examples/cpp
+is such a program (CMakeLists.txt says how to build and run it).
 """
 import argparse
 import pathlib

@@ -1,4 +1,8 @@
-"""Exported models: ddpm_ops.fuse_exported_program, save/load, AOTInductor."""
+"""Exported models: ddpm_ops.fuse_exported_program, save/load, AOTInductor (Python and C++)."""
+import pathlib
+import shutil
+import subprocess
+
 import pytest
 import torch
 from torch.export import Dim
@@ -112,3 +116,28 @@ def test_aoti_package(tmp_path, device):
     for batch in (3, 17):
         x, t = make_inputs(model, batch=batch, device=device)
         check(model, runner(x, t), x, t)
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_cpp_runs_aoti_package(tmp_path):
+    """examples/cpp: a C++ program dlopens the op library and runs the package."""
+    model = Sampler(dim=2, hidden=(16,), num_steps=100, total_timesteps=100)
+    x, t = torch.randn(4, 2), torch.full((4,), 99)
+    fused = ddpm_ops.fuse_exported_program(
+        torch.export.export(model, (x, t), dynamic_shapes=batch_dynamic()))
+    package = torch._inductor.aoti_compile_and_package(fused, package_path=str(tmp_path / "s.pt2"))
+    source = pathlib.Path(__file__).parents[1] / "examples" / "cpp"
+    build = tmp_path / "build"
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build),
+                    f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"],
+                   check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
+    batch = 3
+    res = subprocess.run([str(build / "run_sampler"), ddpm_ops.LIBRARY_PATH, package, str(batch)],
+                         capture_output=True, text=True, check=True)
+    values = torch.tensor([float(v) for v in res.stdout.strip().splitlines()[-1].split()])
+    x = torch.arange(batch * 2, dtype=torch.float32).reshape(batch, 2) * (4.0 / (batch * 2)) - 2.0
+    t = torch.full((batch,), 99, dtype=torch.int64)
+    with torch.no_grad():
+        ref = model(x, t)
+    assert relative_error(values.reshape(batch, 2), ref) < 1e-5
