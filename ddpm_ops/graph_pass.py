@@ -520,6 +520,17 @@ def _fake_value(target, args):
         return target(*vals)
 
 
+def _op_or_none(packet: str, overload: str):
+    try:
+        return getattr(getattr(aten, packet), overload)
+    except (AttributeError, RuntimeError):  # pragma: no cover - older torch
+        return None
+
+
+# torch.export's check of a tensor's dtype/device (only checks a node we drop)
+_ASSERT_METADATA = _op_or_none("_assert_tensor_metadata", "default")
+
+
 def _remove_dead(graph: Graph, roots: list[Node]) -> None:
     """Erase the nodes that ``roots`` leave unused, and only those."""
     work = list(roots)
@@ -528,7 +539,7 @@ def _remove_dead(graph: Graph, roots: list[Node]) -> None:
         n = work.pop()
         if n in erased or n.graph is not graph or n.op != "call_function":
             continue
-        if n.users and all(_is(u, aten._assert_tensor_metadata.default) for u in n.users):
+        if n.users and _ASSERT_METADATA is not None and all(_is(u, _ASSERT_METADATA) for u in n.users):
             for u in list(n.users):
                 graph.erase_node(u)
                 erased.add(u)
