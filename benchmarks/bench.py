@@ -169,8 +169,8 @@ def run_table(name, cfg, args, clock, device):
     weights, biases = ddpm_ops.mlp_parameters(model.eps_net)
     flop = flops_per_sample_step(model) * cfg["steps"]
 
-    compiled = {"compile": torch.compile(model, dynamic=True)}
-    if device == "cuda":
+    compiled = {} if args.only_fused else {"compile": torch.compile(model, dynamic=True)}
+    if device == "cuda" and not args.only_fused:
         compiled["compile-ro"] = torch.compile(model, mode="reduce-overhead", dynamic=True)
         if args.max_autotune:
             compiled["compile-ma"] = torch.compile(model, mode="max-autotune", dynamic=True)
@@ -187,11 +187,14 @@ def run_table(name, cfg, args, clock, device):
                                          model.coef_eps, cfg["steps"], TOTAL_TIMESTEPS,
                                          precision=precision)
 
-        contenders = {"eager": lambda: model(x, t)}
+        contenders = {} if args.only_fused else {"eager": lambda: model(x, t)}
         for key, cmodel in compiled.items():
-            if args.skip_compile_above and batch > args.skip_compile_above:
+            if args.only_fused or (args.skip_compile_above and batch > args.skip_compile_above):
                 continue
-            contenders[key] = (lambda m: lambda: m(x, t))(cmodel)
+            if key == "compile-ro":  # its outputs live in a CUDA graph pool: mark each call
+                contenders[key] = (lambda m: lambda: (torch.compiler.cudagraph_mark_step_begin(), m(x, t))[1])(cmodel)
+            else:
+                contenders[key] = (lambda m: lambda: m(x, t))(cmodel)
         contenders["fused"] = fused
         extras = {}
         if device == "cuda":
@@ -207,19 +210,20 @@ def run_table(name, cfg, args, clock, device):
         with torch.inference_mode():
             for key, fn in {**contenders, **extras, "x+1": trivial}.items():
                 t0 = time.perf_counter()
-                out = fn()
+                out = fn().clone()
                 if key.startswith("compile"):
-                    out = fn()  # reduce-overhead records its graph on the second call
+                    out = fn().clone()  # reduce-overhead records its graph on the second call
                 clock.sync()
                 warm_s = time.perf_counter() - t0
                 reps = reps_for(clock, fn, args.budget)
                 entry = {"latency_us": clock.latency_us(fn, min(reps, 100)),
                          "gpu_us": clock.gpu_us(fn, reps),
-                         "rel_err": None if key == "x+1" else rel_err(out.clone(), ref),
+                         "rel_err": None if key == "x+1" else rel_err(out, ref),
                          "first_call_s": warm_s}
                 entries[key] = entry
             if device == "cuda":
-                for key, fn in (("graph", contenders["eager"]), ("fused-graph", fused)):
+                graphed = {"fused-graph": fused} if args.only_fused else {"graph": contenders["eager"], "fused-graph": fused}
+                for key, fn in graphed.items():
                     graph, out = capture(fn)
                     graph.replay()
                     err = rel_err(out.clone(), ref)
@@ -248,6 +252,8 @@ def print_batch(name, cfg, batch, entries, flop):
         print(f"  {key:<12} {e['latency_us']:>11.1f} {e['gpu_us']:>10.1f} {err:>9} {tf:>8}")
     if "graph_gpu_us" in entries["x+1"]:
         print(f"  x+1 replayed from a CUDA graph: {entries['x+1']['graph_gpu_us']:.1f} us gpu")
+    if not others:
+        return
     best_lat = min(others.values(), key=lambda e: e["latency_us"])
     best_gpu = min(others.values(), key=lambda e: e["gpu_us"])
     fused_gpu = min(entries[k]["gpu_us"] for k in ("fused", "fused-graph") if k in entries)
@@ -263,6 +269,7 @@ def main():
     parser.add_argument("--max-autotune", action="store_true", help="also torch.compile(mode='max-autotune')")
     parser.add_argument("--skip-compile-above", type=int, default=0,
                         help="leave torch.compile out for batches above this (0: never)")
+    parser.add_argument("--only-fused", action="store_true", help="time the fused op alone")
     parser.add_argument("--variants", action="store_true",
                         help="also time each CUDA kernel variant forced (fp32 and tf32)")
     parser.add_argument("--budget", type=float, default=0.15, help="seconds of calls per measurement")

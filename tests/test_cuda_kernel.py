@@ -60,7 +60,7 @@ def test_odd_shapes_every_variant(variant, batch, dim, hidden, num_steps, t_dtyp
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
-def test_out_of_range_rows_are_nan_without_sync(variant):
+def out_of_range_problem():
     problem = make_problem(200, 16, [40, 40], 6, device="cuda", total_timesteps=50)
     t = problem.t_start.clone()
     t[3] = 2             # t - 5 < 0
@@ -68,6 +68,11 @@ def test_out_of_range_rows_are_nan_without_sync(variant):
     t[150] = -(2 ** 40)  # far outside, int64
     args = list(problem.args())
     args[1] = t
+    return problem, args
+
+
+def test_out_of_range_rows_are_nan_without_sync(variant):
+    problem, args = out_of_range_problem()
     out = ddpm_ops.fused_sample(*args)
     bad = torch.zeros(200, dtype=torch.bool, device="cuda")
     bad[[3, 77, 150]] = True
@@ -76,6 +81,10 @@ def test_out_of_range_rows_are_nan_without_sync(variant):
     good = ~bad
     problem.x, problem.t_start = problem.x[good], problem.t_start[good]
     assert relative_error(out[good], reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
+def test_validate_raises_for_out_of_range():
+    _, args = out_of_range_problem()
     with pytest.raises(RuntimeError, match="t_start out of range"):
         ddpm_ops.fused_sample(*args, validate=True)
 

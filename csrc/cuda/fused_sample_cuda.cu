@@ -31,9 +31,8 @@ using cuda_kernels::kMaxLayers;
 using cuda_kernels::SampleArgs;
 using cuda_kernels::TilePlan;
 
-// Batch sizes from which the tiled kernel beats the cluster kernel.
-constexpr int64_t kTiledMinBatchFp32 = 4096;
-constexpr int64_t kTiledMinBatchFast = 2048;
+// Batch size from which the tiled kernel beats the cluster kernel.
+constexpr int64_t kTiledMinBatch = 2048;
 constexpr int kMaxClusterRows = 64;
 constexpr int kPreferredClusterSize = 16;
 
@@ -125,16 +124,14 @@ size_t tiled_smem_bytes(const SampleArgs& a, int mt, TilePlan* plan) {
   return static_cast<size_t>(plan->valid_offset + rows) * sizeof(float);
 }
 
-Variant choose_variant(const SampleArgs& a, Precision precision, const DeviceInfo& info,
+Variant choose_variant(const SampleArgs& a, const DeviceInfo& info,
                        bool tiled_fits[2]) {
   if (const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL")) {
     if (std::strcmp(forced, "cluster") == 0) return Variant::kCluster;
     if (std::strcmp(forced, "tiled32") == 0 && tiled_fits[0]) return Variant::kTiled32;
     if (std::strcmp(forced, "tiled64") == 0 && tiled_fits[1]) return Variant::kTiled64;
   }
-  const int64_t threshold =
-      precision == Precision::kFloat32 ? kTiledMinBatchFp32 : kTiledMinBatchFast;
-  if (a.batch < threshold) return Variant::kCluster;
+  if (a.batch < kTiledMinBatch) return Variant::kCluster;
   // 64-row tiles halve the weight traffic once there are enough of them to
   // fill every multiprocessor.
   if (tiled_fits[1] && (a.batch + 63) / 64 >= info.sm_count) return Variant::kTiled64;
@@ -143,19 +140,25 @@ Variant choose_variant(const SampleArgs& a, Precision precision, const DeviceInf
 }
 
 void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cudaStream_t stream) {
+  using cuda_kernels::round_up4;
+  using cuda_kernels::slice_size;
   const int cs = info.cluster_size;
   const int L = a.num_layers;
   ClusterPlan p = {};
   p.cluster_size = cs;
-  int hidden_ld = 0;
-  for (int l = 0; l + 1 < L; ++l) hidden_ld = std::max(hidden_ld, a.layers[l].out);
-  p.hidden_ld = hidden_ld;
+  int hidden = 0;
+  for (int l = 0; l + 1 < L; ++l) hidden = std::max(hidden, a.layers[l].out);
+  p.in0_ld = round_up4(a.dim + 1);
+  p.hidden_ld = round_up4(hidden);
+  auto slice_floats = [&](int l) {  // padded weight rows and the bias slice
+    const int s = slice_size(a.layers[l].out, cs);
+    return static_cast<size_t>(s) * round_up4(a.layers[l].in) + round_up4(s);
+  };
   size_t weight_floats = 0;
-  for (int l = 0; l < L; ++l) {
-    weight_floats += static_cast<size_t>(cuda_kernels::slice_size(a.layers[l].out, cs)) * a.layers[l].in;
-  }
-  // Per row: layer-0 input, two hidden buffers, two eps buffers, x, and t/valid.
-  const size_t row_floats = static_cast<size_t>(a.dim + 1) + 2 * hidden_ld + 3 * a.dim + 2;
+  for (int l = 0; l < L; ++l) weight_floats += slice_floats(l);
+  // Per row: layer-0 input, two hidden buffers, two eps buffers, x, (c1, c2),
+  // t and valid; each region is rounded up to 4 floats below, hence the + 20.
+  const size_t row_floats = static_cast<size_t>(p.in0_ld) + 2 * p.hidden_ld + 3 * a.dim + 4 + 20;
   const size_t budget = info.max_smem / sizeof(float);
   // Spread the batch over all co-resident clusters; shrink the row tile while
   // the weights would not stay on chip (down to 8 rows), then while even the
@@ -169,23 +172,34 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
               info.max_smem, " bytes per block)");
   p.rows_per_tile = rows;
   int offset = 0;
-  p.in0_offset = offset;        offset += rows * (a.dim + 1);
-  p.hidden_offset[0] = offset;  offset += rows * hidden_ld;
-  p.hidden_offset[1] = offset;  offset += rows * hidden_ld;
-  p.eps_offset[0] = offset;     offset += rows * a.dim;
-  p.eps_offset[1] = offset;     offset += rows * a.dim;
-  p.x_offset = offset;          offset += rows * a.dim;
-  p.t_offset = offset;          offset += rows;
-  p.valid_offset = offset;      offset += rows;
+  auto take = [&](int floats) {  // 16-byte aligned regions
+    const int at = offset;
+    offset += round_up4(floats);
+    return at;
+  };
+  // in0 and the hidden buffers are contiguous: the kernel zeroes them at once.
+  p.in0_offset = take(rows * p.in0_ld);
+  p.hidden_offset[0] = take(rows * p.hidden_ld);
+  p.hidden_offset[1] = take(rows * p.hidden_ld);
+  p.eps_offset[0] = take(rows * a.dim);
+  p.eps_offset[1] = take(rows * a.dim);
+  p.x_offset = take(rows * a.dim);
+  p.coef_offset = take(2 * rows);
+  p.t_offset = take(rows);
+  p.valid_offset = take(rows);
+  TORCH_CHECK(static_cast<size_t>(offset) <= budget, "ddpm::fused_sample: dim ", a.dim,
+              " and the hidden widths need more shared memory per sample than the GPU has (",
+              info.max_smem, " bytes per block)");
   // Weight slices that fit stay in shared memory; the rest are read from
-  // global memory (L2) by the same code through a generic pointer.
+  // global memory (L2).
   for (int l = 0; l < L; ++l) {
-    const int floats = cuda_kernels::slice_size(a.layers[l].out, cs) * a.layers[l].in;
-    if (static_cast<size_t>(offset) + floats <= budget) {
-      p.weight_offset[l] = offset;
-      offset += floats;
+    if (offset + slice_floats(l) <= budget) {
+      const int s = slice_size(a.layers[l].out, cs);
+      p.weight_offset[l] = take(s * round_up4(a.layers[l].in));
+      p.bias_offset[l] = take(s);
     } else {
       p.weight_offset[l] = -1;
+      p.bias_offset[l] = -1;
     }
   }
   const size_t smem = static_cast<size_t>(offset) * sizeof(float);
@@ -294,7 +308,7 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
     smem[i] = tiled_smem_bytes(a, 2 * (i + 1), &plans[i]);
     fits[i] = smem[i] <= static_cast<size_t>(info.max_smem);
   }
-  switch (choose_variant(a, mode, info, fits)) {
+  switch (choose_variant(a, info, fits)) {
     case Variant::kCluster:
       launch_cluster(a, info, device, stream);
       break;

@@ -73,17 +73,22 @@ __device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 
 constexpr int kClusterThreads = 256;
 
-// Shared-memory layout of one CTA (offsets in floats) and the work split,
-// computed on the host (fused_sample_cuda.cu) so every CTA agrees.
+// Shared-memory layout of one CTA (offsets in floats, multiples of 4 so that
+// rows can be read as float4) and the work split, computed on the host
+// (fused_sample_cuda.cu) so every CTA agrees.
 struct ClusterPlan {
   int cluster_size;
   int rows_per_tile;
-  int hidden_ld;                 // row stride of the hidden buffers (widest hidden layer)
-  int weight_offset[kMaxLayers]; // slice of layer l in shared memory, or -1: read it from global
-  int in0_offset;                // rows x (dim + 1): [x, t / T], the input of layer 0
+  int in0_ld;                    // round_up(dim + 1, 4)
+  int hidden_ld;                 // round_up(widest hidden layer, 4)
+  int weight_offset[kMaxLayers]; // slice of layer l in shared memory (row stride
+                                 // round_up(in, 4), zero padded), or -1: global
+  int bias_offset[kMaxLayers];   // its bias slice in shared memory (with the weights)
+  int in0_offset;                // rows x in0_ld: [x, t / T], the input of layer 0
   int hidden_offset[2];          // rows x hidden_ld, ping-pong outputs of hidden layers
   int eps_offset[2];             // rows x dim, outputs of the last layer, by step parity
   int x_offset;                  // rows x dim, the current sample
+  int coef_offset;               // rows x 2: this step's (c1, c2)
   int t_offset;                  // rows ints: clamped t_start
   int valid_offset;              // rows ints: 1 when every timestep is in range
 };
@@ -91,13 +96,17 @@ struct ClusterPlan {
 __host__ __device__ inline int slice_size(int out, int cluster_size) {
   return (out + cluster_size - 1) / cluster_size;
 }
+__host__ __device__ inline int round_up4(int v) { return (v + 3) & ~3; }
 
 // One layer's slice on one CTA: out_all[r][n0 + c] = act(bias + in[r] . w[c])
 // for rows r < rows, slice columns c < ns, written into every CTA's out buffer.
 // Each output tile (RT rows x CT columns) is computed by G consecutive lanes
 // that split the inner dimension and reduce with shuffles; G is as large as
 // the thread count allows, which keeps small-batch layers short.
-template <int RT, int CT>
+// kVec: weights in shared memory with padded rows, read as float4 along k
+// (four times fewer shared-memory instructions); otherwise scalar reads of
+// the global weights (row stride K).
+template <int RT, int CT, bool kVec>
 __device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const float* in, int in_ld,
                                               const float* w, const float* bias, int K, int rows,
                                               int ns, int n0, bool apply_silu, float* out,
@@ -105,8 +114,10 @@ __device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const 
   const int tiles_c = (ns + CT - 1) / CT;
   const int ntiles = ((rows + RT - 1) / RT) * tiles_c;
   if (ntiles == 0) return;
+  const int steps_k = kVec ? round_up4(K) / 4 : K;
+  const int w_ld = kVec ? round_up4(K) : K;
   int G = 32;
-  while (G > 1 && (ntiles * G > kClusterThreads || G / 2 >= K)) G >>= 1;
+  while (G > 1 && (ntiles * G > kClusterThreads || G / 2 >= steps_k)) G >>= 1;
   const int lane_g = threadIdx.x & (G - 1);
   const int groups = kClusterThreads / G;
   const int warp_first_group = (threadIdx.x & ~31) / G;
@@ -117,26 +128,44 @@ __device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const 
     const bool tile_ok = tile < ntiles;
     const int tc = (tile_ok ? tile : 0) % tiles_c;
     const int tr = (tile_ok ? tile : 0) / tiles_c;
-    int r_idx[RT], c_idx[CT];
+    const float* a_row[RT];
+    const float* w_row[CT];
 #pragma unroll
-    for (int i = 0; i < RT; ++i) r_idx[i] = min(tr * RT + i, rows - 1);
+    for (int i = 0; i < RT; ++i) a_row[i] = in + min(tr * RT + i, rows - 1) * in_ld;
 #pragma unroll
-    for (int j = 0; j < CT; ++j) c_idx[j] = min(tc * CT + j, ns - 1);
+    for (int j = 0; j < CT; ++j) w_row[j] = w + min(tc * CT + j, ns - 1) * w_ld;
     float acc[RT][CT];
 #pragma unroll
     for (int i = 0; i < RT; ++i)
 #pragma unroll
       for (int j = 0; j < CT; ++j) acc[i][j] = 0.f;
-    for (int k = lane_g; k < K; k += G) {
-      float a[RT], b[CT];
+    for (int k = lane_g; k < steps_k; k += G) {
+      if (kVec) {
+        float4 a4[RT], b4[CT];
 #pragma unroll
-      for (int i = 0; i < RT; ++i) a[i] = in[r_idx[i] * in_ld + k];
+        for (int i = 0; i < RT; ++i) a4[i] = reinterpret_cast<const float4*>(a_row[i])[k];
 #pragma unroll
-      for (int j = 0; j < CT; ++j) b[j] = w[c_idx[j] * K + k];
+        for (int j = 0; j < CT; ++j) b4[j] = reinterpret_cast<const float4*>(w_row[j])[k];
 #pragma unroll
-      for (int i = 0; i < RT; ++i)
+        for (int i = 0; i < RT; ++i)
 #pragma unroll
-        for (int j = 0; j < CT; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+          for (int j = 0; j < CT; ++j) {
+            acc[i][j] = fmaf(a4[i].x, b4[j].x, acc[i][j]);
+            acc[i][j] = fmaf(a4[i].y, b4[j].y, acc[i][j]);
+            acc[i][j] = fmaf(a4[i].z, b4[j].z, acc[i][j]);
+            acc[i][j] = fmaf(a4[i].w, b4[j].w, acc[i][j]);
+          }
+      } else {
+        float a1[RT], b1[CT];
+#pragma unroll
+        for (int i = 0; i < RT; ++i) a1[i] = a_row[i][k];
+#pragma unroll
+        for (int j = 0; j < CT; ++j) b1[j] = __ldg(w_row[j] + k);
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+          for (int j = 0; j < CT; ++j) acc[i][j] = fmaf(a1[i], b1[j], acc[i][j]);
+      }
     }
 #pragma unroll
     for (int i = 0; i < RT; ++i)
@@ -153,7 +182,7 @@ __device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const 
         const int r = tr * RT + i;
         const int c = tc * CT + j;
         if (!tile_ok || r >= rows || c >= ns) continue;
-        float v = acc[i][j] + __ldg(bias + c);
+        float v = acc[i][j] + bias[c];
         if (apply_silu) v = silu(v);
         float* local = out + r * out_ld + n0 + c;
         for (int d = lane_g; d < cluster_size; d += G) *cluster.map_shared_rank(local, d) = v;
@@ -174,42 +203,62 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   const int rows = min(p.rows_per_tile, a.batch - row0);
   const int dim = a.dim;
   const int L = a.num_layers;
+  const int in0_ld = p.in0_ld;
   float* in0 = smem + p.in0_offset;
   float* xcur = smem + p.x_offset;
+  float* coef = smem + p.coef_offset;
   int* t0 = reinterpret_cast<int*>(smem + p.t_offset);
   int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
 
-  // This CTA's weight slices: rows [n0, n0 + ns) of each layer, contiguous in
-  // global memory, copied once.
+  // This CTA's weight slices: rows [n0, n0 + ns) of each layer, copied once
+  // with rows padded to a multiple of 4 by zeros, and their biases.
   for (int l = 0; l < L; ++l) {
     if (p.weight_offset[l] < 0) continue;
     const LayerArgs& la = a.layers[l];
     const int s = slice_size(la.out, cs);
     const int n0 = rank * s;
-    const int count = max(0, min(s, la.out - n0)) * la.in;
+    const int ns = max(0, min(s, la.out - n0));
+    const int ld = round_up4(la.in);
     const float* src = la.weight + static_cast<size_t>(n0) * la.in;
     float* dst = smem + p.weight_offset[l];
-    for (int i = threadIdx.x; i < count; i += kClusterThreads) dst[i] = __ldg(src + i);
+    for (int i = threadIdx.x; i < ns * ld; i += kClusterThreads) {
+      const int c = i / ld, k = i - c * ld;
+      dst[i] = k < la.in ? __ldg(src + c * la.in + k) : 0.f;
+    }
+    for (int c = threadIdx.x; c < ns; c += kClusterThreads) smem[p.bias_offset[l] + c] = __ldg(la.bias + n0 + c);
   }
+  // Zero the layer inputs: float4 reads cover the padding columns, which
+  // must hold finite values (the weights there are zero).
+  for (int i = threadIdx.x; i < p.hidden_offset[1] + p.rows_per_tile * p.hidden_ld - p.in0_offset;
+       i += kClusterThreads)
+    in0[i] = 0.f;
+  __syncthreads();
   for (int r = threadIdx.x; r < rows; r += kClusterThreads) {
     bool ok;
     t0[r] = load_t_start(a, row0 + r, &ok);
     valid[r] = ok;
-    in0[r * (dim + 1) + dim] = static_cast<float>(t0[r]) / a.total_timesteps;
+    in0[r * in0_ld + dim] = static_cast<float>(t0[r]) / a.total_timesteps;
   }
   for (int i = threadIdx.x; i < rows * dim; i += kClusterThreads) {
     const int r = i / dim, j = i - r * dim;
     const float v = __ldg(a.x + static_cast<size_t>(row0) * dim + i);
     xcur[i] = v;
-    in0[r * (dim + 1) + j] = v;
+    in0[r * in0_ld + j] = v;
   }
   // Every CTA of the cluster must be running before anyone stores into its
   // shared memory; this also publishes the local setup to the CTA's threads.
   cluster.sync();
 
   for (int k = 0; k < a.num_steps; ++k) {
+    // This step's coefficients, loaded now so that their latency hides behind
+    // the layers (the layer barriers make them visible to the update).
+    for (int r = threadIdx.x; r < rows; r += kClusterThreads) {
+      const int t = clamp_index(t0[r] - k, a.table_length);
+      coef[2 * r] = __ldg(a.sqrt_recip_alphas + t);
+      coef[2 * r + 1] = __ldg(a.coef_eps + t);
+    }
     const float* in = in0;
-    int in_ld = dim + 1;
+    int in_ld = in0_ld;
     float* eps = smem + p.eps_offset[k & 1];
     for (int l = 0; l < L; ++l) {
       const LayerArgs& la = a.layers[l];
@@ -217,12 +266,16 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
       const int s = slice_size(la.out, cs);
       const int n0 = rank * s;
       const int ns = max(0, min(s, la.out - n0));
-      const float* w = p.weight_offset[l] >= 0 ? smem + p.weight_offset[l]
-                                               : la.weight + static_cast<size_t>(n0) * la.in;
       float* out = last ? eps : smem + p.hidden_offset[l & 1];
       const int out_ld = last ? dim : p.hidden_ld;
-      cluster_layer<RT, CT>(cluster, in, in_ld, w, la.bias + n0, la.in, rows, ns, n0, !last, out,
-                            out_ld, cs);
+      if (p.weight_offset[l] >= 0) {
+        cluster_layer<RT, CT, true>(cluster, in, in_ld, smem + p.weight_offset[l],
+                                    smem + p.bias_offset[l], la.in, rows, ns, n0, !last, out,
+                                    out_ld, cs);
+      } else {
+        cluster_layer<RT, CT, false>(cluster, in, in_ld, la.weight + static_cast<size_t>(n0) * la.in,
+                                     la.bias + n0, la.in, rows, ns, n0, !last, out, out_ld, cs);
+      }
       // Publishes this layer's outputs everywhere. With ping-pong hidden
       // buffers and eps alternating by step, this one barrier also orders every
       // earlier read of a buffer before the next remote write into it.
@@ -234,15 +287,12 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     // exchange), and the next step's layer-0 input.
     for (int i = threadIdx.x; i < rows * dim; i += kClusterThreads) {
       const int r = i / dim, j = i - r * dim;
-      const int t = clamp_index(t0[r] - k, a.table_length);
-      const float c1 = __ldg(a.sqrt_recip_alphas + t);
-      const float c2 = __ldg(a.coef_eps + t);
-      const float v = c1 * (xcur[i] - c2 * eps[i]);
+      const float v = coef[2 * r] * (xcur[i] - coef[2 * r + 1] * eps[i]);
       xcur[i] = v;
-      in0[r * (dim + 1) + j] = v;
+      in0[r * in0_ld + j] = v;
     }
     for (int r = threadIdx.x; r < rows; r += kClusterThreads)
-      in0[r * (dim + 1) + dim] = static_cast<float>(t0[r] - (k + 1)) / a.total_timesteps;
+      in0[r * in0_ld + dim] = static_cast<float>(t0[r] - (k + 1)) / a.total_timesteps;
     __syncthreads();
   }
 
