@@ -1,6 +1,10 @@
 """ddpm_ops: K reverse-diffusion (DDPM) steps of a small MLP as one fused op.
 
-Importing the package registers ``torch.ops.ddpm.fused_sample``.
+Importing the package registers ``torch.ops.ddpm.fused_sample`` and installs
+the torch.compile rewrite that runs users' own sampling loops as that one op
+(see :mod:`ddpm_ops.graph_pass`; off with :func:`disable_auto_rewrite` or
+``DDPM_OPS_DISABLE_AUTO_REWRITE=1``). :func:`fuse_exported_program` does the
+same for ``torch.export`` programs.
 """
 from ._library import LIBRARY_PATH
 from .export import fuse_exported_program

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import operator
 import os
 import pathlib
 from dataclasses import dataclass, field
