@@ -1,0 +1,3 @@
+// The generic (baseline ISA) build of the CPU kernels: the fallback on any CPU.
+#define CPU_CAPABILITY DEFAULT
+#include "mlp_kernels_impl.h"
