@@ -1,16 +1,25 @@
 // CPU kernel of ddpm::fused_sample.
 //
-// The batch is cut into row tiles that run in parallel (at::parallel_for);
-// each tile runs all K steps and all layers on its own rows with no
-// synchronisation between tiles. Every buffer is allocated before the step
-// loop. Per tile, whichever measured faster on the reference shapes:
-//  - small tiles: register-blocked at::vec kernels (mlp_kernels_impl.h) on
-//    weights packed once per call as zero-padded (in, out) panels;
-//  - large tiles: ATen's BLAS (at::mm_out into preallocated buffers, with the
-//    nn.Linear weights viewed as W.t()), then one vectorised pass for bias +
-//    SiLU (or bias + the DDPM update after the last layer).
-// The vectorised kernels are compiled for the baseline ISA, AVX2 and AVX-512,
-// and picked at run time from what ATen itself uses on this CPU.
+// The batch is cut into row tiles that run in parallel (at::parallel_for, so
+// torch.set_num_threads applies); each tile runs all K steps and all layers on
+// its own rows, with no synchronisation between tiles. Every buffer is
+// allocated before the step loop; a batch of at most kSerialBatch rows is one
+// tile on the calling thread (no parallel region). Per tile, what measured
+// fastest (AMD EPYC, AVX-512, torch 2.13 / MKL; see the timings in the commit):
+//  - one row (batch 1): a dot-product at::vec kernel on the nn.Linear weights
+//    as they are, kV outputs at a time with a joint lane reduction; packing
+//    the weights would cost 3-4 steps' worth of time;
+//  - more rows: a register-blocked at::vec kernel (MR rows x NB vectors of
+//    outputs in registers, each weight vector loaded once per MR rows) on
+//    weights packed once per call as zero-padded (in, out) panels. It runs at
+//    ~90% of the FMA peak and beat MKL's SGEMM (at::mm_out on the same
+//    buffers) by ~2x at every tile size, so BLAS is not used with SIMD;
+//  - with only the generic (no AVX2) build, tiles above kGenericVecTileRows
+//    rows use ATen's BLAS (at::mm_out into preallocated buffers, weights as
+//    W.t() views) plus one vectorised pass for bias + SiLU / the DDPM update.
+// The at::vec kernels are compiled for the baseline ISA, AVX2 and AVX-512
+// (mlp_kernels_{default,avx2,avx512}.cpp) and picked at run time from what ATen
+// itself uses on this CPU (ATEN_CPU_CAPABILITY honoured), confirmed by cpuid.
 #include "../fused_sample.h"
 
 #include <ATen/ATen.h>
@@ -81,10 +90,33 @@ constexpr int64_t kBlasTileRows = 128;
 // Up to this batch, the whole batch is one tile on the calling thread: no
 // parallel region to pay for.
 constexpr int64_t kSerialBatch = 4;
+// Tiles of at most this many rows use the dot-product kernel on the weights as
+// they are: packing them costs about 3-4 steps of a single row.
+constexpr int64_t kDotRows = 1;
 
+// Tuning and test knobs, read once per process (unset: the defaults above).
+// DDPM_OPS_CPU_VEC_TILE (max rows per vectorised tile), DDPM_OPS_CPU_BLAS_TILE,
+// DDPM_OPS_CPU_SERIAL_BATCH, DDPM_OPS_CPU_DOT_ROWS, and DDPM_OPS_CPU_BLAS=0/1
+// (let large tiles use BLAS; default on only for the generic build). They
+// exist so tests can force every path on any machine.
 int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
+}
+
+struct Tuning {
+  int64_t vec_rows, blas_rows, serial_batch, dot_rows;
+  bool allow_blas;
+};
+
+const Tuning& tuning(bool simd) {
+  static const Tuning t{
+      std::max<int64_t>(1, env_int("DDPM_OPS_CPU_VEC_TILE", simd ? kVecTileRows : kGenericVecTileRows)),
+      std::max<int64_t>(1, env_int("DDPM_OPS_CPU_BLAS_TILE", kBlasTileRows)),
+      env_int("DDPM_OPS_CPU_SERIAL_BATCH", kSerialBatch),
+      env_int("DDPM_OPS_CPU_DOT_ROWS", kDotRows),
+      env_int("DDPM_OPS_CPU_BLAS", simd ? 0 : 1) != 0};
+  return t;
 }
 
 }  // namespace
@@ -112,12 +144,10 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
   // ---- Tiling: one tile on this thread for tiny batches; otherwise at least
   // one tile per thread, vectorised kernels for small tiles, BLAS for large.
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const bool simd = std::string(kern.name) != "DEFAULT";
-  const int64_t vec_rows = std::max<int64_t>(
-      1, env_int("DDPM_OPS_CPU_VEC_TILE", simd ? kVecTileRows : kGenericVecTileRows));
-  const int64_t blas_rows = std::max<int64_t>(1, env_int("DDPM_OPS_CPU_BLAS_TILE", kBlasTileRows));
-  const int64_t serial_batch = env_int("DDPM_OPS_CPU_SERIAL_BATCH", kSerialBatch);
-  const bool allow_blas = env_int("DDPM_OPS_CPU_BLAS", simd ? 0 : 1) != 0;
+  const Tuning& tune = tuning(std::string(kern.name) != "DEFAULT");
+  const int64_t vec_rows = tune.vec_rows, blas_rows = tune.blas_rows;
+  const int64_t serial_batch = tune.serial_batch;
+  const bool allow_blas = tune.allow_blas;
   const int64_t per_thread = (batch + threads - 1) / threads;
   const bool use_vec = batch <= serial_batch || per_thread <= vec_rows || !allow_blas;
   int64_t tile_rows = batch <= serial_batch ? batch
@@ -152,10 +182,19 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
   plan.c2 = c2_table.data_ptr<float>();
   plan.total_timesteps = static_cast<float>(total_timesteps);
 
+  std::vector<const float*> weight_p(num_layers), bias_p(num_layers);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    weight_p[l] = weight_c[l].data_ptr<float>();
+    bias_p[l] = bias_c[l].data_ptr<float>();
+  }
+  plan.weight = weight_p.data();
+  plan.bias = bias_p.data();
+  const bool use_dot = use_vec && tile_rows <= tune.dot_rows;
+
   // Vectorised path: (in, out_pad) weight panels and padded biases, zero-filled.
   at::Tensor packed;
   std::vector<const float*> packed_w(num_layers), packed_b(num_layers);
-  if (use_vec) {
+  if (use_vec && !use_dot) {
     int64_t total = 0;
     for (int64_t l = 0; l < num_layers; ++l) {
       total += (in_f[l] + 1) * round_up(out_f[l], kPad);

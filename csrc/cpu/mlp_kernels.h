@@ -24,10 +24,15 @@ struct MlpPlan {
   int64_t act_ld = 0;      // row stride of the activation buffers (multiple of kPad)
   const int64_t* in_f = nullptr;   // [L] input features of layer l
   const int64_t* out_f = nullptr;  // [L] output features of layer l
+  // nn.Linear weights (out_f, in_f) and biases, contiguous.
+  const float* const* weight = nullptr;
+  const float* const* bias = nullptr;
   // Vectorised path: weights packed transposed, (in_f[l], round_up(out_f[l], kPad))
   // row-major with zero columns past out_f[l]; biases zero-padded the same way.
   const float* const* packed_w = nullptr;
   const float* const* packed_b = nullptr;
+  // When packed_w is nullptr, vec_tile runs the dot-product kernel on `weight`
+  // row by row instead (no packing: the fastest for a single row).
   const int64_t* t_start = nullptr;  // [batch] int64
   const float* c1 = nullptr;         // sqrt_recip_alphas table
   const float* c2 = nullptr;         // coef_eps table

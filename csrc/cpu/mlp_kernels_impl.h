@@ -114,6 +114,88 @@ void layer(const float* in, int64_t ld, int64_t rows, int64_t in_f, const float*
   }
 }
 
+// ---- Dot-product path for single rows (batch 1): reads the nn.Linear weights
+// (out, in) in place, so a call needs no packing. kV outputs at a time, one
+// accumulator per output, input chunks shared by all of them; the kV
+// accumulators are then reduced together into one vector of kV sums.
+
+// Lane j of the result = sum of the lanes of acc[j], j < kV.
+inline Vec reduce_lanes(const Vec* acc) {
+#if defined(CPU_CAPABILITY_AVX512)
+  auto hadd = [](__m512 a, __m512 b) {  // per 128-bit lane: [a0+a1, a2+a3, b0+b1, b2+b3]
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+  };
+  __m512 c[8];
+  for (int k = 0; k < 8; ++k) {  // 256-bit halves: partial sums of acc[k] | acc[k + 8]
+    const __m512 a = acc[k], b = acc[k + 8];
+    c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  const __m512 u0 = hadd(hadd(c[0], c[1]), hadd(c[2], c[3]));
+  const __m512 u1 = hadd(hadd(c[4], c[5]), hadd(c[6], c[7]));
+  // 128-bit lanes of u0: acc[0..3] (two halves), acc[8..11] (two halves); u1: +4.
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88),
+                                 _mm512_shuffle_f32x4(u0, u1, 0xDD));
+  return _mm512_shuffle_f32x4(r, r, 0xD8);  // lanes [0..3, 8..11, 4..7, 12..15] -> in order
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+#else
+  float sums[kV];
+  for (int j = 0; j < kV; ++j) {
+    float lanes[kV];
+    acc[j].store(lanes);
+    float s = 0.f;
+    for (int l = 0; l < kV; ++l) s += lanes[l];
+    sums[j] = s;
+  }
+  return Vec::loadu(sums);
+#endif
+}
+
+// out[j] = act(bias[j] + sum_i x[i] * w[j, i]) for j < out_f, one row.
+template <bool SILU>
+void dot_layer_row(const float* x, int64_t in_f, const float* w, const float* bias,
+                   int64_t out_f, float* out) {
+  const int64_t in_full = in_f - in_f % kV;
+  const int64_t tail = in_f - in_full;
+  const int64_t j_full = out_f - out_f % kV;
+  Vec acc[kV];
+  for (int64_t j0 = 0; j0 < out_f; j0 += kV) {
+    const int64_t nj = std::min<int64_t>(kV, out_f - j0);
+    const float* wj = w + j0 * in_f;
+    if (j0 < j_full) {
+      for (int j = 0; j < kV; ++j) acc[j] = Vec(0.f);
+      for (int64_t i = 0; i < in_full; i += kV) {
+        const Vec xv = Vec::loadu(x + i);
+        for (int j = 0; j < kV; ++j) acc[j] = at::vec::fmadd(Vec::loadu(wj + j * in_f + i), xv, acc[j]);
+      }
+      if (tail > 0) {
+        const Vec xv = Vec::loadu(x + in_full, tail);  // masked: never reads past the row
+        for (int j = 0; j < kV; ++j) {
+          acc[j] = at::vec::fmadd(Vec::loadu(wj + j * in_f + in_full, tail), xv, acc[j]);
+        }
+      }
+    } else {  // the last, partial block of outputs
+      for (int j = 0; j < kV; ++j) acc[j] = Vec(0.f);
+      for (int64_t j = 0; j < nj; ++j) {
+        Vec a(0.f);
+        for (int64_t i = 0; i < in_full; i += kV) {
+          a = at::vec::fmadd(Vec::loadu(wj + j * in_f + i), Vec::loadu(x + i), a);
+        }
+        if (tail > 0) {
+          a = at::vec::fmadd(Vec::loadu(wj + j * in_f + in_full, tail), Vec::loadu(x + in_full, tail), a);
+        }
+        acc[j] = a;
+      }
+    }
+    Vec v = reduce_lanes(acc) + Vec::loadu(bias + j0, nj);
+    if (SILU) v = silu(v);
+    v.store(out + j0, nj);
+  }
+}
+
 void fill_input(const MlpPlan& p, const float* x, int64_t row0, int64_t rows, float* in,
                 int64_t ld, int64_t k) {
   const int64_t dim = p.dim;
@@ -201,8 +283,19 @@ void vec_tile(const MlpPlan& p, float* x_all, int64_t row0, int64_t rows, float*
     const float* in = bufs[0];
     for (int64_t l = 0; l < p.num_layers; ++l) {
       float* out = bufs[(l + 1) % 2];
-      layer(in, ld, rows, p.in_f[l], p.packed_w[l], round_up(p.out_f[l], kPad), p.packed_b[l],
-            out, l + 1 < p.num_layers);
+      const bool silu_on = l + 1 < p.num_layers;
+      if (p.packed_w == nullptr) {
+        for (int64_t r = 0; r < rows; ++r) {
+          if (silu_on) {
+            dot_layer_row<true>(in + r * ld, p.in_f[l], p.weight[l], p.bias[l], p.out_f[l], out + r * ld);
+          } else {
+            dot_layer_row<false>(in + r * ld, p.in_f[l], p.weight[l], p.bias[l], p.out_f[l], out + r * ld);
+          }
+        }
+      } else {
+        layer(in, ld, rows, p.in_f[l], p.packed_w[l], round_up(p.out_f[l], kPad), p.packed_b[l],
+              out, silu_on);
+      }
       in = out;
     }
     ddpm_update(p, x, row0, rows, in, ld, nullptr, k);

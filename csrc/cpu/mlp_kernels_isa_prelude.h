@@ -6,6 +6,14 @@
 // ddpm_ops::cpu::<ISA>, unique per ISA) uses the wider instructions.
 #pragma once
 
+// at::vec's headers declare functions that pass vector types by value; built
+// without -mavx on the command line GCC warns that their ABI depends on the
+// ISA. Both sides of every such call are compiled here for the same ISA.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+#include "mlp_kernels_warnings.h"
+
 #include <algorithm>
 #include <cmath>
 #include <complex>
