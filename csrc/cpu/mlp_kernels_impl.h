@@ -1,0 +1,319 @@
+// The vectorised kernels of the CPU op, written once against at::vec and
+// compiled once per instruction set. The including file defines CPU_CAPABILITY
+// (DEFAULT, AVX2 or AVX512) and the matching CPU_CAPABILITY_<ISA> macro the way
+// ATen's own kernels are built, so at::vec::Vectorized<float> is the real SIMD
+// type, and everything here lands in namespace ddpm_ops::cpu::CPU_CAPABILITY.
+//
+// Register-blocked layer kernel: a block of MR rows x NB vectors of output
+// neurons lives in registers; for every input feature i it loads NB vectors of
+// the packed (transposed) weight row i once and reuses them for all MR rows
+// (one broadcast each). Nothing is allocated; every loop bound that shapes
+// registers is a template constant.
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "mlp_kernels.h"
+
+namespace ddpm_ops {
+namespace cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int kV = Vec::size();
+static_assert(kPad % kV == 0, "kPad must be a multiple of the vector width");
+
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int kRegs = 32;
+#else
+constexpr int kRegs = 16;
+#endif
+constexpr int kMaxRows = 6;  // MR: rows per register block
+
+// Output vectors per register block for MR rows: MR * NB accumulators + NB
+// weight vectors + one broadcast fit in the register file.
+constexpr int max_nb(int mr) {
+  int nb = (kRegs - 1) / (mr + 1);
+  return nb > 8 ? 8 : (nb < 1 ? 1 : nb);
+}
+
+inline Vec silu(Vec v) {
+  // v / (1 + exp(-v)): exp overflows to inf for v << 0, giving -0 (the limit).
+  return v / (Vec(1.f) + (Vec(0.f) - v).exp());
+}
+
+template <int MR, int NB, bool SILU>
+inline void block(const float* in, int64_t ld_in, int64_t in_f, const float* w, int64_t ld_w,
+                  const float* bias, float* out, int64_t ld_out) {
+  Vec acc[MR][NB];
+  for (int n = 0; n < NB; ++n) {
+    const Vec b = Vec::loadu(bias + n * kV);
+    for (int r = 0; r < MR; ++r) acc[r][n] = b;
+  }
+  for (int64_t i = 0; i < in_f; ++i) {
+    const float* w_row = w + i * ld_w;
+    Vec wv[NB];
+    for (int n = 0; n < NB; ++n) wv[n] = Vec::loadu(w_row + n * kV);
+    for (int r = 0; r < MR; ++r) {
+      const Vec a(in[r * ld_in + i]);
+      for (int n = 0; n < NB; ++n) acc[r][n] = at::vec::fmadd(a, wv[n], acc[r][n]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int n = 0; n < NB; ++n) {
+      Vec v = acc[r][n];
+      if (SILU) v = silu(v);
+      v.store(out + r * ld_out + n * kV);
+    }
+  }
+}
+
+// All output vectors [0, nvec) of MR rows, NB at a time, remainder below.
+template <int MR, bool SILU, int NB = max_nb(MR)>
+inline void row_block(const float* in, int64_t ld_in, int64_t in_f, const float* w,
+                      int64_t ld_w, const float* bias, float* out, int64_t ld_out, int64_t nvec) {
+  int64_t v0 = 0;
+  for (; v0 + NB <= nvec; v0 += NB) {
+    block<MR, NB, SILU>(in, ld_in, in_f, w + v0 * kV, ld_w, bias + v0 * kV, out + v0 * kV, ld_out);
+  }
+  if constexpr (NB > 1) {
+    if (v0 < nvec) {
+      row_block<MR, SILU, NB - 1>(in, ld_in, in_f, w + v0 * kV, ld_w, bias + v0 * kV,
+                                  out + v0 * kV, ld_out, nvec - v0);
+    }
+  }
+}
+
+template <bool SILU, int MR = kMaxRows>
+inline void rows_dispatch(int64_t rows, const float* in, int64_t ld_in, int64_t in_f,
+                          const float* w, int64_t ld_w, const float* bias, float* out,
+                          int64_t ld_out, int64_t nvec) {
+  if constexpr (MR >= 1) {
+    if (rows == MR) {
+      row_block<MR, SILU>(in, ld_in, in_f, w, ld_w, bias, out, ld_out, nvec);
+    } else {
+      rows_dispatch<SILU, MR - 1>(rows, in, ld_in, in_f, w, ld_w, bias, out, ld_out, nvec);
+    }
+  }
+}
+
+// One layer for `rows` rows: out = act(in @ W^T + b) over padded columns.
+void layer(const float* in, int64_t ld, int64_t rows, int64_t in_f, const float* w,
+           int64_t out_pad, const float* bias, float* out, bool silu) {
+  const int64_t nvec = out_pad / kV;
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
+    const int64_t mr = std::min<int64_t>(kMaxRows, rows - r0);
+    if (silu) {
+      rows_dispatch<true>(mr, in + r0 * ld, ld, in_f, w, out_pad, bias, out + r0 * ld, ld, nvec);
+    } else {
+      rows_dispatch<false>(mr, in + r0 * ld, ld, in_f, w, out_pad, bias, out + r0 * ld, ld, nvec);
+    }
+  }
+}
+
+// ---- Dot-product path for single rows (batch 1): reads the nn.Linear weights
+// (out, in) in place, so a call needs no packing. kV outputs at a time, one
+// accumulator per output, input chunks shared by all of them; the kV
+// accumulators are then reduced together into one vector of kV sums.
+
+// Lane j of the result = sum of the lanes of acc[j], j < kV.
+inline Vec reduce_lanes(const Vec* acc) {
+#if defined(CPU_CAPABILITY_AVX512)
+  auto hadd = [](__m512 a, __m512 b) {  // per 128-bit lane: [a0+a1, a2+a3, b0+b1, b2+b3]
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+  };
+  __m512 c[8];
+  for (int k = 0; k < 8; ++k) {  // 256-bit halves: partial sums of acc[k] | acc[k + 8]
+    const __m512 a = acc[k], b = acc[k + 8];
+    c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  const __m512 u0 = hadd(hadd(c[0], c[1]), hadd(c[2], c[3]));
+  const __m512 u1 = hadd(hadd(c[4], c[5]), hadd(c[6], c[7]));
+  // 128-bit lanes of u0: acc[0..3] (two halves), acc[8..11] (two halves); u1: +4.
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88),
+                                 _mm512_shuffle_f32x4(u0, u1, 0xDD));
+  return _mm512_shuffle_f32x4(r, r, 0xD8);  // lanes [0..3, 8..11, 4..7, 12..15] -> in order
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+#else
+  float sums[kV];
+  for (int j = 0; j < kV; ++j) {
+    float lanes[kV];
+    acc[j].store(lanes);
+    float s = 0.f;
+    for (int l = 0; l < kV; ++l) s += lanes[l];
+    sums[j] = s;
+  }
+  return Vec::loadu(sums);
+#endif
+}
+
+// out[j] = act(bias[j] + sum_i x[i] * w[j, i]) for j < out_f, one row.
+template <bool SILU>
+void dot_layer_row(const float* x, int64_t in_f, const float* w, const float* bias,
+                   int64_t out_f, float* out) {
+  const int64_t in_full = in_f - in_f % kV;
+  const int64_t tail = in_f - in_full;
+  const int64_t j_full = out_f - out_f % kV;
+  Vec acc[kV];
+  for (int64_t j0 = 0; j0 < out_f; j0 += kV) {
+    const int64_t nj = std::min<int64_t>(kV, out_f - j0);
+    const float* wj = w + j0 * in_f;
+    if (j0 < j_full) {
+      for (int j = 0; j < kV; ++j) acc[j] = Vec(0.f);
+      for (int64_t i = 0; i < in_full; i += kV) {
+        const Vec xv = Vec::loadu(x + i);
+        for (int j = 0; j < kV; ++j) acc[j] = at::vec::fmadd(Vec::loadu(wj + j * in_f + i), xv, acc[j]);
+      }
+      if (tail > 0) {
+        const Vec xv = Vec::loadu(x + in_full, tail);  // masked: never reads past the row
+        for (int j = 0; j < kV; ++j) {
+          acc[j] = at::vec::fmadd(Vec::loadu(wj + j * in_f + in_full, tail), xv, acc[j]);
+        }
+      }
+    } else {  // the last, partial block of outputs
+      for (int j = 0; j < kV; ++j) acc[j] = Vec(0.f);
+      for (int64_t j = 0; j < nj; ++j) {
+        Vec a(0.f);
+        for (int64_t i = 0; i < in_full; i += kV) {
+          a = at::vec::fmadd(Vec::loadu(wj + j * in_f + i), Vec::loadu(x + i), a);
+        }
+        if (tail > 0) {
+          a = at::vec::fmadd(Vec::loadu(wj + j * in_f + in_full, tail), Vec::loadu(x + in_full, tail), a);
+        }
+        acc[j] = a;
+      }
+    }
+    Vec v = reduce_lanes(acc) + Vec::loadu(bias + j0, nj);
+    if (SILU) v = silu(v);
+    v.store(out + j0, nj);
+  }
+}
+
+void fill_input(const MlpPlan& p, const float* x, int64_t row0, int64_t rows, float* in,
+                int64_t ld, int64_t k) {
+  const int64_t dim = p.dim;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* ir = in + r * ld;
+    int64_t j = 0;
+    for (; j + kV <= dim; j += kV) Vec::loadu(xr + j).store(ir + j);
+    for (; j < dim; ++j) ir[j] = xr[j];
+    ir[dim] = static_cast<float>(p.t_start[row0 + r] - k) / p.total_timesteps;
+  }
+}
+
+void ddpm_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const float* eps,
+                 int64_t ld, const float* bias, int64_t k) {
+  const int64_t dim = p.dim;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = p.t_start[row0 + r] - k;
+    const float c1 = p.c1[t], c2 = p.c2[t];
+    const Vec vc1(c1), vc2(c2);
+    float* xr = x + r * dim;
+    const float* er = eps + r * ld;
+    int64_t j = 0;
+    if (bias != nullptr) {
+      for (; j + kV <= dim; j += kV) {
+        const Vec e = Vec::loadu(er + j) + Vec::loadu(bias + j);
+        (vc1 * (Vec::loadu(xr + j) - vc2 * e)).store(xr + j);
+      }
+      for (; j < dim; ++j) xr[j] = c1 * (xr[j] - c2 * (er[j] + bias[j]));
+    } else {
+      for (; j + kV <= dim; j += kV) {
+        (vc1 * (Vec::loadu(xr + j) - vc2 * Vec::loadu(er + j))).store(xr + j);
+      }
+      for (; j < dim; ++j) xr[j] = c1 * (xr[j] - c2 * er[j]);
+    }
+  }
+}
+
+void bias_act(float* a, int64_t ld, int64_t rows, int64_t cols, const float* bias, bool silu_on) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* ar = a + r * ld;
+    int64_t j = 0;
+    for (; j + kV <= cols; j += kV) {
+      Vec v = Vec::loadu(ar + j) + Vec::loadu(bias + j);
+      if (silu_on) v = silu(v);
+      v.store(ar + j);
+    }
+    if (j < cols) {
+      const int64_t n = cols - j;
+      Vec v = Vec::loadu(ar + j, n) + Vec::loadu(bias + j, n);
+      if (silu_on) v = silu(v);
+      v.store(ar + j, n);
+    }
+  }
+}
+
+void pack_layer(const float* w, const float* bias, int64_t out_f, int64_t in_f, float* panel,
+                float* packed_bias) {
+  const int64_t op = round_up(out_f, kPad);
+  constexpr int64_t B = 16;
+  const int64_t j_full = out_f - out_f % B, i_full = in_f - in_f % B;
+  for (int64_t j0 = 0; j0 < j_full; j0 += B) {
+    for (int64_t i0 = 0; i0 < i_full; i0 += B) {
+      at::vec::transpose_mxn<float, B, B>(w + j0 * in_f + i0, in_f, panel + i0 * op + j0, op);
+    }
+    for (int64_t i = i_full; i < in_f; ++i) {
+      for (int64_t j = j0; j < j0 + B; ++j) panel[i * op + j] = w[j * in_f + i];
+    }
+  }
+  for (int64_t i = 0; i < in_f; ++i) {
+    float* dst = panel + i * op;
+    for (int64_t j = j_full; j < out_f; ++j) dst[j] = w[j * in_f + i];
+    for (int64_t j = out_f; j < op; ++j) dst[j] = 0.f;
+  }
+  for (int64_t j = 0; j < out_f; ++j) packed_bias[j] = bias[j];
+  for (int64_t j = out_f; j < op; ++j) packed_bias[j] = 0.f;
+}
+
+void vec_tile(const MlpPlan& p, float* x_all, int64_t row0, int64_t rows, float* scratch) {
+  const int64_t ld = p.act_ld;
+  float* bufs[2] = {scratch, scratch + rows * ld};
+  float* x = x_all + row0 * p.dim;
+  for (int64_t k = 0; k < p.num_steps; ++k) {
+    fill_input(p, x, row0, rows, bufs[0], ld, k);
+    const float* in = bufs[0];
+    for (int64_t l = 0; l < p.num_layers; ++l) {
+      float* out = bufs[(l + 1) % 2];
+      const bool silu_on = l + 1 < p.num_layers;
+      if (p.packed_w == nullptr) {
+        for (int64_t r = 0; r < rows; ++r) {
+          if (silu_on) {
+            dot_layer_row<true>(in + r * ld, p.in_f[l], p.weight[l], p.bias[l], p.out_f[l], out + r * ld);
+          } else {
+            dot_layer_row<false>(in + r * ld, p.in_f[l], p.weight[l], p.bias[l], p.out_f[l], out + r * ld);
+          }
+        }
+      } else {
+        layer(in, ld, rows, p.in_f[l], p.packed_w[l], round_up(p.out_f[l], kPad), p.packed_b[l],
+              out, silu_on);
+      }
+      in = out;
+    }
+    ddpm_update(p, x, row0, rows, in, ld, nullptr, k);
+  }
+}
+
+const Kernels kKernels = {
+#define DDPM_STR2(s) #s
+#define DDPM_STR(s) DDPM_STR2(s)
+    DDPM_STR(CPU_CAPABILITY),
+#undef DDPM_STR
+#undef DDPM_STR2
+    &vec_tile, &bias_act, &ddpm_update, &fill_input, &pack_layer};
+
+}  // namespace
+
+const Kernels* kernels() { return &kKernels; }
+
+}  // namespace CPU_CAPABILITY
+}  // namespace cpu
+}  // namespace ddpm_ops
