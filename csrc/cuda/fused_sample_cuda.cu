@@ -34,6 +34,9 @@ using cuda_kernels::TilePlan;
 // Batch size from which the tiled kernel beats the cluster kernel.
 constexpr int64_t kTiledMinBatch = 2048;
 constexpr int kMaxClusterRows = 64;
+// Up to this many rows per cluster, the last layer is computed whole on every
+// CTA (no exchange) when it fits; beyond, its compute outweighs one barrier.
+constexpr int kReplicateMaxRows = 4;
 constexpr int kPreferredClusterSize = 16;
 
 struct DeviceInfo {
@@ -160,12 +163,15 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   // t and valid; each region is rounded up to 4 floats below, hence the + 20.
   const size_t row_floats = static_cast<size_t>(p.in0_ld) + 2 * p.hidden_ld + 3 * a.dim + 4 + 20;
   const size_t budget = info.max_smem / sizeof(float);
-  // Spread the batch over all co-resident clusters; shrink the row tile while
-  // the weights would not stay on chip (down to 8 rows), then while even the
+  // Spread the batch over all co-resident clusters. If that leaves too little
+  // room for the weights but 8 rows would not, shrink the tile (down to 8
+  // rows) so the weights stay on chip; then shrink while even the
   // activations do not fit.
   const int64_t per_cluster = (a.batch + info.max_clusters - 1) / info.max_clusters;
   int rows = static_cast<int>(std::min<int64_t>(per_cluster, kMaxClusterRows));
-  while (rows > 8 && rows * row_floats + weight_floats > budget) rows /= 2;
+  if (8 * row_floats + weight_floats <= budget) {
+    while (rows > 8 && rows * row_floats + weight_floats > budget) rows /= 2;
+  }
   while (rows > 1 && rows * row_floats > budget) rows /= 2;
   TORCH_CHECK(rows * row_floats <= budget, "ddpm::fused_sample: dim ", a.dim,
               " and the hidden widths need more shared memory per sample than the GPU has (",
@@ -190,9 +196,27 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   TORCH_CHECK(static_cast<size_t>(offset) <= budget, "ddpm::fused_sample: dim ", a.dim,
               " and the hidden widths need more shared memory per sample than the GPU has (",
               info.max_smem, " bytes per block)");
+  // With few rows per cluster the step is latency-bound: if everything fits,
+  // every CTA holds the whole last layer and computes it for itself, which
+  // saves one cluster barrier per step.
+  const int last_in_ld = round_up4(a.layers[L - 1].in);
+  const size_t last_floats = static_cast<size_t>(a.dim) * last_in_ld + round_up4(a.dim);
+  const bool replicate = rows <= kReplicateMaxRows &&
+                         offset + weight_floats - slice_floats(L - 1) + last_floats <= budget;
+  p.last_weight_offset = -1;
+  p.last_bias_offset = -1;
+  if (replicate) {
+    p.last_weight_offset = take(a.dim * last_in_ld);
+    p.last_bias_offset = take(a.dim);
+  }
   // Weight slices that fit stay in shared memory; the rest are read from
   // global memory (L2).
   for (int l = 0; l < L; ++l) {
+    if (replicate && l == L - 1) {
+      p.weight_offset[l] = -1;
+      p.bias_offset[l] = -1;
+      continue;
+    }
     if (offset + slice_floats(l) <= budget) {
       const int s = slice_size(a.layers[l].out, cs);
       p.weight_offset[l] = take(s * round_up4(a.layers[l].in));

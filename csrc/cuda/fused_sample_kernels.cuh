@@ -84,8 +84,10 @@ struct ClusterPlan {
   int weight_offset[kMaxLayers]; // slice of layer l in shared memory (row stride
                                  // round_up(in, 4), zero padded), or -1: global
   int bias_offset[kMaxLayers];   // its bias slice in shared memory (with the weights)
+  int last_weight_offset;        // the whole last layer (padded rows), or -1: sliced
+  int last_bias_offset;          // and its whole bias
   int in0_offset;                // rows x in0_ld: [x, t / T], the input of layer 0
-  int hidden_offset[2];          // rows x hidden_ld, ping-pong outputs of hidden layers
+  int hidden_offset[2];          // rows x hidden_ld, hidden outputs alternate between them
   int eps_offset[2];             // rows x dim, outputs of the last layer, by step parity
   int x_offset;                  // rows x dim, the current sample
   int coef_offset;               // rows x 2: this step's (c1, c2)
@@ -103,14 +105,17 @@ __host__ __device__ inline int round_up4(int v) { return (v + 3) & ~3; }
 // Each output tile (RT rows x CT columns) is computed by G consecutive lanes
 // that split the inner dimension and reduce with shuffles; G is as large as
 // the thread count allows, which keeps small-batch layers short.
-// kVec: weights in shared memory with padded rows, read as float4 along k
-// (four times fewer shared-memory instructions); otherwise scalar reads of
-// the global weights (row stride K).
+// kVec: weight rows of stride round_up4(K), read as float4 along k (four
+// times fewer load instructions): the padded copy in shared memory, or global
+// weights when K % 4 == 0 and they are 16-byte aligned (a generic pointer
+// serves both); otherwise scalar reads of the global weights (row stride K).
+// local_only: this CTA computes the whole
+// layer for itself and stores only into its own shared memory.
 template <int RT, int CT, bool kVec>
 __device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const float* in, int in_ld,
                                               const float* w, const float* bias, int K, int rows,
                                               int ns, int n0, bool apply_silu, float* out,
-                                              int out_ld, int cluster_size) {
+                                              int out_ld, int cluster_size, bool local_only) {
   const int tiles_c = (ns + CT - 1) / CT;
   const int ntiles = ((rows + RT - 1) / RT) * tiles_c;
   if (ntiles == 0) return;
@@ -139,6 +144,7 @@ __device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const 
     for (int i = 0; i < RT; ++i)
 #pragma unroll
       for (int j = 0; j < CT; ++j) acc[i][j] = 0.f;
+#pragma unroll 4
     for (int k = lane_g; k < steps_k; k += G) {
       if (kVec) {
         float4 a4[RT], b4[CT];
@@ -185,7 +191,11 @@ __device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const 
         float v = acc[i][j] + bias[c];
         if (apply_silu) v = silu(v);
         float* local = out + r * out_ld + n0 + c;
-        for (int d = lane_g; d < cluster_size; d += G) *cluster.map_shared_rank(local, d) = v;
+        if (local_only) {
+          if (lane_g == 0) *local = v;
+        } else {
+          for (int d = lane_g; d < cluster_size; d += G) *cluster.map_shared_rank(local, d) = v;
+        }
       }
     }
   }
@@ -227,6 +237,15 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     }
     for (int c = threadIdx.x; c < ns; c += kClusterThreads) smem[p.bias_offset[l] + c] = __ldg(la.bias + n0 + c);
   }
+  if (p.last_weight_offset >= 0) {
+    const LayerArgs& la = a.layers[L - 1];
+    const int ld = round_up4(la.in);
+    for (int i = threadIdx.x; i < la.out * ld; i += kClusterThreads) {
+      const int c = i / ld, k = i - c * ld;
+      smem[p.last_weight_offset + i] = k < la.in ? __ldg(la.weight + c * la.in + k) : 0.f;
+    }
+    for (int c = threadIdx.x; c < la.out; c += kClusterThreads) smem[p.last_bias_offset + c] = __ldg(la.bias + c);
+  }
   // Zero the layer inputs: float4 reads cover the padding columns, which
   // must hold finite values (the weights there are zero).
   for (int i = threadIdx.x; i < p.hidden_offset[1] + p.rows_per_tile * p.hidden_ld - p.in0_offset;
@@ -259,26 +278,41 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     }
     const float* in = in0;
     int in_ld = in0_ld;
-    float* eps = smem + p.eps_offset[k & 1];
+    const bool replicated = p.last_weight_offset >= 0;
+    float* eps = smem + p.eps_offset[replicated ? 0 : k & 1];
     for (int l = 0; l < L; ++l) {
       const LayerArgs& la = a.layers[l];
       const bool last = l + 1 == L;
+      if (last && replicated) {
+        // The whole last layer on every CTA: saves one cluster barrier a step.
+        cluster_layer<RT, CT, true>(cluster, in, in_ld, smem + p.last_weight_offset,
+                                    smem + p.last_bias_offset, la.in, rows, la.out, 0, false, eps,
+                                    dim, cs, true);
+        __syncthreads();
+        break;
+      }
       const int s = slice_size(la.out, cs);
       const int n0 = rank * s;
       const int ns = max(0, min(s, la.out - n0));
-      float* out = last ? eps : smem + p.hidden_offset[l & 1];
+      // Hidden outputs alternate between two buffers across layers and steps.
+      float* out = last ? eps : smem + p.hidden_offset[(k * (L - 1) + l) & 1];
       const int out_ld = last ? dim : p.hidden_ld;
+      const float* w_global = la.weight + static_cast<size_t>(n0) * la.in;
       if (p.weight_offset[l] >= 0) {
         cluster_layer<RT, CT, true>(cluster, in, in_ld, smem + p.weight_offset[l],
                                     smem + p.bias_offset[l], la.in, rows, ns, n0, !last, out,
-                                    out_ld, cs);
+                                    out_ld, cs, false);
+      } else if (la.in % 4 == 0 && (reinterpret_cast<uintptr_t>(la.weight) & 15) == 0) {
+        cluster_layer<RT, CT, true>(cluster, in, in_ld, w_global, la.bias + n0, la.in, rows, ns,
+                                    n0, !last, out, out_ld, cs, false);
       } else {
-        cluster_layer<RT, CT, false>(cluster, in, in_ld, la.weight + static_cast<size_t>(n0) * la.in,
-                                     la.bias + n0, la.in, rows, ns, n0, !last, out, out_ld, cs);
+        cluster_layer<RT, CT, false>(cluster, in, in_ld, w_global, la.bias + n0, la.in, rows, ns,
+                                     n0, !last, out, out_ld, cs, false);
       }
-      // Publishes this layer's outputs everywhere. With ping-pong hidden
-      // buffers and eps alternating by step, this one barrier also orders every
-      // earlier read of a buffer before the next remote write into it.
+      // Publishes this layer's outputs everywhere. A buffer is written again
+      // only two barriers after it was written, and every CTA has finished
+      // reading it before it arrives at the second: this one barrier per layer
+      // also orders all reads before the next remote write.
       cluster.sync();
       in = out;
       in_ld = out_ld;
