@@ -6,6 +6,8 @@ One process, all contenders on the same inputs:
   compile         torch.compile(default), dynamic batch (one compile per table)
   compile-ro      torch.compile(mode="reduce-overhead"), dynamic batch
   compile-ma      torch.compile(mode="max-autotune"), only with --max-autotune
+                  (the package's automatic rewrite is switched off for these:
+                  with it, torch.compile runs the fused op; --rewrite keeps it on)
   fused           ddpm_ops.fused_sample
   fused-graph     the fused op captured in a CUDA graph, replayed
   fused-tf32/bf16 the opt-in tensor-core precisions (extra rows, not contenders)
@@ -23,6 +25,7 @@ and TFLOP/s for large batches against the fp32 floor of
     python benchmarks/bench.py                 # H200 tables (about 5 minutes)
     python benchmarks/bench.py --device cpu    # short CPU run
     python benchmarks/bench.py --json out.json
+    python benchmarks/bench.py --probe         # fused op only: cost per step and per layer
 """
 import argparse
 import json
@@ -235,7 +238,7 @@ def run_table(name, cfg, args, clock, device):
                 entries["x+1"]["graph_gpu_us"] = clock.gpu_us(graph.replay, 200)
                 del graph
         for key, entry in entries.items():
-            entry["tflops"] = batch * flop / (entry["gpu_us"] * 1e-6) / 1e12
+            entry["tflops"] = None if key == "x+1" else batch * flop / (entry["gpu_us"] * 1e-6) / 1e12
             rows.append({"table": name, "batch": batch, "contender": key, **entry})
         print_batch(name, cfg, batch, entries, flop)
     return rows
@@ -248,7 +251,7 @@ def print_batch(name, cfg, batch, entries, flop):
     print(f"  {'contender':<12} {'latency us':>11} {'gpu us':>10} {'rel err':>9} {'TFLOP/s':>8}")
     for key, e in entries.items():
         err = "" if e["rel_err"] is None else f"{e['rel_err']:.1e}"
-        tf = f"{e['tflops']:.2f}" if batch >= 4096 else ""
+        tf = f"{e['tflops']:.2f}" if batch >= 4096 and e["tflops"] is not None else ""
         print(f"  {key:<12} {e['latency_us']:>11.1f} {e['gpu_us']:>10.1f} {err:>9} {tf:>8}")
     if "graph_gpu_us" in entries["x+1"]:
         print(f"  x+1 replayed from a CUDA graph: {entries['x+1']['graph_gpu_us']:.1f} us gpu")
@@ -259,6 +262,27 @@ def print_batch(name, cfg, batch, entries, flop):
     fused_gpu = min(entries[k]["gpu_us"] for k in ("fused", "fused-graph") if k in entries)
     print(f"  fused speed-up over best other: latency {best_lat['latency_us'] / entries['fused']['latency_us']:.1f}x,"
           f" gpu time {best_gpu['gpu_us'] / fused_gpu:.1f}x")
+
+
+def probe(clock, args):
+    """GPU time of the fused op over steps and depth (dim 64, hidden 256): the
+    slopes give the cost of one step and of one layer (one cluster barrier)."""
+    print(f"  {'batch':>5} {'depth':>5} " + " ".join(f"{f'K={k}':>9}" for k in (1, 2, 4, 8, 16)) + "   (gpu us per call)")
+    for batch in args.batches or [1, 64, 512]:
+        for depth in (1, 2, 3):
+            torch.manual_seed(0)
+            times = []
+            for steps in (1, 2, 4, 8, 16):
+                model = Sampler(64, 256, depth, steps).to(args.device)
+                weights, biases = ddpm_ops.mlp_parameters(model.eps_net)
+                x = torch.randn(batch, 64, device=args.device)
+                t = torch.randint(steps - 1, TOTAL_TIMESTEPS, (batch,), device=args.device)
+                with torch.inference_mode():
+                    fn = lambda: ddpm_ops.fused_sample(x, t, weights, biases, model.sqrt_recip_alphas,  # noqa: E731
+                                                       model.coef_eps, steps, TOTAL_TIMESTEPS)
+                    fn()
+                    times.append(clock.gpu_us(fn, reps_for(clock, fn, args.budget)))
+            print(f"  {batch:>5} {depth:>5} " + " ".join(f"{v:>9.1f}" for v in times))
 
 
 def main():
@@ -273,8 +297,13 @@ def main():
     parser.add_argument("--variants", action="store_true",
                         help="also time each CUDA kernel variant forced (fp32 and tf32)")
     parser.add_argument("--budget", type=float, default=0.15, help="seconds of calls per measurement")
+    parser.add_argument("--probe", action="store_true", help="fused op only, over steps and depth")
     parser.add_argument("--json", help="write all numbers here")
+    parser.add_argument("--rewrite", action="store_true",
+                        help="keep ddpm_ops' torch.compile rewrite on (compile contenders then run the fused op)")
     args = parser.parse_args()
+    if not args.rewrite:
+        ddpm_ops.disable_auto_rewrite()
     if args.device == "cuda":
         assert torch.cuda.is_available(), "--device cuda needs a GPU (try --device cpu)"
         props = torch.cuda.get_device_properties(0)
@@ -283,6 +312,9 @@ def main():
     else:
         print(f"CPU, {torch.get_num_threads()} threads; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}")
     clock = Clock(args.device)
+    if args.probe:
+        probe(clock, args)
+        return
     rows = []
     for name in args.tables:
         rows += run_table(name, TABLES[name], args, clock, args.device)

@@ -201,6 +201,30 @@ __device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const 
   }
 }
 
+// dst[r * ld + k] = src[r * width + k] for r < rows, k < width; zero for
+// width <= k < ld. Each thread issues a batch of independent loads before its
+// stores, so many loads are in flight (the copy sits on the latency path of a
+// small-batch call).
+__device__ __forceinline__ void copy_padded_rows(float* dst, const float* src, int rows, int width,
+                                                 int ld) {
+  constexpr int kBatch = 8;
+  const int count = rows * ld;
+  for (int base = threadIdx.x; base < count; base += kBatch * kClusterThreads) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kClusterThreads;
+      const int r = i / ld, k = i - r * ld;
+      v[u] = i < count && k < width ? __ldg(src + r * width + k) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = base + u * kClusterThreads;
+      if (i < count) dst[i] = v[u];
+    }
+  }
+}
+
 template <int RT, int CT>
 __global__ void __launch_bounds__(kClusterThreads, 1)
     cluster_sample_kernel(const __grid_constant__ SampleArgs a, const __grid_constant__ ClusterPlan p) {
@@ -229,22 +253,14 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     const int n0 = rank * s;
     const int ns = max(0, min(s, la.out - n0));
     const int ld = round_up4(la.in);
-    const float* src = la.weight + static_cast<size_t>(n0) * la.in;
-    float* dst = smem + p.weight_offset[l];
-    for (int i = threadIdx.x; i < ns * ld; i += kClusterThreads) {
-      const int c = i / ld, k = i - c * ld;
-      dst[i] = k < la.in ? __ldg(src + c * la.in + k) : 0.f;
-    }
-    for (int c = threadIdx.x; c < ns; c += kClusterThreads) smem[p.bias_offset[l] + c] = __ldg(la.bias + n0 + c);
+    copy_padded_rows(smem + p.weight_offset[l], la.weight + static_cast<size_t>(n0) * la.in, ns,
+                     la.in, ld);
+    copy_padded_rows(smem + p.bias_offset[l], la.bias + n0, 1, ns, ns);
   }
   if (p.last_weight_offset >= 0) {
     const LayerArgs& la = a.layers[L - 1];
-    const int ld = round_up4(la.in);
-    for (int i = threadIdx.x; i < la.out * ld; i += kClusterThreads) {
-      const int c = i / ld, k = i - c * ld;
-      smem[p.last_weight_offset + i] = k < la.in ? __ldg(la.weight + c * la.in + k) : 0.f;
-    }
-    for (int c = threadIdx.x; c < la.out; c += kClusterThreads) smem[p.last_bias_offset + c] = __ldg(la.bias + c);
+    copy_padded_rows(smem + p.last_weight_offset, la.weight, la.out, la.in, round_up4(la.in));
+    copy_padded_rows(smem + p.last_bias_offset, la.bias, 1, la.out, la.out);
   }
   // Zero the layer inputs: float4 reads cover the padding columns, which
   // must hold finite values (the weights there are zero).
