@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (device tool): build against its torch, run the
+# whole test suite, then the benchmark. Logs go to $OUT (default ./gpu-logs).
+#   bash benchmarks/gpu_session.sh tests          # build + tests + probe
+#   bash benchmarks/gpu_session.sh full           # build + tests + full benchmark
+set -uo pipefail
+mode=${1:-full}
+out=${OUT:-gpu-logs}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
+# expecttest is not on that machine's image: install the carried wheel.
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# The image's default g++ wrapper links libstdc++ statically into extensions,
+# which crashes inside libtorch's exception formatting: build with the system one.
+for cxx in /usr/bin/g++ /usr/bin/g++-13 /usr/bin/g++-12; do
+  if [ -x "$cxx" ]; then export CXX=$cxx CC=${cxx/g++/gcc}; break; fi
+done
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "CXX=${CXX:-default} $(${CXX:-g++} --version | head -1)"
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } | tee "$out/env.log"
+python3 setup.py build_ext --inplace > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+grep -E "registers|spill" "$out/build.log" | sort | uniq -c | head -20
+echo "std:: symbols defined in _C: $(nm -C --defined-only ddpm_ops/_C*.so | grep -c ' std::')"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+python3 -m pytest -q -n 8 -rfEs tests 2>&1 | tee "$out/tests.log" | tail -25
+if [ "$mode" = tests ]; then
+  DDPM_OPS_CUDA_LOG=1 python3 - <<'PY' 2>&1 | tee "$out/plans.log"
+import torch, ddpm_ops
+from benchmarks.bench import Sampler
+for batch in (1, 8, 64, 512, 4096, 32768):
+    m = Sampler(64, 256, 3, 16).cuda()
+    w, b = ddpm_ops.mlp_parameters(m.eps_net)
+    with torch.inference_mode():
+        ddpm_ops.fused_sample(torch.randn(batch, 64, device="cuda"), torch.full((batch,), 999, device="cuda"),
+                              w, b, m.sqrt_recip_alphas, m.coef_eps, 16, 1000)
+torch.cuda.synchronize()
+PY
+  python3 benchmarks/bench.py --probe 2>&1 | tee "$out/probe.log"
+else
+  python3 benchmarks/bench.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
+fi
