@@ -3,6 +3,7 @@
 # whole test suite, then the benchmark. Logs go to $OUT (default ./gpu-logs).
 #   bash benchmarks/gpu_session.sh tests          # build + tests + probe
 #   bash benchmarks/gpu_session.sh full           # build + tests + full benchmark
+#   bash benchmarks/gpu_session.sh bench          # build + full benchmark
 set -uo pipefail
 mode=${1:-full}
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -23,7 +24,9 @@ python3 setup.py build_ext --inplace > "$out/build.log" 2>&1 || { tail -40 "$out
 grep -E "registers|spill" "$out/build.log" | sort | uniq -c | head -20
 echo "std:: symbols defined in _C: $(nm -C --defined-only ddpm_ops/_C*.so | grep -c ' std::')"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-python3 -m pytest -q -n 8 -rfEs tests 2>&1 | tee "$out/tests.log" | tail -25
+if [ "$mode" != bench ]; then
+  python3 -m pytest -q -n 8 -rfEs tests 2>&1 | tee "$out/tests.log" | tail -25
+fi
 if [ "$mode" = tests ]; then
   DDPM_OPS_CUDA_LOG=1 python3 - <<'PY' 2>&1 | tee "$out/plans.log"
 import torch, ddpm_ops
