@@ -3,7 +3,7 @@
     python examples/export_deploy.py                 # CPU, or CUDA when available
     python examples/export_deploy.py --device cpu --out /tmp/ddpm_deploy
 
-1. train a small DDPM noise network (a few seconds);
+1. train a small DDPM noise network on two moons (quickstart.py's training);
 2. write the sampler the way you normally would: a plain Python loop;
 3. ``torch.export.export`` it, and ``ddpm_ops.fuse_exported_program`` turns the
    exported loop into ONE ``ddpm::fused_sample`` call (same inputs and outputs);
@@ -26,6 +26,7 @@ from torch import nn
 from torch.export import Dim
 
 import ddpm_ops
+from quickstart import train, two_moons  # the same tiny noise network training
 
 
 class Sampler(nn.Module):
@@ -46,26 +47,6 @@ class Sampler(nn.Module):
         return x
 
 
-def train(eps_net: nn.Module, total_timesteps: int, steps: int, device: str) -> None:
-    """DDPM noise-prediction loss on a mixture of four Gaussians in 2-D."""
-    g = torch.Generator().manual_seed(0)
-    centers = torch.tensor([[2.0, 2.0], [-2.0, 2.0], [2.0, -2.0], [-2.0, -2.0]])
-    alphas_cumprod = torch.cumprod(1 - ddpm_ops.linear_betas(total_timesteps), 0).float().to(device)
-    opt = torch.optim.Adam(eps_net.parameters(), lr=2e-3)
-    for _ in range(steps):
-        x0 = (centers[torch.randint(4, (256,), generator=g)]
-              + 0.3 * torch.randn(256, 2, generator=g)).to(device)
-        t = torch.randint(total_timesteps, (256,), generator=g).to(device)
-        noise = torch.randn(x0.shape, generator=g).to(device)
-        a = alphas_cumprod[t][:, None]
-        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
-        pred = eps_net(torch.cat([xt, (t.float() / total_timesteps)[:, None]], dim=1))
-        loss = (pred - noise).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -80,7 +61,8 @@ def main() -> None:
     # 1. a trained noise network
     eps_net = nn.Sequential(nn.Linear(3, 64), nn.SiLU(), nn.Linear(64, 64), nn.SiLU(),
                             nn.Linear(64, 2)).to(device)
-    train(eps_net, T, args.train_steps, device)
+    generator = torch.Generator().manual_seed(0)
+    train(eps_net, two_moons(20000, generator), T, args.train_steps, generator)
 
     # 2. the sampler as users write it: all T steps, from t = T - 1 down to 0
     sampler = Sampler(eps_net, total_timesteps=T, num_steps=T).to(device).eval()
