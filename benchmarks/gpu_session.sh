@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): build against its torch, run the
 # whole test suite, then the benchmark. Logs go to $OUT (default ./gpu-logs).
-#   bash benchmarks/gpu_session.sh tests          # build + tests + probe
+#   bash benchmarks/gpu_session.sh tests          # build + tests
 #   bash benchmarks/gpu_session.sh full           # build + tests + full benchmark
 #   bash benchmarks/gpu_session.sh bench          # build + full benchmark
 set -uo pipefail
@@ -27,19 +27,6 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ "$mode" != bench ]; then
   python3 -m pytest -q -n 8 -rfEs tests 2>&1 | tee "$out/tests.log" | tail -25
 fi
-if [ "$mode" = tests ]; then
-  DDPM_OPS_CUDA_LOG=1 python3 - <<'PY' 2>&1 | tee "$out/plans.log"
-import torch, ddpm_ops
-from benchmarks.bench import Sampler
-for batch in (1, 8, 64, 512, 4096, 32768):
-    m = Sampler(64, 256, 3, 16).cuda()
-    w, b = ddpm_ops.mlp_parameters(m.eps_net)
-    with torch.inference_mode():
-        ddpm_ops.fused_sample(torch.randn(batch, 64, device="cuda"), torch.full((batch,), 999, device="cuda"),
-                              w, b, m.sqrt_recip_alphas, m.coef_eps, 16, 1000)
-torch.cuda.synchronize()
-PY
-  python3 benchmarks/bench.py --probe 2>&1 | tee "$out/probe.log"
-else
+if [ "$mode" != tests ]; then
   python3 benchmarks/bench.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
 fi
