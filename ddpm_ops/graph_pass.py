@@ -233,14 +233,67 @@ def _coefficient(node: Any) -> tuple[Node, Node]:
 
 
 def _linear(node: Any) -> tuple[Node, Node, Node, list[Node]]:
-    """``(input, weight, bias, nodes)`` for ``F.linear(input, weight, bias)``."""
+    """``(input, weight, bias, nodes)`` for ``F.linear(input, weight, bias)``.
+
+    Also through inductor's ``pad_mm`` (a joint-graph pass that, on CUDA and
+    when it benchmarks faster, zero-pads an ``addmm``'s operands to aligned
+    sizes and slices the real block back out): zero rows and columns add
+    exact zeros, so the block equals the unpadded Linear.
+    """
+    slices = []
+    while _is(node, aten.slice.Tensor) and _from_start(node):
+        slices.append(node)
+        node = node.args[0]
+    inp, weight, bias, nodes = _unpadded_linear(node)
+    if slices:
+        ov, iv, wv = _val(slices[0]), _val(inp), _val(weight)
+        if ov is None or iv is None or wv is None \
+                or not _shape_eq(ov.shape, (iv.shape[0], wv.shape[0])):
+            raise _NoMatch(f"{slices[0].name} slices a Linear's output to another shape")
+    return inp, weight, bias, slices + nodes
+
+
+def _from_start(node: Node) -> bool:
+    """``x[..., :end]``: an ``aten.slice`` from index 0 with step 1."""
+    start = node.args[2] if len(node.args) > 2 else node.kwargs.get("start", 0)
+    step = node.args[4] if len(node.args) > 4 else node.kwargs.get("step", 1)
+    return start in (None, 0) and step == 1
+
+
+def _zero_padded(node: Any, pads: list[Node]) -> Any:
+    """``x`` for ``constant_pad_nd(x, pad, 0)`` padding only after each dim (pad_mm's padding)."""
+    if _is(node, aten.constant_pad_nd.default):
+        pad = list(node.args[1])
+        value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
+        if value == 0 and all(p == 0 for p in pad[0::2]) and all(_int_const(p) is not None for p in pad):
+            pads.append(node)
+            return node.args[0]
+    return node
+
+
+def _zero_extended_bias(node: Any, pads: list[Node]) -> Any:
+    """``b`` for ``cat([b, zeros])`` (pad_mm's padding of a 1-D bias)."""
+    if _is(node, aten.cat.default) and len(node.args[0]) == 2 \
+            and (node.args[1] if len(node.args) > 1 else 0) in (0, -1):
+        bias, zeros = node.args[0]
+        if _is(zeros, aten.full.default) and zeros.args[1] == 0 and _val(bias) is not None \
+                and _val(bias).dim() == 1:
+            pads.extend([node, zeros])
+            return bias
+    return node
+
+
+def _unpadded_linear(node: Any) -> tuple[Node, Node, Node, list[Node]]:
     if _is(node, aten.linear.default):
         if len(node.args) < 3 or node.args[2] is None:
             raise _NoMatch(f"{node.name} is a Linear without bias")
         return node.args[0], node.args[1], node.args[2], [node]
     if _is(node, aten.addmm.default) and _no_kwargs(node, {"beta": 1, "alpha": 1}):
-        bias, inp, wt = node.args[:3]
-        return inp, _transposed(wt), bias, [node]
+        pads: list[Node] = []
+        bias = _zero_extended_bias(node.args[0], pads)
+        inp = _zero_padded(node.args[1], pads)
+        wt = _zero_padded(node.args[2], pads)
+        return inp, _transposed(wt), bias, [node, *pads]
     if _is(node, aten.add.Tensor) and _no_kwargs(node, {"alpha": 1}):
         for mm, bias in (node.args[:2], node.args[1::-1]):
             if _is(mm, aten.mm.default) and isinstance(bias, Node):
