@@ -102,7 +102,8 @@ void check_timesteps_in_range(const at::Tensor& t_start, int64_t num_steps,
   auto [lowest, highest] = at::aminmax(t_start);
   const int64_t lo = lowest.item<int64_t>();
   const int64_t hi = highest.item<int64_t>();
-  TORCH_CHECK(lo - (num_steps - 1) >= 0 && hi < table_length,
+  // lo >= num_steps - 1, not lo - (num_steps - 1) >= 0: that overflows for t near INT64_MIN.
+  TORCH_CHECK(lo >= num_steps - 1 && hi < table_length,
               "ddpm::fused_sample: t_start out of range: step k uses timestep t_start - k, so "
               "every t_start must lie in [num_steps - 1, table length - 1] = [",
               num_steps - 1, ", ", table_length - 1, "] (num_steps = ", num_steps,

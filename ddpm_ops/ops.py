@@ -4,6 +4,7 @@ The schema, the argument checks and the fake (Meta) kernel all live in C++
 (csrc/ops.cpp, csrc/checks.cpp), so eager calls, torch.compile, torch.export
 and AOTInductor see one definition.
 """
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -73,7 +74,7 @@ def fused_sample(
     """
     return torch.ops.ddpm.fused_sample(
         x, t_start, list(weights), list(biases), sqrt_recip_alphas, coef_eps,
-        int(num_steps), int(total_timesteps), validate, precision,
+        operator.index(num_steps), operator.index(total_timesteps), validate, precision,
     )
 
 
@@ -84,6 +85,8 @@ def mlp_parameters(eps_net: nn.Module) -> tuple[list[torch.Tensor], list[torch.T
     Linear with a bias: the only MLP the op computes.
     """
     layers = list(eps_net.children()) if isinstance(eps_net, nn.Sequential) else [eps_net]
+    if not layers:
+        raise ValueError("eps_net: expected Linear, SiLU, Linear, ..., Linear, got an empty nn.Sequential")
     weights, biases = [], []
     for position, layer in enumerate(layers):
         expect_linear = position % 2 == 0
@@ -94,9 +97,12 @@ def mlp_parameters(eps_net: nn.Module) -> tuple[list[torch.Tensor], list[torch.T
             continue
         else:
             expected = "nn.Linear with bias" if expect_linear else "nn.SiLU"
+            given = type(layer).__name__
+            if isinstance(layer, nn.Linear):
+                given += " without bias"
             raise ValueError(
                 f"eps_net: expected Linear, SiLU, Linear, ..., Linear; layer {position} "
-                f"should be {expected}, got {type(layer).__name__}"
+                f"should be {expected}, got {given}"
             )
     if len(layers) % 2 == 0:
         raise ValueError(f"eps_net: expected the last layer to be nn.Linear, got {type(layers[-1]).__name__}")

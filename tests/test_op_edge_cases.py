@@ -119,11 +119,8 @@ def test_t_start_out_of_range_is_ignored_only_when_no_step_runs():
     assert torch.equal(out, p.x) and out.data_ptr() != p.x.data_ptr()
 
 
-def test_bug_t_start_range_check_overflows_for_int64_min():
-    """BUG (csrc/checks.cpp:105): `lo - (num_steps - 1)` overflows int64 for
-    t_start near INT64_MIN, the check passes, and the kernel indexes the tables
-    at t_start - k: it reads outside them and returns garbage instead of raising.
-    Fix: compare `lo >= num_steps - 1` (num_steps >= 1 there, so no overflow)."""
+def test_t_start_near_int64_min_is_refused():
+    """The range check must not overflow (``t_start - (num_steps - 1)`` would)."""
     p = make_problem(2, 4, [8], 2, total_timesteps=50)
     p.t_start = torch.tensor([INT64_MIN, 5])
     with pytest.raises(RuntimeError, match=r"t_start out of range"):
@@ -144,10 +141,9 @@ CRASH_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_bug_huge_num_steps_with_negative_t_start_must_raise_not_crash():
-    """BUG (csrc/checks.cpp:105), same overflow: with num_steps = 2**63 - 1 and
-    t_start = -3 the check passes and the kernel walks backwards through memory
-    until it segfaults. Run in a subprocess so the crash cannot take pytest down."""
+def test_huge_num_steps_with_negative_t_start_raises_not_crashes():
+    """Same overflow with num_steps = 2**63 - 1: must raise, never walk out of
+    the tables. In a subprocess, so a crash cannot take pytest down."""
     env = {**os.environ}
     env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).parent), env.get("PYTHONPATH", "")])
     try:
@@ -401,19 +397,13 @@ def test_mlp_parameters_errors_name_the_layer(net, message):
         ddpm_ops.mlp_parameters(net)
 
 
-def test_bug_mlp_parameters_empty_sequential_raises_index_error():
-    """BUG (ddpm_ops/ops.py:101-102): for nn.Sequential() the final check reads
-    layers[-1] of an empty list and raises IndexError, not a ValueError naming
-    eps_net. Fix: `if not layers: raise ValueError("eps_net: expected Linear,
-    SiLU, ..., Linear, got an empty nn.Sequential")` before the loop."""
+def test_mlp_parameters_refuses_empty_sequential():
     with pytest.raises(ValueError, match=r"eps_net"):
         ddpm_ops.mlp_parameters(nn.Sequential())
 
 
-def test_bug_wrapper_truncates_float_num_steps():
-    """BUG (ddpm_ops/ops.py:76): the Python wrapper passes int(num_steps), so
-    num_steps=2.7 silently runs 2 steps, while torch.ops.ddpm.fused_sample
-    refuses a float. Fix: operator.index(num_steps) (and total_timesteps)."""
+def test_wrapper_refuses_float_num_steps():
+    """2.7 steps is an error, not a silent 2."""
     p = make_problem(3, 4, [8], 3)
     with pytest.raises((TypeError, RuntimeError)):
         torch.ops.ddpm.fused_sample(*p.args()[:6], 2.7, p.total_timesteps)
