@@ -1,0 +1,388 @@
+"""Adversarial probes of the torch.compile / torch.export rewrite (ddpm_ops/graph_pass.py).
+
+Each model is a near variant of the DESIGN.md loop. The compiled (or fused
+exported) result must equal eager (1e-5 relative) whether or not the pass
+rewrote it; ``FUSED`` says how many ``ddpm::fused_sample`` calls are expected.
+
+Two groups at the end are reproductions of wrong rewrites (they fail until
+graph_pass.py is fixed):
+
+* ``test_sum_form_linear_is_not_a_matmul``: ``(inp.T * W.T).sum(0, keepdim=True) + b``
+  is accepted as a Linear (the batch-1 addmm decomposition) although for
+  batch == out_features it is a per-row dot product of shape (1, out).
+* ``test_export_training_ir_inplace_mutation``: in the non-functional default
+  IR of ``torch.export`` the fused op is inserted at the last step's output,
+  after in-place mutations of its operands (``t -= 1``, ``x0.mul_``).
+"""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._inductor import config as inductor_config
+from torch._inductor.utils import run_and_get_code
+
+import ddpm_ops
+from test_rewrite_models import relative_error, tables
+
+FUSED_CALL = re.compile(r"torch\.ops\.ddpm\.fused_sample\.default\(")
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile():
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+    torch._dynamo.reset()
+
+
+class Base(nn.Module):
+    """Tiny MLP + tables; subclasses write the loop."""
+
+    def __init__(self, dim=3, hidden=(8,), K=3, T=1000, bias=True):
+        super().__init__()
+        self.K, self.T, self.dim = K, T, dim
+        widths = [dim + 1, *hidden, dim]
+        layers = []
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+            if i:
+                layers.append(nn.SiLU())
+            layers.append(nn.Linear(a, b, bias=bias))
+        self.eps_net = nn.Sequential(*layers)
+        sra, ce = tables(T)
+        self.register_buffer("sra", sra)
+        self.register_buffer("ce", ce)
+
+    def tcol(self, t, T=None):
+        return (t.float() / (self.T if T is None else T))[:, None]
+
+    @staticmethod
+    def col(table, t):
+        return table[t].view(-1, 1)
+
+    def step(self, x, ti, *, c1_tab=None, c2_tab=None):
+        eps = self.eps_net(torch.cat([x, self.tcol(ti)], 1))
+        c1 = self.col(self.sra if c1_tab is None else c1_tab, ti)
+        c2 = self.col(self.ce if c2_tab is None else c2_tab, ti)
+        return c1 * (x - c2 * eps)
+
+
+# ----------------------------------------------------------------------------- variants
+
+class Reference(Base):
+    def forward(self, x, t):
+        for k in range(self.K):
+            x = self.step(x, t - k)
+        return x
+
+
+class FloatT(Base):
+    """T written as 1000.0: same numbers, rewritten."""
+
+    def forward(self, x, t):
+        for k in range(self.K):
+            ti = t - k
+            eps = self.eps_net(torch.cat([x, (ti.float() / 1000.0)[:, None]], 1))
+            x = self.col(self.sra, ti) * (x - self.col(self.ce, ti) * eps)
+        return x
+
+
+class OtherT(Base):
+    """Time column divided by 500 while the tables have 1000 rows: T=500 is passed."""
+
+    def forward(self, x, t):
+        for k in range(self.K):
+            ti = t - k
+            eps = self.eps_net(torch.cat([x, self.tcol(ti, 500)], 1))
+            x = self.col(self.sra, ti) * (x - self.col(self.ce, ti) * eps)
+        return x
+
+
+class NegativeT(Base):
+    def forward(self, x, t):
+        for k in range(self.K):
+            ti = t - k
+            eps = self.eps_net(torch.cat([x, self.tcol(ti, -1000)], 1))
+            x = self.col(self.sra, ti) * (x - self.col(self.ce, ti) * eps)
+        return x
+
+
+class SwappedTables(Base):
+    """coef_eps as c1 and sqrt_recip_alphas as c2: the op must get them by role."""
+
+    def forward(self, x, t):
+        for k in range(self.K):
+            x = self.step(x, t - k, c1_tab=self.ce, c2_tab=self.sra)
+        return x
+
+
+class TablesAtTPlusOne(Base):
+    """Tables indexed by t + 1, time column by t: left alone."""
+
+    def forward(self, x, t):
+        for k in range(self.K):
+            ti = t - k
+            eps = self.eps_net(torch.cat([x, self.tcol(ti)], 1))
+            x = self.col(self.sra, ti + 1) * (x - self.col(self.ce, ti + 1) * eps)
+        return x
+
+
+class DistributedC1(Base):
+    """c1 * x - c2 * eps (other math): left alone."""
+
+    def forward(self, x, t):
+        for k in range(self.K):
+            ti = t - k
+            eps = self.eps_net(torch.cat([x, self.tcol(ti)], 1))
+            x = self.col(self.sra, ti) * x - self.col(self.ce, ti) * eps
+        return x
+
+
+class ReversedDifference(Base):
+    """c1 * (c2 * eps - x): left alone."""
+
+    def forward(self, x, t):
+        for k in range(self.K):
+            ti = t - k
+            eps = self.eps_net(torch.cat([x, self.tcol(ti)], 1))
+            x = self.col(self.sra, ti) * (self.col(self.ce, ti) * eps - x)
+        return x
+
+
+class TimeFirstCat(Base):
+    """cat([t_col, x]): left alone."""
+
+    def forward(self, x, t):
+        for k in range(self.K):
+            ti = t - k
+            eps = self.eps_net(torch.cat([self.tcol(ti), x], 1))
+            x = self.col(self.sra, ti) * (x - self.col(self.ce, ti) * eps)
+        return x
+
+
+class NoBias(Reference):
+    def __init__(self):
+        super().__init__(bias=False)
+
+
+class Gelu(Reference):
+    def __init__(self):
+        super().__init__()
+        self.eps_net[1] = nn.GELU()
+
+
+class SiluAfterLast(Base):
+    def forward(self, x, t):
+        for k in range(self.K):
+            ti = t - k
+            eps = F.silu(self.eps_net(torch.cat([x, self.tcol(ti)], 1)))
+            x = self.col(self.sra, ti) * (x - self.col(self.ce, ti) * eps)
+        return x
+
+
+class TwoStepsBack(Base):
+    """The update subtracts from the x of two steps back: one step fused per update."""
+
+    def forward(self, x, t):
+        prev = x
+        for k in range(self.K):
+            ti = t - k
+            eps = self.eps_net(torch.cat([x, self.tcol(ti)], 1))
+            new = self.col(self.sra, ti) * (prev - self.col(self.ce, ti) * eps)
+            prev, x = x, new
+        return x
+
+
+class StepsUp(Base):
+    """t + k: steps never merged, each fused alone."""
+
+    def forward(self, x, t):
+        for k in range(self.K):
+            x = self.step(x, t + k)
+        return x
+
+
+class Alternating(Base):
+    """Two networks alternating: each step fused alone with its own weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.other = Base().eps_net
+
+    def forward(self, x, t):
+        for k in range(self.K):
+            ti = t - k
+            net = self.eps_net if k % 2 == 0 else self.other
+            eps = net(torch.cat([x, self.tcol(ti)], 1))
+            x = self.col(self.sra, ti) * (x - self.col(self.ce, ti) * eps)
+        return x
+
+
+class InplaceUpdates(Base):
+    """x.sub_(...).mul_(...) on a clone and t -= 1: functionalized, one op."""
+
+    def forward(self, x, t):
+        x, t = x.clone(), t.clone()
+        for _ in range(self.K):
+            eps = self.eps_net(torch.cat([x, self.tcol(t)], 1))
+            c1, c2 = self.col(self.sra, t), self.col(self.ce, t)
+            t -= 1
+            x.sub_(c2 * eps).mul_(c1)
+        return x
+
+
+class Int32Time(Base):
+    def forward(self, x, t):
+        t = t.int()
+        for k in range(self.K):
+            x = self.step(x, t - k)
+        return x
+
+
+# name -> (model factory, expected number of fused calls)
+CASES = {
+    "reference": (Reference, 1),
+    "float_T": (FloatT, 1),
+    "other_T": (OtherT, 1),
+    "negative_T": (NegativeT, 0),
+    "swapped_tables": (SwappedTables, 1),
+    "tables_at_t_plus_1": (TablesAtTPlusOne, 0),
+    "c1x_minus_c2eps": (DistributedC1, 0),
+    "c2eps_minus_x": (ReversedDifference, 0),
+    "time_first_cat": (TimeFirstCat, 0),
+    "no_bias": (NoBias, 0),
+    "gelu": (Gelu, 0),
+    "silu_after_last": (SiluAfterLast, 0),
+    "two_steps_back": (TwoStepsBack, 1),
+    "steps_up": (StepsUp, 3),
+    "alternating_nets": (Alternating, 3),
+    "inplace_updates": (InplaceUpdates, 1),
+    "int32_t": (Int32Time, 1),
+}
+
+
+def make_inputs(model, batch=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, model.dim, generator=g)
+    t = torch.randint(model.K + 2, model.T - model.K - 2, (batch,), generator=g)
+    return x, t
+
+
+def compile_run(model, *args):
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(model), *[a.clone() for a in args])
+    return out, "\n".join(code)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_variant_compiled_equals_eager(case):
+    factory, expected = CASES[case]
+    model = factory().eval()
+    x, t = make_inputs(model)
+    with torch.no_grad():
+        ref = model(x.clone(), t.clone())
+    out, code = compile_run(model, x, t)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert relative_error(out, ref) < 1e-5
+    assert len(FUSED_CALL.findall(code)) == expected, code
+
+
+@pytest.mark.parametrize("case", ["reference", "swapped_tables", "two_steps_back", "other_T"])
+def test_variant_exported_equals_eager(case):
+    model = CASES[case][0]().eval()
+    x, t = make_inputs(model)
+    with torch.no_grad():
+        ref = model(x, t)
+    ep = torch.export.export(model, (x, t))
+    for prog in (ep, ep.run_decompositions()):
+        fused = ddpm_ops.fuse_exported_program(prog)
+        assert any(n.target is torch.ops.ddpm.fused_sample.default for n in fused.graph.nodes)
+        with torch.no_grad():
+            assert relative_error(fused.module()(x, t), ref) < 1e-5
+
+
+# ----------------------------------------------------------------------------- wrong rewrites (reproductions)
+
+class SumFormLinear(Base):
+    """One layer written as ``(inp.T * W.T).sum(0, keepdim=True) + b``.
+
+    For batch 1 that is ``inp @ W.T + b`` (inductor's own decomposition of a
+    one-row addmm), but for batch == out_features the ``*`` is elementwise:
+    the result is (1, out) with ``eps[0, j] = inp[j] . W[j] + b[j]``, which the
+    update then broadcasts over the batch. The fused op computes a real Linear.
+    """
+
+    def __init__(self):
+        super().__init__(dim=4, hidden=())
+
+    def forward(self, x, t):
+        lin = self.eps_net[0]
+        for k in range(self.K):
+            ti = t - k
+            inp = torch.cat([x, self.tcol(ti)], 1)
+            eps = (inp.t() * lin.weight.t()).sum(0, keepdim=True) + lin.bias
+            x = self.col(self.sra, ti) * (x - self.col(self.ce, ti) * eps)
+        return x
+
+
+def test_sum_form_linear_is_not_a_matmul():
+    model = SumFormLinear().eval()
+    x, t = make_inputs(model, batch=4)  # batch == dim == out_features of the only layer
+    with torch.no_grad():
+        ref = model(x, t)
+    out, code = compile_run(model, x, t)
+    assert relative_error(out, ref) < 1e-5, (
+        f"fused calls: {len(FUSED_CALL.findall(code))}, error {relative_error(out, ref):.2e}")
+
+
+class InplaceTimeBeforeUpdate(Base):
+    """``t -= 1`` between the table lookups and the update (export keeps ``sub_``)."""
+
+    def forward(self, x, t):
+        t = t.clone()
+        for _ in range(self.K):
+            eps = self.eps_net(torch.cat([x, self.tcol(t)], 1))
+            c1, c2 = self.col(self.sra, t), self.col(self.ce, t)
+            t -= 1
+            x = c1 * (x - c2 * eps)
+        return x
+
+
+class InplaceFirstX(Base):
+    """The first x is scaled in place after step 0 read it (export keeps ``mul_``)."""
+
+    def forward(self, x, t):
+        x = x.clone()
+        x0 = x
+        for k in range(self.K):
+            x = self.step(x, t - k)
+            if k == 0:
+                x0.mul_(3.0)
+        return x
+
+
+@pytest.mark.parametrize("case", ["inplace_t", "inplace_first_x"])
+def test_export_training_ir_inplace_mutation(case):
+    model = {"inplace_t": InplaceTimeBeforeUpdate, "inplace_first_x": InplaceFirstX}[case]().eval()
+    x, t = make_inputs(model)
+    with torch.no_grad():
+        ref = model(x.clone(), t.clone())
+    ep = torch.export.export(model, (x.clone(), t.clone()))  # default IR: not functional
+    fused = ddpm_ops.fuse_exported_program(ep)
+    with torch.no_grad():
+        out = fused.module()(x.clone(), t.clone())
+    assert relative_error(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["inplace_t", "inplace_first_x"])
+def test_inplace_mutation_compiled_equals_eager(case):
+    """The same models under torch.compile (functionalized graph): correct."""
+    model = {"inplace_t": InplaceTimeBeforeUpdate, "inplace_first_x": InplaceFirstX}[case]().eval()
+    x, t = make_inputs(model)
+    with torch.no_grad():
+        ref = model(x.clone(), t.clone())
+    out, code = compile_run(model, x, t)
+    assert relative_error(out, ref) < 1e-5
+    assert len(FUSED_CALL.findall(code)) == 1, code
