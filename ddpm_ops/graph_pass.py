@@ -49,6 +49,11 @@ One step is ``x_out = c1 * (x - c2 * eps)`` (either operand order of each
 * no intermediate of the step (the MLP activations, ``eps``, ``c2 * eps``,
   ``x - c2 * eps``) is used outside the step.
 
+A Linear may also appear as inductor's ``pad_mm`` leaves it on CUDA (operands
+zero-padded to aligned sizes, the result sliced back). A run inside which an
+in-place op executes (possible in ``torch.export``'s default, non-functional
+IR) is left alone: the op would read its inputs after that mutation.
+
 Consecutive steps form a run when step ``i+1`` reads exactly step ``i``'s
 output (and nothing else reads it), uses the same weight, bias and table
 nodes, the same ``T`` and the same root with offset one larger. Each run
@@ -317,7 +322,9 @@ def _unpadded_linear(node: Any) -> tuple[Node, Node, Node, list[Node]]:
                     except _NoMatch:
                         continue
                     iv, wv = _val(inp), _val(weight)
+                    # One row only: with more, `*` would multiply elementwise, not as a product.
                     if iv is None or wv is None or iv.dim() != 2 or wv.dim() != 2 \
+                            or not _known_eq(iv.shape[0], 1) \
                             or not _known_eq(wv.shape[0], bv.shape[0]) \
                             or not _known_eq(iv.shape[1], wv.shape[1]):
                         continue
@@ -522,6 +529,11 @@ def _match_step(out: Node) -> _Step:
 
 # ----------------------------------------------------------------------------- the rewrite
 
+def _mutates(node: Node) -> bool:
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return schema is not None and schema.is_mutable
+
+
 def _looks_like_update(node: Node) -> bool:
     """Cheap filter: ``a * (b - c * d)`` in either order."""
     if not _is(node, aten.mul.Tensor) or len(node.args) != 2:
@@ -621,8 +633,18 @@ def rewrite_graph(graph: Graph) -> int:
         return 0
     emitted = 0
     replaced: dict[Node, Node] = {}  # the output of an earlier run -> its fused op
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    mutations = [position[n] for n in graph.nodes if _mutates(n)]
     for run in _build_runs(steps):
         first, last = run[0], run[-1]
+        # The op reads its inputs where it is inserted (at the run's end); an
+        # in-place op inside the run (torch.export's default IR keeps them)
+        # could change an input between the steps' reads and that point.
+        start = min(position[n] for s in run for n in (*s.nodes, s.t_node) if n in position)
+        if any(start < m < position[last.out] for m in mutations):
+            log.debug("ddpm_ops: run ending at %s left alone: an in-place op runs inside it",
+                      last.out.name)
+            continue
         x_first = replaced.get(first.x_in, first.x_in)
         t_arg = first.t_root if first.t_offset == 0 else first.t_node
         args = (x_first, t_arg, list(first.weights), list(first.biases),
