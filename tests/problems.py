@@ -1,4 +1,8 @@
 """Random problems for ddpm::fused_sample and their float64 reference answers."""
+import os
+import pathlib
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -60,3 +64,13 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(out).all():
         return float("inf")
     return ((out - ref).norm() / ref.norm()).item()
+
+
+def run_python(script: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``script`` in a fresh interpreter with tests/ importable (for
+    settings read once per process, and for code that may crash)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).parent),
+                                              full_env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", script], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)

@@ -1,20 +1,22 @@
 """Every path of the CPU kernel (ISA build x tile kernel x BLAS), forced through
-its environment knobs in a fresh process, against the float64 reference."""
-import os
-import pathlib
-import subprocess
-import sys
+its environment knobs in a fresh process, against the float64 reference, on
+shapes at the vector, register-block and tile boundaries."""
 import textwrap
 
 import pytest
+
+from problems import run_python
 
 # Each entry forces one path; the knobs are read once per process.
 PATHS = {
     "default isa, dot kernel on every tile": {"ATEN_CPU_CAPABILITY": "default", "DDPM_OPS_CPU_DOT_ROWS": "1000000"},
     "default isa, BLAS tiles": {"ATEN_CPU_CAPABILITY": "default", "DDPM_OPS_CPU_BLAS": "1",
-                                "DDPM_OPS_CPU_VEC_TILE": "1", "DDPM_OPS_CPU_BLAS_TILE": "5"},
+                                "DDPM_OPS_CPU_VEC_TILE": "1", "DDPM_OPS_CPU_BLAS_TILE": "3"},
+    "avx2, dot kernel on every tile": {"ATEN_CPU_CAPABILITY": "avx2", "DDPM_OPS_CPU_DOT_ROWS": "1000000"},
     "avx2, register-blocked tiles": {"ATEN_CPU_CAPABILITY": "avx2", "DDPM_OPS_CPU_SERIAL_BATCH": "0",
                                      "DDPM_OPS_CPU_DOT_ROWS": "0", "DDPM_OPS_CPU_VEC_TILE": "7"},
+    "native isa, small register-blocked tiles": {"DDPM_OPS_CPU_SERIAL_BATCH": "0", "DDPM_OPS_CPU_DOT_ROWS": "0",
+                                                 "DDPM_OPS_CPU_VEC_TILE": "7"},
     "native isa, one thread": {"OMP_NUM_THREADS": "1"},
 }
 
@@ -22,22 +24,28 @@ SCRIPT = textwrap.dedent("""
     import torch
     from problems import make_problem, relative_error
     import ddpm_ops
-    worst = 0.0
-    for batch, dim, hidden, steps, t_dtype in [
+    cases = [(b, 7, [w], 2, torch.int64) for w in (1, 3, 15, 17, 33, 129) for b in (1, 5, 13)]
+    cases += [
         (1, 64, [256, 256], 16, torch.int64), (3, 1, [], 5, torch.int32),
         (13, 7, [33, 1, 300], 9, torch.int64), (40, 130, [7], 3, torch.int32),
         (257, 12, [1024], 2, torch.int64), (6, 5, [17, 9, 31, 8], 100, torch.int64),
-    ]:
+        (6, 17, [5, 65], 4, torch.int32),
+    ]
+    worst = 0.0
+    for batch, dim, hidden, steps, t_dtype in cases:
         p = make_problem(batch, dim, hidden, steps, t_dtype=t_dtype)
         worst = max(worst, relative_error(ddpm_ops.fused_sample(*p.args()), p.reference64()))
+    p = make_problem(5, 4, [8], 1, total_timesteps=1)      # a table of length 1
+    worst = max(worst, relative_error(ddpm_ops.fused_sample(*p.args()), p.reference64()))
+    p = make_problem(6, 5, [9], 3)
+    p.x = torch.randn(1, 5).expand(6, 5)                     # stride-0 rows
+    worst = max(worst, relative_error(ddpm_ops.fused_sample(*p.args()), p.reference64()))
     print(worst)
 """)
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_cpu_path_matches_float64_reference(path):
-    env = {**os.environ, **PATHS[path]}
-    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).parent), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True)
+    result = run_python(SCRIPT, PATHS[path])
     assert result.returncode == 0, result.stderr
     assert float(result.stdout.strip().splitlines()[-1]) <= 1e-5

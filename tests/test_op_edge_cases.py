@@ -6,10 +6,7 @@ non-finite values, timestep range checks that must not overflow, and the
 Python helpers (FusedDDPMSampler, schedules, mlp_parameters).
 """
 import math
-import os
-import pathlib
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -17,7 +14,7 @@ import torch
 from torch import nn
 
 import ddpm_ops
-from problems import make_problem, relative_error
+from problems import make_problem, relative_error, run_python
 
 TOLERANCE = 1e-5
 INT64_MIN = -(2 ** 63)
@@ -144,11 +141,8 @@ CRASH_SCRIPT = textwrap.dedent("""
 def test_huge_num_steps_with_negative_t_start_raises_not_crashes():
     """Same overflow with num_steps = 2**63 - 1: must raise, never walk out of
     the tables. In a subprocess, so a crash cannot take pytest down."""
-    env = {**os.environ}
-    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).parent), env.get("PYTHONPATH", "")])
     try:
-        result = subprocess.run([sys.executable, "-c", CRASH_SCRIPT], env=env,
-                                capture_output=True, text=True, timeout=60)
+        result = run_python(CRASH_SCRIPT, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("fused_sample ran past 60 s instead of refusing t_start = -3")
     assert result.returncode == 0, f"crashed with return code {result.returncode}: {result.stderr[-500:]}"
@@ -257,47 +251,6 @@ def test_non_finite_x_stays_in_its_row(batch, value):
     assert not torch.isfinite(out[0]).all()
     if batch > 1:
         assert relative_error(out[1:], p.reference64()[1:]) <= TOLERANCE
-
-
-# ---- every CPU path (ISA x tile kernel x BLAS) on the edge shapes, in fresh processes
-
-PATHS = {
-    "default isa dot": {"ATEN_CPU_CAPABILITY": "default", "DDPM_OPS_CPU_DOT_ROWS": "1000000"},
-    "default isa blas": {"ATEN_CPU_CAPABILITY": "default", "DDPM_OPS_CPU_BLAS": "1",
-                         "DDPM_OPS_CPU_VEC_TILE": "1", "DDPM_OPS_CPU_BLAS_TILE": "3"},
-    "avx2 dot": {"ATEN_CPU_CAPABILITY": "avx2", "DDPM_OPS_CPU_DOT_ROWS": "1000000"},
-    "native blocked small tiles": {"DDPM_OPS_CPU_SERIAL_BATCH": "0", "DDPM_OPS_CPU_DOT_ROWS": "0",
-                                   "DDPM_OPS_CPU_VEC_TILE": "7"},
-}
-
-PATH_SCRIPT = textwrap.dedent("""
-    import torch
-    from problems import make_problem, relative_error
-    import ddpm_ops
-    worst = 0.0
-    cases = [(b, 7, [w], 2) for w in (1, 3, 15, 17, 33, 129) for b in (1, 5, 13)]
-    cases += [(4, 1, [], 3), (6, 17, [5, 65], 4)]
-    for batch, dim, hidden, steps in cases:
-        p = make_problem(batch, dim, hidden, steps)
-        worst = max(worst, relative_error(ddpm_ops.fused_sample(*p.args()), p.reference64()))
-    p = make_problem(5, 4, [8], 1, total_timesteps=1)
-    worst = max(worst, relative_error(ddpm_ops.fused_sample(*p.args()), p.reference64()))
-    p = make_problem(6, 5, [9], 3)
-    p.x = torch.randn(1, 5).expand(6, 5)
-    p.x.requires_grad_(False)
-    with torch.no_grad():
-        worst = max(worst, relative_error(ddpm_ops.fused_sample(*p.args()), p.reference64()))
-    print(worst)
-""")
-
-
-@pytest.mark.parametrize("path", sorted(PATHS))
-def test_edge_shapes_on_every_cpu_path(path):
-    env = {**os.environ, **PATHS[path]}
-    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).parent), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, "-c", PATH_SCRIPT], env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert float(result.stdout.strip().splitlines()[-1]) <= TOLERANCE
 
 
 # ---- Python helpers
