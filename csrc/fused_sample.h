@@ -22,8 +22,9 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
 void check_timesteps_in_range(const at::Tensor& t_start, int64_t num_steps,
                               int64_t table_length);
 
-// How the matrix products are computed. kFloat32 is exact fp32 arithmetic;
-// the others are opt-in tensor-core paths (CUDA only; the CPU always computes
+// How the matrix products are computed. kFloat32 keeps fp32 accuracy (fp32
+// FMAs, or a 3xTF32 split on CUDA's tensor cores at large batch); the others
+// are opt-in single-TF32 tensor-core paths (CUDA only; the CPU always computes
 // in fp32, which is at least as accurate).
 enum class Precision { kFloat32, kTF32, kBFloat16 };
 Precision parse_precision(c10::string_view precision);
