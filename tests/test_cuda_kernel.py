@@ -50,6 +50,7 @@ def test_seed_shape_every_variant(variant, batch):
     (70, 12, [1024, 1024], 5),
     (65, 3, [7, 33, 300, 5], 7),
     (2, 64, [256, 256], 100),
+    (9, 5, [1023, 1023], 3),   # weight slices too big for shared memory, rows not float4-aligned
 ])
 @pytest.mark.parametrize("t_dtype", [torch.int32, torch.int64])
 def test_odd_shapes_every_variant(variant, batch, dim, hidden, num_steps, t_dtype):
@@ -60,12 +61,31 @@ def test_odd_shapes_every_variant(variant, batch, dim, hidden, num_steps, t_dtyp
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
+def misaligned_copy(t):
+    """The same values in a view whose storage starts 4 bytes past a 16-byte boundary."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = flat[1:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("batch, hidden", [(3, [256, 256]), (600, [256, 256]), (70, [1024, 1024])])
+def test_misaligned_weights_every_variant(variant, batch, hidden):
+    problem = make_problem(batch, 64, hidden, 4, device="cuda")
+    problem.weights = [misaligned_copy(w) for w in problem.weights]
+    problem.biases = [misaligned_copy(b) for b in problem.biases]
+    assert all(w.data_ptr() % 16 == 4 for w in problem.weights)
+    out = ddpm_ops.fused_sample(*problem.args())
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
 def out_of_range_problem():
     problem = make_problem(200, 16, [40, 40], 6, device="cuda", total_timesteps=50)
     t = problem.t_start.clone()
     t[3] = 2             # t - 5 < 0
     t[77] = 50           # == table length
     t[150] = -(2 ** 40)  # far outside, int64
+    t[180] = -(2 ** 63)  # INT64_MIN: t - (num_steps - 1) would overflow
     args = list(problem.args())
     args[1] = t
     return problem, args
@@ -75,7 +95,7 @@ def test_out_of_range_rows_are_nan_without_sync(variant):
     problem, args = out_of_range_problem()
     out = ddpm_ops.fused_sample(*args)
     bad = torch.zeros(200, dtype=torch.bool, device="cuda")
-    bad[[3, 77, 150]] = True
+    bad[[3, 77, 150, 180]] = True
     assert torch.isnan(out[bad]).all()
     # The reference would index the tables out of bounds: run it on the good rows.
     good = ~bad

@@ -58,11 +58,13 @@ void prepare_kernel(Kernel kernel, int device, int max_smem, bool cluster) {
   static std::mutex mutex;
   static std::set<std::pair<const void*, int>> done;
   std::lock_guard<std::mutex> lock(mutex);
-  if (!done.insert({reinterpret_cast<const void*>(kernel), device}).second) return;
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
+  if (done.count(key) != 0) return;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
   if (cluster) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
+  done.insert(key);  // only once both attributes are set: a failure is retried, not remembered
 }
 
 const DeviceInfo& device_info(int device) {
@@ -71,8 +73,9 @@ const DeviceInfo& device_info(int device) {
   std::lock_guard<std::mutex> lock(mutex);
   TORCH_CHECK(device < static_cast<int>(cache.size()), "ddpm::fused_sample: device index ", device,
               " is beyond the supported 64 devices");
-  DeviceInfo& info = cache[device];
-  if (info.sm_count != 0) return info;
+  if (cache[device].sm_count != 0) return cache[device];
+  // Filled in a local and cached only when complete: a failed query is retried.
+  DeviceInfo info;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   // Every cluster instantiation uses the same block size and (at most) all of
@@ -104,7 +107,8 @@ const DeviceInfo& device_info(int device) {
   }
   TORCH_CHECK(info.cluster_size > 0, "ddpm::fused_sample: no thread-block cluster fits on device ",
               device);
-  return info;
+  cache[device] = info;
+  return cache[device];
 }
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
@@ -147,7 +151,7 @@ Variant choose_variant(const SampleArgs& a, const DeviceInfo& info,
   if (a.batch < kTiledMinBatch) return Variant::kCluster;
   // 64-row tiles halve the weight traffic once there are enough of them to
   // fill every multiprocessor.
-  if (tiled_fits[1] && (a.batch + 63) / 64 >= info.sm_count) return Variant::kTiled64;
+  if (tiled_fits[1] && (static_cast<int64_t>(a.batch) + 63) / 64 >= info.sm_count) return Variant::kTiled64;
   if (tiled_fits[0]) return Variant::kTiled32;
   return Variant::kCluster;
 }
@@ -177,7 +181,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   // room for the weights but 8 rows would not, shrink the tile (down to 8
   // rows) so the weights stay on chip; then shrink while even the
   // activations do not fit.
-  const int64_t per_cluster = (a.batch + info.max_clusters - 1) / info.max_clusters;
+  const int64_t per_cluster = (static_cast<int64_t>(a.batch) + info.max_clusters - 1) / info.max_clusters;
   int rows = static_cast<int>(std::min<int64_t>(per_cluster, kMaxClusterRows));
   if (8 * row_floats + weight_floats <= budget) {
     while (rows > 8 && rows * row_floats + weight_floats > budget) rows /= 2;
@@ -237,12 +241,14 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
     }
   }
   const size_t smem = static_cast<size_t>(offset) * sizeof(float);
-  const int tiles = static_cast<int>((a.batch + rows - 1) / rows);
+  const int64_t tiles = (static_cast<int64_t>(a.batch) + rows - 1) / rows;
+  TORCH_CHECK(tiles * cs <= INT32_MAX, "ddpm::fused_sample: batch ", a.batch,
+              " needs more thread blocks than one launch allows (", tiles * cs, ")");
   if (log_plans()) {
     std::fprintf(stderr,
                  "ddpm_ops cluster kernel: batch %d, cluster size %d (%d co-resident), %d rows x "
-                 "%d clusters, last layer %s, %zu bytes shared memory, weights on chip:",
-                 a.batch, cs, info.max_clusters, rows, tiles, replicate ? "whole per CTA" : "sliced",
+                 "%lld clusters, last layer %s, %zu bytes shared memory, weights on chip:",
+                 a.batch, cs, info.max_clusters, rows, static_cast<long long>(tiles), replicate ? "whole per CTA" : "sliced",
                  smem);
     for (int l = 0; l < L; ++l) std::fprintf(stderr, " %d", p.weight_offset[l] >= 0 || (replicate && l == L - 1));
     std::fprintf(stderr, "\n");
@@ -258,7 +264,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   }
   prepare_kernel(kernel, device, info.max_smem, true);
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(tiles) * cs);
+  config.gridDim = dim3(static_cast<unsigned>(tiles * cs));
   config.blockDim = dim3(cuda_kernels::kClusterThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
@@ -280,7 +286,7 @@ void launch_tiled(const SampleArgs& a, const TilePlan& p, size_t smem, Precision
                                              ? cuda_kernels::tiled_sample_kernel<MT, 3>
                                              : cuda_kernels::tiled_sample_kernel<MT, 1>;
   prepare_kernel(kernel, device, info.max_smem, false);
-  const unsigned blocks = static_cast<unsigned>((a.batch + 16 * MT - 1) / (16 * MT));
+  const unsigned blocks = static_cast<unsigned>((static_cast<int64_t>(a.batch) + 16 * MT - 1) / (16 * MT));
   if (log_plans()) {
     std::fprintf(stderr, "ddpm_ops tiled kernel: batch %d, %d rows x %u CTAs, %s, %zu bytes shared memory\n",
                  a.batch, 16 * MT, blocks, precision == Precision::kFloat32 ? "3xTF32" : "tf32", smem);

@@ -56,7 +56,7 @@ struct SampleArgs {
 __device__ __forceinline__ int load_t_start(const SampleArgs& a, int row, bool* valid) {
   const long long t = a.t_is_int64 ? static_cast<const long long*>(a.t_start)[row]
                                    : static_cast<long long>(static_cast<const int*>(a.t_start)[row]);
-  *valid = t < a.table_length && t - (a.num_steps - 1) >= 0;
+  *valid = t < a.table_length && t >= static_cast<long long>(a.num_steps) - 1;
   return static_cast<int>(t < -1 ? -1 : (t > a.table_length ? a.table_length : t));
 }
 
