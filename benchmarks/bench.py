@@ -139,12 +139,18 @@ def capture(fn, warmup=3):
     return graph, out
 
 
-def forced(variant, fn):
-    os.environ["DDPM_OPS_CUDA_KERNEL"] = variant
+def forced(env, fn):
+    """fn() with the environment variables in env set (the kernel overrides)."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     try:
         return fn()
     finally:
-        del os.environ["DDPM_OPS_CUDA_KERNEL"]
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
 
 
 def rel_err(out, ref):
@@ -202,11 +208,14 @@ def run_table(name, cfg, args, clock, device):
         extras = {}
         if device == "cuda":
             extras = {"fused-tf32": lambda: fused("tf32"), "fused-bf16": lambda: fused("bf16")}
-            if args.variants:  # each kernel forced (DDPM_OPS_CUDA_KERNEL), to tune the rule
-                for variant in ("cluster", "tiled32", "tiled64"):
-                    for precision in ("fp32", "tf32"):
-                        extras[f"{variant}-{precision}"] = (
-                            lambda v, p: lambda: forced(v, lambda: fused(p)))(variant, precision)
+            if args.variants:  # each kernel and cluster size forced, to tune the rule
+                variants = {f"{v}-{p}": ({"DDPM_OPS_CUDA_KERNEL": v}, p)
+                            for v in ("tiled32", "tiled64") for p in ("fp32", "tf32")}
+                variants.update({f"cluster{size}": ({"DDPM_OPS_CUDA_KERNEL": "cluster",
+                                                     "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
+                                 for size in (16, 8, 4, 2)})
+                for key, (env, precision) in variants.items():
+                    extras[key] = (lambda e, p: lambda: forced(e, lambda: fused(p)))(env, precision)
         trivial = lambda: x + 1  # noqa: E731
 
         entries = {}

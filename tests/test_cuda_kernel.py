@@ -61,6 +61,21 @@ def test_odd_shapes_every_variant(variant, batch, dim, hidden, num_steps, t_dtyp
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
+@pytest.mark.parametrize("cluster_size", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("batch, dim, hidden, num_steps", [
+    (1, 64, [256, 256], 16),
+    (6, 7, [33, 7], 3),
+    (37, 33, [300, 1, 64], 4),
+    (65, 3, [7, 33, 300, 5], 7),
+])
+def test_every_cluster_size(monkeypatch, cluster_size, batch, dim, hidden, num_steps):
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "cluster")
+    monkeypatch.setenv("DDPM_OPS_CUDA_CLUSTER_SIZE", str(cluster_size))
+    problem = make_problem(batch, dim, hidden, num_steps, device="cuda", total_timesteps=200)
+    out = ddpm_ops.fused_sample(*problem.args())
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
 def misaligned_copy(t):
     """The same values in a view whose storage starts 4 bytes past a 16-byte boundary."""
     flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)

@@ -6,7 +6,8 @@
 //     batches, and for any shape the tiled kernel cannot hold;
 //   - the tiled tensor-core kernel for large batches: 3xTF32 for "fp32",
 //     one tf32 product for "tf32" and "bf16".
-// DDPM_OPS_CUDA_KERNEL=cluster|tiled32|tiled64 forces one (tests, benchmarks);
+// DDPM_OPS_CUDA_KERNEL=cluster|tiled32|tiled64 forces one and
+// DDPM_OPS_CUDA_CLUSTER_SIZE=1|2|4|8|16 the cluster size (tests, benchmarks);
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
 #include "../fused_sample.h"
 #include "fused_sample_kernels.cuh"
@@ -29,6 +30,7 @@ namespace ddpm_ops {
 namespace {
 
 using cuda_kernels::ClusterPlan;
+using cuda_kernels::kMaxClusterRows;
 using cuda_kernels::kMaxLayers;
 using cuda_kernels::SampleArgs;
 using cuda_kernels::TilePlan;
@@ -38,7 +40,6 @@ using cuda_kernels::TilePlan;
 // against the cluster kernel's 1583 us, at 64 the cluster kernel took 162 us
 // while a tiled CTA alone needs about 700 us.
 constexpr int64_t kTiledMinBatch = 512;
-constexpr int kMaxClusterRows = 64;
 // Up to this many rows per cluster, the last layer is computed whole on every
 // CTA (no exchange) when it fits; beyond, its compute outweighs one barrier.
 constexpr int kReplicateMaxRows = 4;
@@ -47,8 +48,9 @@ constexpr int kPreferredClusterSize = 16;
 struct DeviceInfo {
   int sm_count = 0;
   int max_smem = 0;          // opt-in dynamic shared memory per block
-  int cluster_size = 0;      // largest that launches with one CTA per SM
-  int max_clusters = 0;      // co-resident clusters of that size
+  // Co-resident clusters of size 1 << i (one CTA per SM), 0 where that size
+  // does not launch.
+  int max_clusters[5] = {};
 };
 
 // Raises a kernel's dynamic shared-memory limit (and, for cluster kernels,
@@ -82,7 +84,8 @@ const DeviceInfo& device_info(int device) {
   // the shared memory, so one of them answers for all.
   auto kernel = cuda_kernels::cluster_sample_kernel<1, 2>;
   prepare_kernel(kernel, device, info.max_smem, true);
-  for (int size = kPreferredClusterSize; size >= 1; size /= 2) {
+  for (int i = 0; i < 5; ++i) {
+    const int size = 1 << i;
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(size);
     config.blockDim = dim3(cuda_kernels::kClusterThreads);
@@ -99,13 +102,9 @@ const DeviceInfo& device_info(int device) {
       (void)cudaGetLastError();  // an unsupported size is an answer, not an error
       clusters = 0;
     }
-    if (clusters > 0) {
-      info.cluster_size = size;
-      info.max_clusters = clusters;
-      break;
-    }
+    info.max_clusters[i] = clusters;
   }
-  TORCH_CHECK(info.cluster_size > 0, "ddpm::fused_sample: no thread-block cluster fits on device ",
+  TORCH_CHECK(info.max_clusters[0] > 0, "ddpm::fused_sample: the cluster kernel does not fit on device ",
               device);
   cache[device] = info;
   return cache[device];
@@ -156,10 +155,28 @@ Variant choose_variant(const SampleArgs& a, const DeviceInfo& info,
   return Variant::kCluster;
 }
 
+// log2 of the cluster size: the largest that launches, up to
+// kPreferredClusterSize, or DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks)
+// when that size launches.
+int cluster_size_log2(const DeviceInfo& info) {
+  if (const char* forced = std::getenv("DDPM_OPS_CUDA_CLUSTER_SIZE")) {
+    for (int i = 0; i < 5; ++i) {
+      if (std::atoi(forced) == (1 << i) && info.max_clusters[i] > 0) return i;
+    }
+  }
+  int chosen = 0;
+  for (int i = 0; i < 5 && (1 << i) <= kPreferredClusterSize; ++i) {
+    if (info.max_clusters[i] > 0) chosen = i;
+  }
+  return chosen;
+}
+
 void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cudaStream_t stream) {
   using cuda_kernels::round_up4;
   using cuda_kernels::slice_size;
-  const int cs = info.cluster_size;
+  const int size_log2 = cluster_size_log2(info);
+  const int cs = 1 << size_log2;
+  const int max_clusters = info.max_clusters[size_log2];
   const int L = a.num_layers;
   ClusterPlan p = {};
   p.cluster_size = cs;
@@ -167,6 +184,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   for (int l = 0; l + 1 < L; ++l) hidden = std::max(hidden, a.layers[l].out);
   p.in0_ld = round_up4(a.dim + 1);
   p.hidden_ld = round_up4(hidden);
+  p.eps_ld = round_up4(a.dim);
   auto slice_floats = [&](int l) {  // padded weight rows and the bias slice
     const int s = slice_size(a.layers[l].out, cs);
     return static_cast<size_t>(s) * round_up4(a.layers[l].in) + round_up4(s);
@@ -174,14 +192,16 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   size_t weight_floats = 0;
   for (int l = 0; l < L; ++l) weight_floats += slice_floats(l);
   // Per row: layer-0 input, two hidden buffers, two eps buffers, x, (c1, c2),
-  // t and valid; each region is rounded up to 4 floats below, hence the + 20.
-  const size_t row_floats = static_cast<size_t>(p.in0_ld) + 2 * p.hidden_ld + 3 * a.dim + 4 + 20;
+  // t and valid; each region is rounded up to 4 floats below, and the
+  // mbarriers take 8 more, hence the + 28.
+  const size_t row_floats =
+      static_cast<size_t>(p.in0_ld) + 2 * p.hidden_ld + 2 * p.eps_ld + a.dim + 4 + 28;
   const size_t budget = info.max_smem / sizeof(float);
   // Spread the batch over all co-resident clusters. If that leaves too little
   // room for the weights but 8 rows would not, shrink the tile (down to 8
   // rows) so the weights stay on chip; then shrink while even the
   // activations do not fit.
-  const int64_t per_cluster = (static_cast<int64_t>(a.batch) + info.max_clusters - 1) / info.max_clusters;
+  const int64_t per_cluster = (static_cast<int64_t>(a.batch) + max_clusters - 1) / max_clusters;
   int rows = static_cast<int>(std::min<int64_t>(per_cluster, kMaxClusterRows));
   if (8 * row_floats + weight_floats <= budget) {
     while (rows > 8 && rows * row_floats + weight_floats > budget) rows /= 2;
@@ -201,12 +221,13 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   p.in0_offset = take(rows * p.in0_ld);
   p.hidden_offset[0] = take(rows * p.hidden_ld);
   p.hidden_offset[1] = take(rows * p.hidden_ld);
-  p.eps_offset[0] = take(rows * a.dim);
-  p.eps_offset[1] = take(rows * a.dim);
+  p.eps_offset[0] = take(rows * p.eps_ld);
+  p.eps_offset[1] = take(rows * p.eps_ld);
   p.x_offset = take(rows * a.dim);
   p.coef_offset = take(2 * rows);
   p.t_offset = take(rows);
   p.valid_offset = take(rows);
+  p.barrier_offset = take(2 * cuda_kernels::kExchangeBuffers);
   TORCH_CHECK(static_cast<size_t>(offset) <= budget, "ddpm::fused_sample: dim ", a.dim,
               " and the hidden widths need more shared memory per sample than the GPU has (",
               info.max_smem, " bytes per block)");
@@ -248,7 +269,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
     std::fprintf(stderr,
                  "ddpm_ops cluster kernel: batch %d, cluster size %d (%d co-resident), %d rows x "
                  "%lld clusters, last layer %s, %zu bytes shared memory, weights on chip:",
-                 a.batch, cs, info.max_clusters, rows, static_cast<long long>(tiles), replicate ? "whole per CTA" : "sliced",
+                 a.batch, cs, max_clusters, rows, static_cast<long long>(tiles), replicate ? "whole per CTA" : "sliced",
                  smem);
     for (int l = 0; l < L; ++l) std::fprintf(stderr, " %d", p.weight_offset[l] >= 0 || (replicate && l == L - 1));
     std::fprintf(stderr, "\n");

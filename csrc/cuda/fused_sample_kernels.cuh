@@ -4,11 +4,12 @@
 // cluster_sample_kernel (small and medium batch, exact fp32): a thread-block
 //   cluster of up to 16 CTAs runs a tile of rows through all steps. CTA r owns
 //   a slice of every layer's output neurons and keeps that slice of the weights
-//   in shared memory for the whole call; each layer's outputs are pushed into
-//   every CTA's shared memory (distributed shared memory) and one cluster
-//   barrier per layer publishes them. The latency of a layer is one split-K dot
-//   product per thread plus a warp-shuffle reduction plus one barrier.
-//
+//   in shared memory for the whole call. Each layer's slice is pushed into
+//   every other CTA's shared memory with st.async, which completes on the
+//   receiver's mbarrier; a CTA waits only for the bytes it needs, so there is
+//   no cluster-wide barrier per layer. The latency of a layer is one split-K
+//   dot product per thread, a warp-shuffle reduction, one CTA barrier and one
+//   one-way trip through distributed shared memory.
 // tiled_sample_kernel (large batch): each CTA owns 16*MT rows for all steps,
 //   activations stay in shared memory, weights stream from L2 through a
 //   double-buffered cp.async stage, and the products run on tensor cores:
@@ -68,10 +69,83 @@ __device__ __forceinline__ int clamp_index(int t, int length) {
 __device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 
 // ---------------------------------------------------------------------------
+// Asynchronous copies and cluster messages (sm_90 PTX)
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool pred) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool pred) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// The shared-memory address `local` of this CTA, in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals)
+               : "memory");
+}
+// One arrival on a cluster mbarrier, announcing `bytes` of st.async data that
+// this CTA sends for the same phase. Release: this thread's earlier accesses
+// (after a CTA barrier, the whole CTA's) happen before the phase completes.
+__device__ __forceinline__ void mbarrier_arrive_expect(uint32_t cluster_bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [%0], %1;\n" ::"r"(
+                   cluster_bar),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void st_async(uint32_t cluster_addr, float v, uint32_t cluster_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+                   cluster_addr),
+               "r"(__float_as_uint(v)), "r"(cluster_bar)
+               : "memory");
+}
+__device__ __forceinline__ void st_async(uint32_t cluster_addr, float4 v, uint32_t cluster_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
+          cluster_addr),
+      "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
+      "r"(__float_as_uint(v.w)), "r"(cluster_bar)
+      : "memory");
+}
+// Waits until the phase of `bar` with this parity has completed; acquire at
+// cluster scope makes the data other CTAs sent for it visible.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_address(bar);
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ---------------------------------------------------------------------------
 // Cluster kernel
 // ---------------------------------------------------------------------------
 
 constexpr int kClusterThreads = 256;
+// Rows one cluster carries; one thread per row handles its coefficients.
+constexpr int kMaxClusterRows = 64;
+static_assert(kMaxClusterRows <= kClusterThreads, "one thread per row");
+
+// The exchanged buffers, each with one mbarrier per CTA (phases alternate).
+enum ExchangeBuffer { kHidden0 = 0, kHidden1 = 1, kEps0 = 2, kEps1 = 3, kExchangeBuffers = 4 };
 
 // Shared-memory layout of one CTA (offsets in floats, multiples of 4 so that
 // rows can be read as float4) and the work split, computed on the host
@@ -81,6 +155,7 @@ struct ClusterPlan {
   int rows_per_tile;
   int in0_ld;                    // round_up(dim + 1, 4)
   int hidden_ld;                 // round_up(widest hidden layer, 4)
+  int eps_ld;                    // round_up(dim, 4)
   int weight_offset[kMaxLayers]; // slice of layer l in shared memory (row stride
                                  // round_up(in, 4), zero padded), or -1: global
   int bias_offset[kMaxLayers];   // its bias slice in shared memory (with the weights)
@@ -88,20 +163,23 @@ struct ClusterPlan {
   int last_bias_offset;          // and its whole bias
   int in0_offset;                // rows x in0_ld: [x, t / T], the input of layer 0
   int hidden_offset[2];          // rows x hidden_ld, hidden outputs alternate between them
-  int eps_offset[2];             // rows x dim, outputs of the last layer, by step parity
+  int eps_offset[2];             // rows x eps_ld, outputs of the last layer, by step parity
   int x_offset;                  // rows x dim, the current sample
   int coef_offset;               // rows x 2: this step's (c1, c2)
   int t_offset;                  // rows ints: clamped t_start
   int valid_offset;              // rows ints: 1 when every timestep is in range
+  int barrier_offset;            // kExchangeBuffers mbarriers (8 bytes each)
 };
 
-__host__ __device__ inline int slice_size(int out, int cluster_size) {
-  return (out + cluster_size - 1) / cluster_size;
-}
 __host__ __device__ inline int round_up4(int v) { return (v + 3) & ~3; }
+// Output columns per CTA, a multiple of 4 so that every slice starts on a
+// 16-byte boundary and travels as float4.
+__host__ __device__ inline int slice_size(int out, int cluster_size) {
+  return round_up4((out + cluster_size - 1) / cluster_size);
+}
 
-// One layer's slice on one CTA: out_all[r][n0 + c] = act(bias + in[r] . w[c])
-// for rows r < rows, slice columns c < ns, written into every CTA's out buffer.
+// One layer's slice on one CTA: out[r][n0 + c] = act(bias + in[r] . w[c]) for
+// rows r < rows, slice columns c < ns, in this CTA's shared memory.
 // Each output tile (RT rows x CT columns) is computed by G consecutive lanes
 // that split the inner dimension and reduce with shuffles; G is as large as
 // the thread count allows, which keeps small-batch layers short.
@@ -109,13 +187,10 @@ __host__ __device__ inline int round_up4(int v) { return (v + 3) & ~3; }
 // times fewer load instructions): the padded copy in shared memory, or global
 // weights when K % 4 == 0 and they are 16-byte aligned (a generic pointer
 // serves both); otherwise scalar reads of the global weights (row stride K).
-// local_only: this CTA computes the whole
-// layer for itself and stores only into its own shared memory.
 template <int RT, int CT, bool kVec>
-__device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const float* in, int in_ld,
-                                              const float* w, const float* bias, int K, int rows,
-                                              int ns, int n0, bool apply_silu, float* out,
-                                              int out_ld, int cluster_size, bool local_only) {
+__device__ __forceinline__ void cluster_layer(const float* in, int in_ld, const float* w,
+                                              const float* bias, int K, int rows, int ns, int n0,
+                                              bool apply_silu, float* out, int out_ld) {
   const int tiles_c = (ns + CT - 1) / CT;
   const int ntiles = ((rows + RT - 1) / RT) * tiles_c;
   if (ntiles == 0) return;
@@ -179,49 +254,71 @@ __device__ __forceinline__ void cluster_layer(cg::cluster_group& cluster, const 
       for (int j = 0; j < CT; ++j)
         for (int off = G / 2; off > 0; off >>= 1)
           acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
-    // Every lane of the group now holds the sums; the lanes share the remote
-    // stores (one destination CTA each).
+    if (lane_g != 0 || !tile_ok) continue;
 #pragma unroll
     for (int i = 0; i < RT; ++i) {
 #pragma unroll
       for (int j = 0; j < CT; ++j) {
         const int r = tr * RT + i;
         const int c = tc * CT + j;
-        if (!tile_ok || r >= rows || c >= ns) continue;
+        if (r >= rows || c >= ns) continue;
         float v = acc[i][j] + bias[c];
         if (apply_silu) v = silu(v);
-        float* local = out + r * out_ld + n0 + c;
-        if (local_only) {
-          if (lane_g == 0) *local = v;
-        } else {
-          for (int d = lane_g; d < cluster_size; d += G) *cluster.map_shared_rank(local, d) = v;
-        }
+        out[r * out_ld + n0 + c] = v;
       }
     }
   }
 }
 
+// Sends this CTA's slice of a layer's outputs (rows x ns floats at column n0
+// of buf, row stride ld) to the same place in every other CTA of the cluster,
+// with st.async completing on their mbarrier `bar`; every CTA, this one
+// included, also arrives on each barrier once, announcing its bytes. A phase
+// thus completes when all slices have landed, with no cluster-wide barrier.
+// The caller has synchronized the CTA: the slice is written, and the reads of
+// the buffer this phase will overwrite elsewhere are done (the arrivals
+// release them).
+__device__ __forceinline__ void push_slice(const float* buf, int ld, int rows, int n0, int ns,
+                                           uint64_t* bar, int cs, int rank) {
+  const uint32_t bar_local = smem_address(bar);
+  if (threadIdx.x < cs) {
+    const int d = threadIdx.x;
+    mbarrier_arrive_expect(cluster_address(bar_local, d),
+                           d == rank ? 0u : static_cast<uint32_t>(rows * ns * sizeof(float)));
+  }
+  const int quads = (ns + 3) / 4;
+  const int units = cs * rows * quads;
+  const uint32_t buf_local = smem_address(buf);
+  for (int i = threadIdx.x; i < units; i += kClusterThreads) {
+    const int d = i & (cs - 1);  // cluster sizes are powers of two
+    if (d == rank) continue;
+    const int rq = i / cs;
+    const int r = rq / quads, q = rq - r * quads;
+    const int at = r * ld + n0 + 4 * q;
+    const uint32_t dst = cluster_address(buf_local + at * sizeof(float), d);
+    const uint32_t dst_bar = cluster_address(bar_local, d);
+    if (4 * q + 4 <= ns) {
+      st_async(dst, *reinterpret_cast<const float4*>(buf + at), dst_bar);
+    } else {
+      for (int e = 0; e < ns - 4 * q; ++e) st_async(dst + e * sizeof(float), buf[at + e], dst_bar);
+    }
+  }
+}
+
 // dst[r * ld + k] = src[r * width + k] for r < rows, k < width; zero for
-// width <= k < ld. Each thread issues a batch of independent loads before its
-// stores, so many loads are in flight (the copy sits on the latency path of a
-// small-batch call).
-__device__ __forceinline__ void copy_padded_rows(float* dst, const float* src, int rows, int width,
-                                                 int ld) {
-  constexpr int kBatch = 8;
-  const int count = rows * ld;
-  for (int base = threadIdx.x; base < count; base += kBatch * kClusterThreads) {
-    float v[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = base + u * kClusterThreads;
-      const int r = i / ld, k = i - r * ld;
-      v[u] = i < count && k < width ? __ldg(src + r * width + k) : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = base + u * kClusterThreads;
-      if (i < count) dst[i] = v[u];
-    }
+// width <= k < ld, as asynchronous copies that all go in flight at once (16
+// bytes each where the layout allows). The caller waits for them.
+__device__ __forceinline__ void stage_padded_rows(float* dst, const float* src, int rows, int width,
+                                                  int ld) {
+  if (width == ld && width % 4 == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    for (int i = threadIdx.x; i < rows * width / 4; i += kClusterThreads)
+      cp_async16(dst + 4 * i, src + 4 * i, true);
+    return;
+  }
+  for (int i = threadIdx.x; i < rows * ld; i += kClusterThreads) {
+    const int r = i / ld, k = i - r * ld;
+    const bool inside = k < width;
+    cp_async4(dst + i, inside ? src + r * width + k : src, inside);
   }
 }
 
@@ -243,6 +340,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   float* coef = smem + p.coef_offset;
   int* t0 = reinterpret_cast<int*>(smem + p.t_offset);
   int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + p.barrier_offset);
 
   // This CTA's weight slices: rows [n0, n0 + ns) of each layer, copied once
   // with rows padded to a multiple of 4 by zeros, and their biases.
@@ -252,21 +350,25 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     const int s = slice_size(la.out, cs);
     const int n0 = rank * s;
     const int ns = max(0, min(s, la.out - n0));
-    const int ld = round_up4(la.in);
-    copy_padded_rows(smem + p.weight_offset[l], la.weight + static_cast<size_t>(n0) * la.in, ns,
-                     la.in, ld);
-    copy_padded_rows(smem + p.bias_offset[l], la.bias + n0, 1, ns, ns);
+    stage_padded_rows(smem + p.weight_offset[l], la.weight + static_cast<size_t>(n0) * la.in, ns,
+                      la.in, round_up4(la.in));
+    stage_padded_rows(smem + p.bias_offset[l], la.bias + n0, 1, ns, ns);
   }
   if (p.last_weight_offset >= 0) {
     const LayerArgs& la = a.layers[L - 1];
-    copy_padded_rows(smem + p.last_weight_offset, la.weight, la.out, la.in, round_up4(la.in));
-    copy_padded_rows(smem + p.last_bias_offset, la.bias, 1, la.out, la.out);
+    stage_padded_rows(smem + p.last_weight_offset, la.weight, la.out, la.in, round_up4(la.in));
+    stage_padded_rows(smem + p.last_bias_offset, la.bias, 1, la.out, la.out);
   }
+  cp_async_commit();
   // Zero the layer inputs: float4 reads cover the padding columns, which
   // must hold finite values (the weights there are zero).
   for (int i = threadIdx.x; i < p.hidden_offset[1] + p.rows_per_tile * p.hidden_ld - p.in0_offset;
        i += kClusterThreads)
     in0[i] = 0.f;
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < kExchangeBuffers; ++b) mbarrier_init(bars + b, cs);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   __syncthreads();
   for (int r = threadIdx.x; r < rows; r += kClusterThreads) {
     bool ok;
@@ -280,64 +382,87 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     xcur[i] = v;
     in0[r * in0_ld + j] = v;
   }
-  // Every CTA of the cluster must be running before anyone stores into its
-  // shared memory; this also publishes the local setup to the CTA's threads.
+  // Thread r < rows carries row r's coefficients one step ahead, so their
+  // global-memory latency hides behind the layers.
+  const bool coef_thread = static_cast<int>(threadIdx.x) < rows;
+  float c1_next = 0.f, c2_next = 0.f;
+  if (coef_thread) {
+    const int t = clamp_index(t0[threadIdx.x], a.table_length);
+    c1_next = __ldg(a.sqrt_recip_alphas + t);
+    c2_next = __ldg(a.coef_eps + t);
+  }
+  cp_async_wait<0>();
+  // Every CTA of the cluster must be running, with its mbarriers initialized,
+  // before anyone sends to it; this also publishes the local setup.
   cluster.sync();
 
+  uint32_t parity = 0;  // bit b: parity of the next phase of bars[b] to complete
+  auto wait_for = [&](int b) {
+    mbarrier_wait(bars + b, (parity >> b) & 1u);
+    parity ^= 1u << b;
+  };
+  const bool replicated = p.last_weight_offset >= 0;
   for (int k = 0; k < a.num_steps; ++k) {
-    // This step's coefficients, loaded now so that their latency hides behind
-    // the layers (the layer barriers make them visible to the update).
-    for (int r = threadIdx.x; r < rows; r += kClusterThreads) {
-      const int t = clamp_index(t0[r] - k, a.table_length);
-      coef[2 * r] = __ldg(a.sqrt_recip_alphas + t);
-      coef[2 * r + 1] = __ldg(a.coef_eps + t);
+    if (coef_thread) {
+      coef[2 * threadIdx.x] = c1_next;
+      coef[2 * threadIdx.x + 1] = c2_next;
+      if (k + 1 < a.num_steps) {
+        const int t = clamp_index(t0[threadIdx.x] - (k + 1), a.table_length);
+        c1_next = __ldg(a.sqrt_recip_alphas + t);
+        c2_next = __ldg(a.coef_eps + t);
+      }
     }
     const float* in = in0;
     int in_ld = in0_ld;
-    const bool replicated = p.last_weight_offset >= 0;
+    int in_buffer = -1;  // exchanged buffer `in` arrives in, or -1: local
     float* eps = smem + p.eps_offset[replicated ? 0 : k & 1];
     for (int l = 0; l < L; ++l) {
+      if (in_buffer >= 0) wait_for(in_buffer);
       const LayerArgs& la = a.layers[l];
       const bool last = l + 1 == L;
       if (last && replicated) {
-        // The whole last layer on every CTA: saves one cluster barrier a step.
-        cluster_layer<RT, CT, true>(cluster, in, in_ld, smem + p.last_weight_offset,
+        // The whole last layer on every CTA: saves one exchange a step.
+        cluster_layer<RT, CT, true>(in, in_ld, smem + p.last_weight_offset,
                                     smem + p.last_bias_offset, la.in, rows, la.out, 0, false, eps,
-                                    dim, cs, true);
-        __syncthreads();
+                                    p.eps_ld);
+        in_buffer = -1;
         break;
       }
       const int s = slice_size(la.out, cs);
       const int n0 = rank * s;
       const int ns = max(0, min(s, la.out - n0));
       // Hidden outputs alternate between two buffers across layers and steps.
-      float* out = last ? eps : smem + p.hidden_offset[(k * (L - 1) + l) & 1];
-      const int out_ld = last ? dim : p.hidden_ld;
+      const int hidden = (k * (L - 1) + l) & 1;
+      const int out_buffer = last ? kEps0 + (k & 1) : kHidden0 + hidden;
+      float* out = last ? eps : smem + p.hidden_offset[hidden];
+      const int out_ld = last ? p.eps_ld : p.hidden_ld;
       const float* w_global = la.weight + static_cast<size_t>(n0) * la.in;
       if (p.weight_offset[l] >= 0) {
-        cluster_layer<RT, CT, true>(cluster, in, in_ld, smem + p.weight_offset[l],
-                                    smem + p.bias_offset[l], la.in, rows, ns, n0, !last, out,
-                                    out_ld, cs, false);
+        cluster_layer<RT, CT, true>(in, in_ld, smem + p.weight_offset[l], smem + p.bias_offset[l],
+                                    la.in, rows, ns, n0, !last, out, out_ld);
       } else if (la.in % 4 == 0 && (reinterpret_cast<uintptr_t>(la.weight) & 15) == 0) {
-        cluster_layer<RT, CT, true>(cluster, in, in_ld, w_global, la.bias + n0, la.in, rows, ns,
-                                    n0, !last, out, out_ld, cs, false);
+        cluster_layer<RT, CT, true>(in, in_ld, w_global, la.bias + n0, la.in, rows, ns, n0, !last,
+                                    out, out_ld);
       } else {
-        cluster_layer<RT, CT, false>(cluster, in, in_ld, w_global, la.bias + n0, la.in, rows, ns,
-                                     n0, !last, out, out_ld, cs, false);
+        cluster_layer<RT, CT, false>(in, in_ld, w_global, la.bias + n0, la.in, rows, ns, n0, !last,
+                                     out, out_ld);
       }
-      // Publishes this layer's outputs everywhere. A buffer is written again
-      // only two barriers after it was written, and every CTA has finished
-      // reading it before it arrives at the second: this one barrier per layer
-      // also orders all reads before the next remote write.
-      cluster.sync();
+      __syncthreads();
+      push_slice(out, out_ld, rows, n0, ns, bars + out_buffer, cs, rank);
       in = out;
       in_ld = out_ld;
+      in_buffer = out_buffer;
+    }
+    if (in_buffer >= 0) {
+      wait_for(in_buffer);  // the sliced last layer's outputs
+    } else {
+      __syncthreads();  // the replicated last layer's outputs
     }
     // x <- c1 * (x - c2 * eps), redundantly on every CTA (cheaper than another
     // exchange), and the next step's layer-0 input.
     for (int i = threadIdx.x; i < rows * dim; i += kClusterThreads) {
       const int r = i / dim, j = i - r * dim;
-      const float v = coef[2 * r] * (xcur[i] - coef[2 * r + 1] * eps[i]);
+      const float v = coef[2 * r] * (xcur[i] - coef[2 * r + 1] * eps[r * p.eps_ld + j]);
       xcur[i] = v;
       in0[r * in0_ld + j] = v;
     }
@@ -346,7 +471,8 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     __syncthreads();
   }
 
-  // Every CTA holds the result; they share the writing by row.
+  // Every CTA holds the result; they share the writing by row. Nothing is in
+  // flight towards this CTA: it has waited for every phase sent to it.
   for (int r = rank; r < rows; r += cs) {
     float* dst = a.out + static_cast<size_t>(row0 + r) * dim;
     const float nan = __int_as_float(0x7fc00000);
@@ -375,18 +501,6 @@ struct TilePlan {
   int valid_offset;
   bool vec4[kMaxLayers];  // weight rows 16-byte aligned: copy with 16-byte cp.async
 };
-
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool pred) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool pred) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ uint32_t to_tf32(float v) {
   uint32_t r;
