@@ -134,10 +134,11 @@ size_t tiled_smem_bytes(const SampleArgs& a, int mt, TilePlan* plan) {
   plan->stage_offset = round_up(plan->x_offset + rows * a.dim, 4);
   plan->t_offset = plan->stage_offset + 2 * cuda_kernels::kTileStageFloats;
   plan->valid_offset = plan->t_offset + rows;
+  plan->coef_offset = plan->valid_offset + rows;
   for (int l = 0; l < a.num_layers; ++l) {
     plan->vec4[l] = a.layers[l].in % 4 == 0 && reinterpret_cast<uintptr_t>(a.layers[l].weight) % 16 == 0;
   }
-  return static_cast<size_t>(plan->valid_offset + rows) * sizeof(float);
+  return static_cast<size_t>(plan->coef_offset + 2 * rows) * sizeof(float);
 }
 
 Variant choose_variant(const SampleArgs& a, const DeviceInfo& info,

@@ -65,8 +65,10 @@ __device__ __forceinline__ int clamp_index(int t, int length) {
   return t < 0 ? 0 : (t >= length ? length - 1 : t);
 }
 
-// Same formula as the CPU kernel (and F.silu): v * sigmoid(v).
-__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
+// Same formula as the CPU kernel (and F.silu): v * sigmoid(v). The fast
+// division (2 ulp) skips IEEE division's slow-path branch; it returns 0 once
+// the denominator passes 2^126, where silu(v) is below 1e-36 anyway.
+__device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.f + expf(-v)); }
 
 // ---------------------------------------------------------------------------
 // Asynchronous copies and cluster messages (sm_90 PTX)
@@ -499,13 +501,19 @@ struct TilePlan {
   int stage_offset;    // 2 stages
   int t_offset;
   int valid_offset;
+  int coef_offset;     // rows x 2: this step's (c1, c2)
   bool vec4[kMaxLayers];  // weight rows 16-byte aligned: copy with 16-byte cp.async
 };
 
-__device__ __forceinline__ uint32_t to_tf32(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
-  return r;
+// A tf32 operand: the fp32 bits with the 13 low mantissa bits cleared
+// (truncation: one logic op, where cvt.rna.tf32 costs five instructions).
+__device__ __forceinline__ uint32_t tf32_bits(float v) { return __float_as_uint(v) & 0xffffe000u; }
+
+// v as big + small, both tf32, |v - big - small| <= 2^-20 |v|: the split of
+// 3xTF32 (the small * small product is below fp32 resolution and dropped).
+__device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& small) {
+  big = tf32_bits(v);
+  small = tf32_bits(v - __uint_as_float(big));
 }
 
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -574,6 +582,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   float* stages = smem + p.stage_offset;
   int* t0 = reinterpret_cast<int*>(smem + p.t_offset);
   int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
+  float* coef = smem + p.coef_offset;
 
   ChunkCursor cursor{0, 0, 0};
   int stage = 0;
@@ -596,9 +605,28 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     xcur[i] = v;
     act0[r * ld + j] = v;
   }
+  // Thread r < kRows carries row r's coefficients one step ahead, so their
+  // global-memory latency hides behind the layers.
+  static_assert(kRows <= kTileThreads, "one thread per row");
+  const bool coef_thread = threadIdx.x < kRows;
+  float c1_next = 0.f, c2_next = 0.f;
+  if (coef_thread) {
+    const int t = clamp_index(t0[threadIdx.x], a.table_length);
+    c1_next = __ldg(a.sqrt_recip_alphas + t);
+    c2_next = __ldg(a.coef_eps + t);
+  }
   // (the first barrier of the chunk loop publishes the setup)
 
   for (int k = 0; k < a.num_steps; ++k) {
+    if (coef_thread) {  // read after the layers' barriers
+      coef[2 * threadIdx.x] = c1_next;
+      coef[2 * threadIdx.x + 1] = c2_next;
+      if (k + 1 < a.num_steps) {
+        const int t = clamp_index(t0[threadIdx.x] - (k + 1), a.table_length);
+        c1_next = __ldg(a.sqrt_recip_alphas + t);
+        c2_next = __ldg(a.coef_eps + t);
+      }
+    }
     for (int l = 0; l < a.num_layers; ++l) {
       const LayerArgs& la = a.layers[l];
       const bool last = l + 1 == a.num_layers;
@@ -636,8 +664,11 @@ __global__ void __launch_bounds__(kTileThreads, 1)
                 const float v[4] = {base[0], base[8 * ld], base[4], base[8 * ld + 4]};
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                  a_big[m][e] = to_tf32(v[e]);
-                  if (kSplit == 3) a_small[m][e] = to_tf32(v[e] - __uint_as_float(a_big[m][e]));
+                  if (kSplit == 3) {
+                    split_tf32(v[e], a_big[m][e], a_small[m][e]);
+                  } else {
+                    a_big[m][e] = tf32_bits(v[e]);
+                  }
                 }
               }
 #pragma unroll
@@ -647,8 +678,11 @@ __global__ void __launch_bounds__(kTileThreads, 1)
                 uint32_t b_big[2], b_small[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                  b_big[e] = to_tf32(v[e]);
-                  if (kSplit == 3) b_small[e] = to_tf32(v[e] - __uint_as_float(b_big[e]));
+                  if (kSplit == 3) {
+                    split_tf32(v[e], b_big[e], b_small[e]);
+                  } else {
+                    b_big[e] = tf32_bits(v[e]);
+                  }
                 }
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
@@ -692,10 +726,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     const float* eps = (a.num_layers & 1) ? act1 : act0;
     for (int i = threadIdx.x; i < kRows * dim; i += kTileThreads) {
       const int r = i / dim, j = i - r * dim;
-      const int t = clamp_index(t0[r] - k, a.table_length);
-      const float c1 = __ldg(a.sqrt_recip_alphas + t);
-      const float c2 = __ldg(a.coef_eps + t);
-      const float v = c1 * (xcur[i] - c2 * eps[r * ld + j]);
+      const float v = coef[2 * r] * (xcur[i] - coef[2 * r + 1] * eps[r * ld + j]);
       xcur[i] = v;
       act0[r * ld + j] = v;
     }
