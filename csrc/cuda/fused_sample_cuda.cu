@@ -172,6 +172,26 @@ int cluster_size_log2(const DeviceInfo& info) {
   return chosen;
 }
 
+// The work split of one layer with `cols` output columns per CTA over `rows`
+// rows, for the kernel instantiation with RT x CT output tiles (kVec: the
+// inner dimension is read as float4).
+cuda_kernels::LayerSplit make_split(int cols, int in, bool vec, int rows, int rt, int ct) {
+  using cuda_kernels::magic_divisor;
+  cuda_kernels::LayerSplit sp = {};
+  sp.cols = cols;
+  sp.tiles_c = std::max(1, (cols + ct - 1) / ct);
+  sp.tiles_c_magic = magic_divisor(sp.tiles_c);
+  sp.ntiles = (rows + rt - 1) / rt * sp.tiles_c;
+  sp.quads_magic = magic_divisor(std::max(1, cols / 4));
+  // As many lanes per tile as the threads allow, but no more than the inner
+  // dimension has (float4) elements.
+  const int steps_k = vec ? cuda_kernels::round_up4(in) / 4 : in;
+  int g = 5;
+  while (g > 0 && ((sp.ntiles << g) > cuda_kernels::kClusterThreads || (1 << (g - 1)) >= steps_k)) --g;
+  sp.group_log2 = g;
+  return sp;
+}
+
 void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cudaStream_t stream) {
   using cuda_kernels::round_up4;
   using cuda_kernels::slice_size;
@@ -212,6 +232,17 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
               " and the hidden widths need more shared memory per sample than the GPU has (",
               info.max_smem, " bytes per block)");
   p.rows_per_tile = rows;
+  // Output tile of one thread group: more rows per tile reuse each weight
+  // load over more rows.
+  int rt = 4, ct = 4;
+  void (*kernel)(SampleArgs, ClusterPlan) = cuda_kernels::cluster_sample_kernel<4, 4>;
+  if (rows <= 2) {
+    rt = 1, ct = 2;
+    kernel = cuda_kernels::cluster_sample_kernel<1, 2>;
+  } else if (rows <= 16) {
+    rt = 2, ct = 2;
+    kernel = cuda_kernels::cluster_sample_kernel<2, 2>;
+  }
   int offset = 0;
   auto take = [&](int floats) {  // 16-byte aligned regions
     const int at = offset;
@@ -244,6 +275,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   if (replicate) {
     p.last_weight_offset = take(a.dim * last_in_ld);
     p.last_bias_offset = take(a.dim);
+    p.last_split = make_split(a.dim, a.layers[L - 1].in, true, rows, rt, ct);
   }
   // Weight slices that fit stay in shared memory; the rest are read from
   // global memory (L2).
@@ -253,14 +285,19 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
       p.bias_offset[l] = -1;
       continue;
     }
-    if (offset + slice_floats(l) <= budget) {
-      const int s = slice_size(a.layers[l].out, cs);
+    const int s = slice_size(a.layers[l].out, cs);
+    const bool on_chip = offset + slice_floats(l) <= budget;
+    if (on_chip) {
       p.weight_offset[l] = take(s * round_up4(a.layers[l].in));
       p.bias_offset[l] = take(s);
     } else {
       p.weight_offset[l] = -1;
       p.bias_offset[l] = -1;
     }
+    // Same test as the kernel's for float4 reads of global weights.
+    const bool vec = on_chip || (a.layers[l].in % 4 == 0 &&
+                                 reinterpret_cast<uintptr_t>(a.layers[l].weight) % 16 == 0);
+    p.split[l] = make_split(s, a.layers[l].in, vec, rows, rt, ct);
   }
   const size_t smem = static_cast<size_t>(offset) * sizeof(float);
   const int64_t tiles = (static_cast<int64_t>(a.batch) + rows - 1) / rows;
@@ -276,14 +313,6 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
     std::fprintf(stderr, "\n");
   }
 
-  void (*kernel)(SampleArgs, ClusterPlan);
-  if (rows <= 2) {
-    kernel = cuda_kernels::cluster_sample_kernel<1, 2>;
-  } else if (rows <= 16) {
-    kernel = cuda_kernels::cluster_sample_kernel<2, 2>;
-  } else {
-    kernel = cuda_kernels::cluster_sample_kernel<4, 4>;
-  }
   prepare_kernel(kernel, device, info.max_smem, true);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(tiles * cs));

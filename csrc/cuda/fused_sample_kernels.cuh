@@ -149,10 +149,32 @@ static_assert(kMaxClusterRows <= kClusterThreads, "one thread per row");
 // The exchanged buffers, each with one mbarrier per CTA (phases alternate).
 enum ExchangeBuffer { kHidden0 = 0, kHidden1 = 1, kEps0 = 2, kEps1 = 3, kExchangeBuffers = 4 };
 
+// How one layer's outputs are split over a CTA's threads, fixed for the whole
+// call and computed on the host, so that the step loop spends its
+// instructions on the products rather than on integer division.
+struct LayerSplit {
+  int cols;                // output columns per CTA (a multiple of 4 unless the whole layer)
+  int group_log2;          // log2 of the lanes that split one tile's inner dimension
+  int tiles_c;             // column tiles (CT columns each) per CTA
+  uint32_t tiles_c_magic;  // magic_divisor(tiles_c)
+  int ntiles;              // row tiles (of rows_per_tile) x tiles_c
+  uint32_t quads_magic;    // magic_divisor(cols / 4), for push_slice
+};
+
+// n / d as one multiply-high, exact for n * d < 2^32 (every index here).
+__host__ __device__ inline uint32_t magic_divisor(uint32_t d) {
+  return d <= 1 ? 0u : static_cast<uint32_t>(((1ull << 32) + d - 1) / d);
+}
+__device__ __forceinline__ int divide(int n, int d, uint32_t magic) {
+  return d == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), magic));
+}
+
 // Shared-memory layout of one CTA (offsets in floats, multiples of 4 so that
 // rows can be read as float4) and the work split, computed on the host
 // (fused_sample_cuda.cu) so every CTA agrees.
 struct ClusterPlan {
+  LayerSplit split[kMaxLayers];  // slice of layer l on each CTA
+  LayerSplit last_split;         // the whole last layer, when every CTA computes it
   int cluster_size;
   int rows_per_tile;
   int in0_ld;                    // round_up(dim + 1, 4)
@@ -182,34 +204,34 @@ __host__ __device__ inline int slice_size(int out, int cluster_size) {
 
 // One layer's slice on one CTA: out[r][n0 + c] = act(bias + in[r] . w[c]) for
 // rows r < rows, slice columns c < ns, in this CTA's shared memory.
-// Each output tile (RT rows x CT columns) is computed by G consecutive lanes
-// that split the inner dimension and reduce with shuffles; G is as large as
-// the thread count allows, which keeps small-batch layers short.
+// Each output tile (RT rows x CT columns) is computed by 2^group_log2
+// consecutive lanes that split the inner dimension and reduce with shuffles;
+// the host makes the groups as large as the thread count allows, which keeps
+// small-batch layers short.
 // kVec: weight rows of stride round_up4(K), read as float4 along k (four
 // times fewer load instructions): the padded copy in shared memory, or global
 // weights when K % 4 == 0 and they are 16-byte aligned (a generic pointer
 // serves both); otherwise scalar reads of the global weights (row stride K).
 template <int RT, int CT, bool kVec>
-__device__ __forceinline__ void cluster_layer(const float* in, int in_ld, const float* w,
-                                              const float* bias, int K, int rows, int ns, int n0,
-                                              bool apply_silu, float* out, int out_ld) {
-  const int tiles_c = (ns + CT - 1) / CT;
-  const int ntiles = ((rows + RT - 1) / RT) * tiles_c;
-  if (ntiles == 0) return;
-  const int steps_k = kVec ? round_up4(K) / 4 : K;
+__device__ __forceinline__ void cluster_layer(const LayerSplit& sp, const float* in, int in_ld,
+                                              const float* w, const float* bias, int K, int rows,
+                                              int ns, int n0, bool apply_silu, float* out,
+                                              int out_ld) {
+  if (ns <= 0) return;
+  const int g_log2 = sp.group_log2;
+  const int G = 1 << g_log2;
+  const int steps_k = kVec ? round_up4(K) >> 2 : K;
   const int w_ld = kVec ? round_up4(K) : K;
-  int G = 32;
-  while (G > 1 && (ntiles * G > kClusterThreads || G / 2 >= steps_k)) G >>= 1;
   const int lane_g = threadIdx.x & (G - 1);
-  const int groups = kClusterThreads / G;
-  const int warp_first_group = (threadIdx.x & ~31) / G;
+  const int groups = kClusterThreads >> g_log2;
+  const int warp_first_group = (threadIdx.x & ~31) >> g_log2;
   // Whole warps iterate together (the shuffles need every lane); a group past
   // the last tile computes a clamped duplicate and stores nothing.
-  for (int base = 0; base + warp_first_group < ntiles; base += groups) {
-    const int tile = base + threadIdx.x / G;
-    const bool tile_ok = tile < ntiles;
-    const int tc = (tile_ok ? tile : 0) % tiles_c;
-    const int tr = (tile_ok ? tile : 0) / tiles_c;
+  for (int base = 0; base + warp_first_group < sp.ntiles; base += groups) {
+    const int tile = base + (threadIdx.x >> g_log2);
+    const bool tile_ok = tile < sp.ntiles;
+    const int tr = divide(tile_ok ? tile : 0, sp.tiles_c, sp.tiles_c_magic);
+    const int tc = (tile_ok ? tile : 0) - tr * sp.tiles_c;
     const float* a_row[RT];
     const float* w_row[CT];
 #pragma unroll
@@ -221,7 +243,7 @@ __device__ __forceinline__ void cluster_layer(const float* in, int in_ld, const 
     for (int i = 0; i < RT; ++i)
 #pragma unroll
       for (int j = 0; j < CT; ++j) acc[i][j] = 0.f;
-#pragma unroll 4
+#pragma unroll 2
     for (int k = lane_g; k < steps_k; k += G) {
       if (kVec) {
         float4 a4[RT], b4[CT];
@@ -251,11 +273,14 @@ __device__ __forceinline__ void cluster_layer(const float* in, int in_ld, const 
       }
     }
 #pragma unroll
-    for (int i = 0; i < RT; ++i)
+    for (int off = 16; off > 0; off >>= 1) {
+      if (off < G) {  // warp-uniform
 #pragma unroll
-      for (int j = 0; j < CT; ++j)
-        for (int off = G / 2; off > 0; off >>= 1)
-          acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+          for (int j = 0; j < CT; ++j) acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
+      }
+    }
     if (lane_g != 0 || !tile_ok) continue;
 #pragma unroll
     for (int i = 0; i < RT; ++i) {
@@ -280,22 +305,23 @@ __device__ __forceinline__ void cluster_layer(const float* in, int in_ld, const 
 // The caller has synchronized the CTA: the slice is written, and the reads of
 // the buffer this phase will overwrite elsewhere are done (the arrivals
 // release them).
-__device__ __forceinline__ void push_slice(const float* buf, int ld, int rows, int n0, int ns,
-                                           uint64_t* bar, int cs, int rank) {
+__device__ __forceinline__ void push_slice(const LayerSplit& sp, const float* buf, int ld, int rows,
+                                           int n0, int ns, uint64_t* bar, int cs_log2, int rank) {
+  const int cs = 1 << cs_log2;
   const uint32_t bar_local = smem_address(bar);
   if (threadIdx.x < cs) {
     const int d = threadIdx.x;
     mbarrier_arrive_expect(cluster_address(bar_local, d),
                            d == rank ? 0u : static_cast<uint32_t>(rows * ns * sizeof(float)));
   }
-  const int quads = (ns + 3) / 4;
-  const int units = cs * rows * quads;
+  const int quads = sp.cols >> 2;  // of the widest slice; this one has ns columns
+  const int units = (rows * quads) << cs_log2;
   const uint32_t buf_local = smem_address(buf);
   for (int i = threadIdx.x; i < units; i += kClusterThreads) {
     const int d = i & (cs - 1);  // cluster sizes are powers of two
-    if (d == rank) continue;
-    const int rq = i / cs;
-    const int r = rq / quads, q = rq - r * quads;
+    const int rq = i >> cs_log2;
+    const int r = divide(rq, quads, sp.quads_magic), q = rq - r * quads;
+    if (d == rank || 4 * q >= ns) continue;
     const int at = r * ld + n0 + 4 * q;
     const uint32_t dst = cluster_address(buf_local + at * sizeof(float), d);
     const uint32_t dst_bar = cluster_address(bar_local, d);
@@ -331,6 +357,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   extern __shared__ float4 smem_f4[];
   float* smem = reinterpret_cast<float*>(smem_f4);
   const int cs = p.cluster_size;
+  const int cs_log2 = __ffs(cs) - 1;
   const int rank = static_cast<int>(cluster.block_rank());
   const int row0 = static_cast<int>(blockIdx.x / cs) * p.rows_per_tile;
   const int rows = min(p.rows_per_tile, a.batch - row0);
@@ -349,7 +376,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   for (int l = 0; l < L; ++l) {
     if (p.weight_offset[l] < 0) continue;
     const LayerArgs& la = a.layers[l];
-    const int s = slice_size(la.out, cs);
+    const int s = p.split[l].cols;
     const int n0 = rank * s;
     const int ns = max(0, min(s, la.out - n0));
     stage_padded_rows(smem + p.weight_offset[l], la.weight + static_cast<size_t>(n0) * la.in, ns,
@@ -424,15 +451,15 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
       const bool last = l + 1 == L;
       if (last && replicated) {
         // The whole last layer on every CTA: saves one exchange a step.
-        cluster_layer<RT, CT, true>(in, in_ld, smem + p.last_weight_offset,
+        cluster_layer<RT, CT, true>(p.last_split, in, in_ld, smem + p.last_weight_offset,
                                     smem + p.last_bias_offset, la.in, rows, la.out, 0, false, eps,
                                     p.eps_ld);
         in_buffer = -1;
         break;
       }
-      const int s = slice_size(la.out, cs);
-      const int n0 = rank * s;
-      const int ns = max(0, min(s, la.out - n0));
+      const LayerSplit& sp = p.split[l];
+      const int n0 = rank * sp.cols;
+      const int ns = max(0, min(sp.cols, la.out - n0));
       // Hidden outputs alternate between two buffers across layers and steps.
       const int hidden = (k * (L - 1) + l) & 1;
       const int out_buffer = last ? kEps0 + (k & 1) : kHidden0 + hidden;
@@ -440,17 +467,17 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
       const int out_ld = last ? p.eps_ld : p.hidden_ld;
       const float* w_global = la.weight + static_cast<size_t>(n0) * la.in;
       if (p.weight_offset[l] >= 0) {
-        cluster_layer<RT, CT, true>(in, in_ld, smem + p.weight_offset[l], smem + p.bias_offset[l],
+        cluster_layer<RT, CT, true>(sp, in, in_ld, smem + p.weight_offset[l], smem + p.bias_offset[l],
                                     la.in, rows, ns, n0, !last, out, out_ld);
       } else if (la.in % 4 == 0 && (reinterpret_cast<uintptr_t>(la.weight) & 15) == 0) {
-        cluster_layer<RT, CT, true>(in, in_ld, w_global, la.bias + n0, la.in, rows, ns, n0, !last,
+        cluster_layer<RT, CT, true>(sp, in, in_ld, w_global, la.bias + n0, la.in, rows, ns, n0, !last,
                                     out, out_ld);
       } else {
-        cluster_layer<RT, CT, false>(in, in_ld, w_global, la.bias + n0, la.in, rows, ns, n0, !last,
+        cluster_layer<RT, CT, false>(sp, in, in_ld, w_global, la.bias + n0, la.in, rows, ns, n0, !last,
                                      out, out_ld);
       }
       __syncthreads();
-      push_slice(out, out_ld, rows, n0, ns, bars + out_buffer, cs, rank);
+      push_slice(sp, out, out_ld, rows, n0, ns, bars + out_buffer, cs_log2, rank);
       in = out;
       in_ld = out_ld;
       in_buffer = out_buffer;
