@@ -36,14 +36,13 @@ using cuda_kernels::SampleArgs;
 using cuda_kernels::TilePlan;
 
 // Batch size from which the tiled kernel beats the cluster kernel. Measured on
-// the H200 (seed shape, GPU time per call): at 512 the tiled kernel took 719 us
-// against the cluster kernel's 1583 us, at 64 the cluster kernel took 162 us
-// while a tiled CTA alone needs about 700 us.
-constexpr int64_t kTiledMinBatch = 512;
+// the H200 (seed shape, GPU time per call): the tiled kernel takes about
+// 600 us for any batch up to one wave (132 x 32 rows), the cluster kernel
+// (4-CTA clusters) 272 us at 512 rows and about 0.5 us per further row.
+constexpr int64_t kTiledMinBatch = 1024;
 // Up to this many rows per cluster, the last layer is computed whole on every
 // CTA (no exchange) when it fits; beyond, its compute outweighs one barrier.
 constexpr int kReplicateMaxRows = 4;
-constexpr int kPreferredClusterSize = 16;
 
 struct DeviceInfo {
   int sm_count = 0;
@@ -156,17 +155,54 @@ Variant choose_variant(const SampleArgs& a, const DeviceInfo& info,
   return Variant::kCluster;
 }
 
-// log2 of the cluster size: the largest that launches, up to
-// kPreferredClusterSize, or DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks)
-// when that size launches.
-int cluster_size_log2(const DeviceInfo& info) {
+// Shared memory (floats) for layer l's weight slice on one CTA of a cluster of
+// cs: padded rows and the bias slice.
+size_t slice_floats(const SampleArgs& a, int l, int cs) {
+  using cuda_kernels::round_up4;
+  const int s = cuda_kernels::slice_size(a.layers[l].out, cs);
+  return static_cast<size_t>(s) * round_up4(a.layers[l].in) + round_up4(s);
+}
+
+size_t all_slices_floats(const SampleArgs& a, int cs) {
+  size_t floats = 0;
+  for (int l = 0; l < a.num_layers; ++l) floats += slice_floats(a, l, cs);
+  return floats;
+}
+
+// Shared memory (floats) per row of the cluster kernel: layer-0 input, two
+// hidden buffers, two eps buffers, x, (c1, c2), t and valid; each region is
+// rounded up to 4 floats, and the mbarriers take 8 more, hence the + 28.
+size_t row_floats(const SampleArgs& a) {
+  using cuda_kernels::round_up4;
+  int hidden = 0;
+  for (int l = 0; l + 1 < a.num_layers; ++l) hidden = std::max(hidden, a.layers[l].out);
+  return static_cast<size_t>(round_up4(a.dim + 1)) + 2 * round_up4(hidden) +
+         2 * round_up4(a.dim) + a.dim + 4 + 28;
+}
+
+// log2 of the cluster size. The rule was read off every size forced on the
+// H200 (bench.py --variants, BENCHMARKS.md): for a net whose weights fit on
+// two CTAs (seed shape), 8 up to batch 8 (fewest per-layer costs), then 2 up
+// to 256 (most clusters side by side), then 4; for bigger nets (policy shape:
+// 4 MB of weights), 16 at batch 1 (most on-chip weights), 8 up to 256, then 4.
+// DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks) forces a size that launches.
+// Falls back to the largest size below the choice that launches.
+int cluster_size_log2(const SampleArgs& a, const DeviceInfo& info) {
   if (const char* forced = std::getenv("DDPM_OPS_CUDA_CLUSTER_SIZE")) {
     for (int i = 0; i < 5; ++i) {
       if (std::atoi(forced) == (1 << i) && info.max_clusters[i] > 0) return i;
     }
   }
+  const size_t budget = info.max_smem / sizeof(float);
+  const bool small_net = all_slices_floats(a, 2) + row_floats(a) <= budget;
+  int want;
+  if (small_net) {
+    want = a.batch <= 8 ? 8 : (a.batch <= 256 ? 2 : 4);
+  } else {
+    want = a.batch <= 1 ? 16 : (a.batch <= 256 ? 8 : 4);
+  }
   int chosen = 0;
-  for (int i = 0; i < 5 && (1 << i) <= kPreferredClusterSize; ++i) {
+  for (int i = 0; i < 5 && (1 << i) <= want; ++i) {
     if (info.max_clusters[i] > 0) chosen = i;
   }
   return chosen;
@@ -195,7 +231,7 @@ cuda_kernels::LayerSplit make_split(int cols, int in, bool vec, int rows, int rt
 void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cudaStream_t stream) {
   using cuda_kernels::round_up4;
   using cuda_kernels::slice_size;
-  const int size_log2 = cluster_size_log2(info);
+  const int size_log2 = cluster_size_log2(a, info);
   const int cs = 1 << size_log2;
   const int max_clusters = info.max_clusters[size_log2];
   const int L = a.num_layers;
@@ -206,17 +242,8 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   p.in0_ld = round_up4(a.dim + 1);
   p.hidden_ld = round_up4(hidden);
   p.eps_ld = round_up4(a.dim);
-  auto slice_floats = [&](int l) {  // padded weight rows and the bias slice
-    const int s = slice_size(a.layers[l].out, cs);
-    return static_cast<size_t>(s) * round_up4(a.layers[l].in) + round_up4(s);
-  };
-  size_t weight_floats = 0;
-  for (int l = 0; l < L; ++l) weight_floats += slice_floats(l);
-  // Per row: layer-0 input, two hidden buffers, two eps buffers, x, (c1, c2),
-  // t and valid; each region is rounded up to 4 floats below, and the
-  // mbarriers take 8 more, hence the + 28.
-  const size_t row_floats =
-      static_cast<size_t>(p.in0_ld) + 2 * p.hidden_ld + 2 * p.eps_ld + a.dim + 4 + 28;
+  const size_t weight_floats = all_slices_floats(a, cs);
+  const size_t per_row = row_floats(a);
   const size_t budget = info.max_smem / sizeof(float);
   // Spread the batch over all co-resident clusters. If that leaves too little
   // room for the weights but 8 rows would not, shrink the tile (down to 8
@@ -224,11 +251,11 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   // activations do not fit.
   const int64_t per_cluster = (static_cast<int64_t>(a.batch) + max_clusters - 1) / max_clusters;
   int rows = static_cast<int>(std::min<int64_t>(per_cluster, kMaxClusterRows));
-  if (8 * row_floats + weight_floats <= budget) {
-    while (rows > 8 && rows * row_floats + weight_floats > budget) rows /= 2;
+  if (8 * per_row + weight_floats <= budget) {
+    while (rows > 8 && rows * per_row + weight_floats > budget) rows /= 2;
   }
-  while (rows > 1 && rows * row_floats > budget) rows /= 2;
-  TORCH_CHECK(rows * row_floats <= budget, "ddpm::fused_sample: dim ", a.dim,
+  while (rows > 1 && rows * per_row > budget) rows /= 2;
+  TORCH_CHECK(rows * per_row <= budget, "ddpm::fused_sample: dim ", a.dim,
               " and the hidden widths need more shared memory per sample than the GPU has (",
               info.max_smem, " bytes per block)");
   p.rows_per_tile = rows;
@@ -269,7 +296,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   const int last_in_ld = round_up4(a.layers[L - 1].in);
   const size_t last_floats = static_cast<size_t>(a.dim) * last_in_ld + round_up4(a.dim);
   const bool replicate = rows <= kReplicateMaxRows &&
-                         offset + weight_floats - slice_floats(L - 1) + last_floats <= budget;
+                         offset + weight_floats - slice_floats(a, L - 1, cs) + last_floats <= budget;
   p.last_weight_offset = -1;
   p.last_bias_offset = -1;
   if (replicate) {
@@ -286,7 +313,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
       continue;
     }
     const int s = slice_size(a.layers[l].out, cs);
-    const bool on_chip = offset + slice_floats(l) <= budget;
+    const bool on_chip = offset + slice_floats(a, l, cs) <= budget;
     if (on_chip) {
       p.weight_offset[l] = take(s * round_up4(a.layers[l].in));
       p.bias_offset[l] = take(s);
