@@ -275,7 +275,7 @@ def print_batch(name, cfg, batch, entries, flop):
 
 def probe(clock, args):
     """GPU time of the fused op over steps and depth (dim 64, hidden 256): the
-    slopes give the cost of one step and of one layer (one cluster barrier)."""
+    slopes give the cost of one step and of one layer."""
     print(f"  {'batch':>5} {'depth':>5} " + " ".join(f"{f'K={k}':>9}" for k in (1, 2, 4, 8, 16)) + "   (gpu us per call)")
     for batch in args.batches or [1, 64, 512]:
         for depth in (1, 2, 3):
