@@ -21,7 +21,12 @@ def fuse_exported_program(ep: ExportedProgram) -> ExportedProgram:
     outputs, parameters and buffers (parameters the op takes over stay as
     inputs, unchanged); ``ep`` itself is not modified. What the matcher does not
     fully understand is left as it was, so a program with no such loop comes
-    back equal to ``ep``.
+    back equal to ``ep``. In-place ops inside the loop in the default IR (for
+    example ``nn.SiLU(inplace=True)``) keep it from matching there: fuse
+    ``ep.run_decompositions()`` instead. With ``preserve_module_call_signature``
+    the nodes a kept submodule's signature names stay: a loop whose fusion would
+    erase one (a preserved ``eps_net``) is left as it was; a preserved sampler's
+    output becomes the op's.
 
     The result is for inference: the op has no backward, so the copy's
     parameters no longer require grad (``ep``'s are untouched). Run it with
@@ -38,12 +43,9 @@ def fuse_exported_program(ep: ExportedProgram) -> ExportedProgram:
         raise TypeError(f"ep: expected a torch.export.ExportedProgram, got {type(ep).__name__}")
     new = copy.deepcopy(ep)
     gm = new.graph_module
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    before = [a.name if isinstance(a, torch.fx.Node) else None for a in output.args[0]]
-    if rewrite_graph(gm.graph) == 0:
+    renamed: dict[str, str] = {}
+    if rewrite_graph(gm.graph, protected=_preserved_names(new), renamed=renamed) == 0:
         return new
-    after = [a.name if isinstance(a, torch.fx.Node) else None for a in output.args[0]]
-    renamed = {b: a for b, a in zip(before, after) if b is not None and b != a}
     _rename_outputs(new, renamed)
     # The op is inference-only: parameters of the copy stop requiring grad, so
     # that running it (or compiling it with AOTInductor) under grad mode works.
@@ -61,8 +63,21 @@ def fuse_exported_program(ep: ExportedProgram) -> ExportedProgram:
     return new
 
 
+def _preserved_names(ep: ExportedProgram) -> frozenset[str]:
+    """Nodes named by the call signatures of submodules kept with
+    ``preserve_module_call_signature``: a rewrite must not erase them."""
+    names = set()
+    for entry in ep.module_call_graph:
+        if entry.fqn and entry.signature is not None:
+            for arg in (*entry.signature.inputs, *entry.signature.outputs):
+                name = getattr(arg, "name", None)
+                if name is not None:
+                    names.add(name)
+    return frozenset(names)
+
+
 def _rename_outputs(ep: ExportedProgram, renamed: dict[str, str]) -> None:
-    """Point the signature's outputs at the nodes that now produce them."""
+    """Point the signatures at the nodes that now produce their outputs."""
     if not renamed:
         return
 

@@ -30,6 +30,9 @@ It is installed as inductor's ``post_grad_custom_pre_pass``:
   on older versions the structural check does it: in a training forward graph
   every step's activations are saved for backward, i.e. used outside the step,
   and a step whose intermediates are used elsewhere is never fused.
+  An inference graph that still holds tensors requiring grad while grad mode
+  is on (AOTInductor compiling an unfused exported program) is not rewritten
+  either: inductor would run the op through its autograd kernel, which refuses.
 
 What is matched (every fact is proved on the graph, or nothing is rewritten)
 ---------------------------------------------------------------------------
@@ -250,11 +253,14 @@ def _linear(node: Any) -> tuple[Node, Node, Node, list[Node]]:
         slices.append(node)
         node = node.args[0]
     inp, weight, bias, nodes = _unpadded_linear(node)
-    if slices:
-        ov, iv, wv = _val(slices[0]), _val(inp), _val(weight)
-        if ov is None or iv is None or wv is None \
-                or not _shape_eq(ov.shape, (iv.shape[0], wv.shape[0])):
-            raise _NoMatch(f"{slices[0].name} slices a Linear's output to another shape")
+    # Whatever was peeled off (padding, slices), the result must be exactly
+    # input @ weight.T: (rows of input, rows of weight), inner sizes equal.
+    out = slices[0] if slices else node
+    ov, iv, wv = _val(out), _val(inp), _val(weight)
+    if ov is None or iv is None or wv is None or iv.dim() != 2 or wv.dim() != 2 \
+            or not _known_eq(iv.shape[1], wv.shape[1]) \
+            or not _shape_eq(ov.shape, (iv.shape[0], wv.shape[0])):
+        raise _NoMatch(f"{out.name} is not input @ weight.T of the Linear it wraps")
     return inp, weight, bias, slices + nodes
 
 
@@ -266,11 +272,16 @@ def _from_start(node: Node) -> bool:
 
 
 def _zero_padded(node: Any, pads: list[Node]) -> Any:
-    """``x`` for ``constant_pad_nd(x, pad, 0)`` padding only after each dim (pad_mm's padding)."""
+    """``x`` for ``constant_pad_nd(x, pad, 0)`` padding only after each dim (pad_mm's padding).
+
+    Only zero padding: a negative pad crops (``F.pad(h, (0, -1))``), which is
+    not the identity on the product."""
     if _is(node, aten.constant_pad_nd.default):
         pad = list(node.args[1])
         value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0)
-        if value == 0 and all(p == 0 for p in pad[0::2]) and all(_int_const(p) is not None for p in pad):
+        amounts = [_int_const(p) for p in pad]
+        if value == 0 and all(a is not None and a >= 0 for a in amounts) \
+                and all(a == 0 for a in amounts[0::2]):
             pads.append(node)
             return node.args[0]
     return node
@@ -615,11 +626,47 @@ def _remove_dead(graph: Graph, roots: list[Node]) -> None:
         work.extend(inputs)
 
 
-def rewrite_graph(graph: Graph) -> int:
+def _dead_after_replacing(out: Node, kept: set[Node]) -> set[Node]:
+    """The nodes ``_remove_dead`` would erase once ``out``'s users read
+    another node that reads ``kept``."""
+    dead: set[Node] = set()
+    work = [out]
+    while work:
+        n = work.pop()
+        if n in dead or n in kept or n.op != "call_function" or n.is_impure():
+            continue
+        live = [u for u in n.users if u not in dead and not _is(u, _ASSERT_METADATA)]
+        if n is not out and live:
+            continue
+        dead.add(n)
+        work.extend(n.all_input_nodes)
+    return dead
+
+
+def _requires_grad(node: Any) -> bool:
+    """Whether the tensor ``node`` stands for requires grad (a graph input's
+    example value, or a module attribute the graph reads)."""
+    if not isinstance(node, Node):
+        return False
+    if node.op == "get_attr":  # its example value may be a detached fake copy
+        value = node.graph.owning_module
+        for part in str(node.target).split("."):
+            value = getattr(value, part, None)
+        return isinstance(value, torch.Tensor) and value.requires_grad
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.requires_grad
+
+
+def rewrite_graph(graph: Graph, *, protected: frozenset[str] = frozenset(),
+                  renamed: dict[str, str] | None = None, grad_inputs_ok: bool = True) -> int:
     """Replace every DDPM sampling run in ``graph`` by one ``ddpm::fused_sample``.
 
     Returns the number of fused ops emitted. Graphs with nothing it fully
-    understands are left untouched.
+    understands are left untouched. A run is also left alone when it would
+    erase a node named in ``protected`` (other than its output, which is then
+    reported in ``renamed`` as old name -> the fused op's name), or, with
+    ``grad_inputs_ok=False`` and grad mode on, when one of the op's inputs
+    requires grad (the op has no backward; inductor would call it that way).
     """
     steps = []
     for node in graph.nodes:
@@ -649,6 +696,20 @@ def rewrite_graph(graph: Graph) -> int:
         t_arg = first.t_root if first.t_offset == 0 else first.t_node
         args = (x_first, t_arg, list(first.weights), list(first.biases),
                 first.sqrt_recip_alphas, first.coef_eps, len(run), first.total_timesteps)
+        tensors = [x_first, *first.weights, *first.biases, first.sqrt_recip_alphas, first.coef_eps]
+        if not grad_inputs_ok and torch.is_grad_enabled():
+            needing = [n.name for n in tensors if _requires_grad(n)]
+            if needing:
+                log.debug("ddpm_ops: run ending at %s left alone: grad mode is on and %s "
+                          "require grad (the op has no backward)", last.out.name, needing)
+                continue
+        if protected:
+            erased = _dead_after_replacing(last.out, {t_arg, *tensors}) - {last.out}
+            kept_names = sorted(n.name for n in erased if n.name in protected)
+            if kept_names:
+                log.debug("ddpm_ops: run ending at %s left alone: it would erase %s, which a "
+                          "preserved module call signature names", last.out.name, kept_names)
+                continue
         with graph.inserting_before(last.out):
             fused = graph.call_function(FUSED_SAMPLE, args)
         try:
@@ -665,6 +726,8 @@ def rewrite_graph(graph: Graph) -> int:
                 fused.meta[key] = last.out.meta[key]
         last.out.replace_all_uses_with(fused)
         replaced[last.out] = fused
+        if renamed is not None:
+            renamed[last.out.name] = fused.name
         _remove_dead(graph, [last.out])
         emitted += 1
         xv = _val(x_first)
@@ -714,7 +777,10 @@ class DDPMSamplingRewrite(_PassBase):
             if any(_looks_like_update(n) for n in graph.nodes):
                 log.debug("ddpm_ops: training graph left alone (the op has no backward)")
             return
-        rewrite_graph(graph)
+        # An inference graph can still hold tensors that require grad (AOTInductor
+        # compiling an exported program under grad mode); inductor would then call
+        # the op through its autograd kernel, which refuses.
+        rewrite_graph(graph, grad_inputs_ok=False)
 
     def uuid(self) -> Any:
         chained = []

@@ -118,6 +118,48 @@ def test_aoti_package(tmp_path, device):
         check(model, runner(x, t), x, t)
 
 
+def test_aoti_of_the_unfused_program_under_grad_mode(tmp_path):
+    """AOTInductor compiling the plain export (parameters require grad, grad
+    mode on): the automatic rewrite must not hand inductor an op call it would
+    run through the op's autograd kernel, which refuses. The loop stays as it
+    was and the numbers are the loop's."""
+    model = Sampler(dim=4, hidden=(16,), num_steps=4)
+    assert all(p.requires_grad for p in model.parameters())
+    x, t = make_inputs(model, batch=3)
+    ep = torch.export.export(model, (x, t))
+    with torch.enable_grad():
+        path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "s.pt2"))
+    check(model, torch._inductor.aoti_load_package(path)(x, t), x, t)
+
+
+class Pipeline(torch.nn.Module):
+    """A sampler inside a bigger model."""
+
+    def __init__(self):
+        super().__init__()
+        self.sampler = Sampler(dim=4, hidden=(16, 16), num_steps=4)
+
+    def forward(self, x, t_start):
+        return self.sampler(x, t_start) * 2
+
+
+@pytest.mark.parametrize("preserved", ["sampler", "sampler.eps_net"])
+def test_preserved_module_call_signature(preserved):
+    """With preserve_module_call_signature the signature of the kept submodule
+    names graph nodes: the loop is fused only where none of them disappears
+    (the sampler's output is renamed to the op's), and unflatten still works."""
+    model = Pipeline()
+    x, t = make_inputs(model.sampler, batch=5)
+    ep = torch.export.export(model, (x, t), preserve_module_call_signature=(preserved,))
+    fused = ddpm_ops.fuse_exported_program(ep)
+    expected = 1 if preserved == "sampler" else 0
+    assert ops_called(fused).count("ddpm.fused_sample.default") == expected
+    with torch.no_grad():
+        ref = model(x, t)
+        assert relative_error(fused.module()(x, t), ref) < 1e-5
+        assert relative_error(torch.export.unflatten(fused)(x, t), ref) < 1e-5
+
+
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
 def test_cpp_runs_aoti_package(tmp_path):
     """examples/cpp: a C++ program dlopens the op library and runs the package."""

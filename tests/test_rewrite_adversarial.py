@@ -386,3 +386,50 @@ def test_inplace_mutation_compiled_equals_eager(case):
     out, code = compile_run(model, x, t)
     assert relative_error(out, ref) < 1e-5
     assert len(FUSED_CALL.findall(code)) == 1, code
+
+
+class CroppedHidden(Base):
+    """The last Linear drops its last input unit: ``F.pad`` with a negative pad
+    crops both operands of an addmm (the same ATen node pad_mm's zero padding
+    uses, with the opposite meaning)."""
+
+    def __init__(self):
+        super().__init__(dim=4, hidden=(16,))
+
+    def forward(self, x, t):
+        first, last = self.eps_net[0], self.eps_net[2]
+        for k in range(self.K):
+            ti = t - k
+            h = F.silu(first(torch.cat([x, self.tcol(ti)], 1)))
+            eps = torch.addmm(last.bias, F.pad(h, (0, -1)), F.pad(last.weight.t(), (0, 0, 0, -1)))
+            x = self.col(self.sra, ti) * (x - self.col(self.ce, ti) * eps)
+        return x
+
+
+class CroppedRows(Base):
+    """The first Linear sees only the first row (``F.pad(inp, (0, 0, 0, -1))``
+    at batch 2); its one-row output broadcasts over the batch."""
+
+    def __init__(self):
+        super().__init__(dim=16, hidden=(64,))
+
+    def forward(self, x, t):
+        first = self.eps_net[0]
+        for k in range(self.K):
+            ti = t - k
+            inp = torch.cat([x, self.tcol(ti)], 1)
+            h = torch.addmm(first.bias, F.pad(inp, (0, 0, 0, -1)), first.weight.t())
+            eps = self.eps_net[2](F.silu(h))
+            x = self.col(self.sra, ti) * (x - self.col(self.ce, ti) * eps)
+        return x
+
+
+@pytest.mark.parametrize("model_class", [CroppedHidden, CroppedRows])
+def test_negative_padding_is_not_stripped(model_class):
+    model = model_class().eval()
+    x, t = make_inputs(model, batch=2)
+    with torch.no_grad():
+        ref = model(x, t)
+    out, code = compile_run(model, x, t)
+    assert relative_error(out, ref) < 1e-5, (
+        f"fused calls: {len(FUSED_CALL.findall(code))}, error {relative_error(out, ref):.2e}")
