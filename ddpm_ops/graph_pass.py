@@ -383,7 +383,8 @@ def _silu(node: Any) -> tuple[Node, list[Node]]:
 
 
 def _time_column(node: Any) -> tuple[Node, int]:
-    """``(t, T)`` for ``(t.float() / T)`` reshaped to ``(B, 1)``."""
+    """``(t, T)`` for ``(t.float() / T)`` or ``t / T`` (true division of the
+    int timesteps, which promotes to float32 first) reshaped to ``(B, 1)``."""
     q = _column_of(node)
     if not (_is(q, aten.div.Tensor, aten.div.Scalar) and len(q.args) == 2 and not q.kwargs):
         raise _NoMatch(f"the time column {q.name} is not t.float() / T")
@@ -399,7 +400,10 @@ def _time_column(node: Any) -> tuple[Node, int]:
         ok = len(f.args) >= 2 and f.args[1] == torch.float32 and not any(f.args[2:]) and not any(
             f.kwargs.values())
     else:
-        ok = False
+        qv, fv = _val(q), _val(f)
+        ok = qv is not None and fv is not None and qv.dtype == torch.float32 \
+            and fv.dtype in (torch.int32, torch.int64)
+        f = q  # t itself is the dividend
     if not ok:
         raise _NoMatch(f"the time column {q.name} is not t.float() / T")
     t = f.args[0]

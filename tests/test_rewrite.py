@@ -182,6 +182,7 @@ REWRITTEN = {
     "view_plain_first": lambda: Sampler(dim=4, hidden=(8,), num_steps=2, bcast="view",
                                         first_plain=True, total_timesteps=200),
     "helpers": lambda: HelperSampler(dim=3, width=8, depth=3, steps=4, T=500),
+    "int_true_div": lambda: Sampler(dim=4, hidden=(8,), num_steps=3, tcast="none"),
 }
 
 

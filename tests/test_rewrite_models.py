@@ -49,8 +49,11 @@ class Sampler(nn.Module):
         x_cur = x
         for k in range(self.K):
             t_idx = t_start if (k == 0 and self.first_plain) else t_start - k
-            tf = t_idx.float() if self.tcast == "float" else t_idx.to(torch.float32)
-            t_norm = tf / self.T
+            if self.tcast == "none":  # true division of the int timesteps
+                t_norm = t_idx / self.T
+            else:
+                tf = t_idx.float() if self.tcast == "float" else t_idx.to(torch.float32)
+                t_norm = tf / self.T
             eps = self.eps_net(torch.cat([x_cur, self.column(t_norm)], dim=self.cat_dim))
             c1 = self.column(self.sqrt_recip_alphas[t_idx])
             c2 = self.column(self.coef_eps[t_idx])
