@@ -29,22 +29,29 @@ at::Tensor fused_sample_autograd(const at::Tensor& x, const at::Tensor& t_start,
                                  const at::Tensor& coef_eps, int64_t num_steps,
                                  int64_t total_timesteps, bool validate,
                                  c10::string_view precision) {
-  if (at::GradMode::is_enabled()) {
-    auto refuse_grad = [](const at::Tensor& t, const std::string& name) {
-      TORCH_CHECK(!t.requires_grad(), "ddpm::fused_sample is inference-only (it has no backward), "
-                  "but ", name, " requires grad. Call it under torch.no_grad() or "
-                  "torch.inference_mode(), or pass detached tensors.");
-    };
-    refuse_grad(x, "x");
-    for (size_t l = 0; l < weights.size(); ++l) {
-      refuse_grad(weights[l], "weights[" + std::to_string(l) + "]");
-    }
-    for (size_t l = 0; l < biases.size(); ++l) {
-      refuse_grad(biases[l], "biases[" + std::to_string(l) + "]");
-    }
-    refuse_grad(sqrt_recip_alphas, "sqrt_recip_alphas");
-    refuse_grad(coef_eps, "coef_eps");
-  }
+  // Neither derivative exists: refuse a call that would need one, instead of
+  // returning an output whose gradient or tangent is silently missing.
+  // Forward-mode tangents (torch.func.jvp, torch.autograd.forward_ad) are
+  // carried whatever the grad mode.
+  const bool grad_mode = at::GradMode::is_enabled();
+  auto refuse_derivatives = [grad_mode](const at::Tensor& t, const char* name, int64_t index) {
+    const bool needs_grad = grad_mode && t.requires_grad();
+    const bool has_tangent = t._fw_grad(/*level=*/0).defined();
+    if (!needs_grad && !has_tangent) return;
+    const std::string what = index < 0 ? std::string(name)
+                                       : std::string(name) + "[" + std::to_string(index) + "]";
+    TORCH_CHECK(!needs_grad, "ddpm::fused_sample is inference-only (it has no backward), but ",
+                what, " requires grad. Call it under torch.no_grad() or torch.inference_mode(), "
+                "or pass detached tensors.");
+    TORCH_CHECK(false, "ddpm::fused_sample is inference-only (it has no forward-mode derivative), "
+                "but ", what, " carries a forward-mode tangent (torch.func.jvp or "
+                "torch.autograd.forward_ad). Pass the primal tensor instead.");
+  };
+  refuse_derivatives(x, "x", -1);
+  for (size_t l = 0; l < weights.size(); ++l) refuse_derivatives(weights[l], "weights", l);
+  for (size_t l = 0; l < biases.size(); ++l) refuse_derivatives(biases[l], "biases", l);
+  refuse_derivatives(sqrt_recip_alphas, "sqrt_recip_alphas", -1);
+  refuse_derivatives(coef_eps, "coef_eps", -1);
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("ddpm::fused_sample", "")
                        .typed<decltype(fused_sample_autograd)>();

@@ -77,32 +77,54 @@ def fused_sample(
     """
     return torch.ops.ddpm.fused_sample(
         x, t_start, list(weights), list(biases), sqrt_recip_alphas, coef_eps,
-        operator.index(num_steps), operator.index(total_timesteps), validate, precision,
+        _as_int("num_steps", num_steps), _as_int("total_timesteps", total_timesteps), validate,
+        precision,
     )
+
+
+def _as_int(name: str, value) -> int:
+    """``value`` as a Python int (ints, numpy and 0-d integer tensors), else a
+    ``TypeError`` that names the argument; a bool is not a count."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
 
 
 def mlp_parameters(eps_net: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The weights and biases of an ``nn.Sequential`` of ``Linear`` and ``SiLU``.
 
     Raises ``ValueError`` unless ``eps_net`` is Linear (SiLU Linear)*, each
-    Linear with a bias: the only MLP the op computes.
+    Linear with a bias: the only MLP the op computes. Subclasses that keep
+    ``nn.Linear``'s / ``nn.SiLU``'s own ``forward`` (a parametrized Linear,
+    e.g. weight norm) count; one that overrides it, or a module with forward
+    hooks, is refused: it computes something else.
     """
     layers = list(eps_net.children()) if isinstance(eps_net, nn.Sequential) else [eps_net]
     if not layers:
         raise ValueError("eps_net: expected Linear, SiLU, Linear, ..., Linear, got an empty nn.Sequential")
+    for module in (eps_net, *layers):
+        if module._forward_hooks or module._forward_pre_hooks:
+            raise ValueError(f"eps_net: {type(module).__name__} has forward hooks, which may change "
+                             "what it computes; expected plain Linear and SiLU modules")
     weights, biases = [], []
     for position, layer in enumerate(layers):
         expect_linear = position % 2 == 0
-        if expect_linear and isinstance(layer, nn.Linear) and layer.bias is not None:
+        # The forward must be nn.Linear's / nn.SiLU's own (a parametrized Linear
+        # keeps it); a subclass that overrides it computes something else.
+        if expect_linear and _computes_like(layer, nn.Linear) and layer.bias is not None:
             weights.append(layer.weight)
             biases.append(layer.bias)
-        elif not expect_linear and isinstance(layer, nn.SiLU):
+        elif not expect_linear and _computes_like(layer, nn.SiLU):
             continue
         else:
             expected = "nn.Linear with bias" if expect_linear else "nn.SiLU"
             given = type(layer).__name__
-            if isinstance(layer, nn.Linear):
-                given += " without bias"
+            expected_cls = nn.Linear if expect_linear else nn.SiLU
+            if isinstance(layer, expected_cls):
+                given += " without bias" if _computes_like(layer, expected_cls) else " with its own forward"
             raise ValueError(
                 f"eps_net: expected Linear, SiLU, Linear, ..., Linear; layer {position} "
                 f"should be {expected}, got {given}"
@@ -110,6 +132,10 @@ def mlp_parameters(eps_net: nn.Module) -> tuple[list[torch.Tensor], list[torch.T
     if len(layers) % 2 == 0:
         raise ValueError(f"eps_net: expected the last layer to be nn.Linear, got {type(layers[-1]).__name__}")
     return weights, biases
+
+
+def _computes_like(layer: nn.Module, cls: type) -> bool:
+    return isinstance(layer, cls) and type(layer).forward is cls.forward
 
 
 class FusedDDPMSampler(nn.Module):

@@ -369,5 +369,62 @@ def test_wrapper_refuses_float_num_steps():
     p = make_problem(3, 4, [8], 3)
     with pytest.raises((TypeError, RuntimeError)):
         torch.ops.ddpm.fused_sample(*p.args()[:6], 2.7, p.total_timesteps)
-    with pytest.raises((TypeError, RuntimeError, ValueError)):
+    with pytest.raises(TypeError, match=r"num_steps: expected an int, got float 2.7"):
         ddpm_ops.fused_sample(*p.args()[:6], 2.7, p.total_timesteps)
+    with pytest.raises(TypeError, match=r"num_steps: expected an int, got bool True"):
+        ddpm_ops.fused_sample(*p.args()[:6], True, p.total_timesteps)
+    with pytest.raises(TypeError, match=r"total_timesteps: expected an int, got float"):
+        ddpm_ops.fused_sample(*p.args()[:6], 3, float(p.total_timesteps))
+
+
+class ScaledLinear(nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+class TanhSiLU(nn.SiLU):
+    def forward(self, x):
+        return torch.tanh(x)
+
+
+def hooked(net, index):
+    net[index].register_forward_hook(lambda module, inputs, output: output * 0)
+    return net
+
+
+@pytest.mark.parametrize("net,message", [
+    (nn.Sequential(ScaledLinear(3, 4), nn.SiLU(), nn.Linear(4, 2)),
+     r"layer 0 should be nn.Linear with bias, got ScaledLinear with its own forward"),
+    (nn.Sequential(nn.Linear(3, 4), TanhSiLU(), nn.Linear(4, 2)),
+     r"layer 1 should be nn.SiLU, got TanhSiLU with its own forward"),
+    (hooked(nn.Sequential(nn.Linear(3, 4), nn.SiLU(), nn.Linear(4, 2)), 2), r"Linear has forward hooks"),
+])
+def test_mlp_parameters_refuses_modules_computing_something_else(net, message):
+    """A subclass that overrides forward, or a hook, computes another MLP:
+    refused, never silently replaced by Linear/SiLU."""
+    with pytest.raises(ValueError, match=message):
+        ddpm_ops.mlp_parameters(net)
+
+
+def test_parametrized_linear_is_accepted():
+    """weight_norm keeps nn.Linear's forward and computes with the effective weight."""
+    torch.manual_seed(0)
+    first = torch.nn.utils.parametrizations.weight_norm(nn.Linear(4, 8))
+    net = nn.Sequential(first, nn.SiLU(), nn.Linear(8, 3))
+    weights, _ = ddpm_ops.mlp_parameters(net)
+    with torch.no_grad():
+        assert torch.equal(weights[0], first.weight)
+
+
+@pytest.mark.parametrize("mode", ["jvp", "dual"])
+def test_forward_mode_ad_is_refused(mode):
+    """The op has no forward derivative: a tangent is an error, not silently dropped."""
+    p = make_problem(3, 4, [8], 2)
+    args = list(p.args())
+    call = lambda x: ddpm_ops.fused_sample(x, *args[1:])  # noqa: E731
+    with pytest.raises(RuntimeError, match=r"forward-mode tangent"):
+        if mode == "jvp":
+            torch.func.jvp(call, (p.x,), (torch.ones_like(p.x),))
+        else:
+            with torch.autograd.forward_ad.dual_level():
+                call(torch.autograd.forward_ad.make_dual(p.x, torch.ones_like(p.x)))
