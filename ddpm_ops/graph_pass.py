@@ -232,6 +232,12 @@ def _table_lookup(col: Node) -> tuple[Node, Node]:
         return table, indices[0]
     if _is(col, aten.index_select.default) and col.args[1] in (0, -1):
         return col.args[0], col.args[2]
+    # table.gather(-1, t), as in the DDPM reference code's extract(); equal to
+    # table[t] for a 1-D table and 1-D t
+    if _is(col, aten.gather.default) and col.args[1] in (0, -1) and not col.kwargs.get("sparse_grad"):
+        tv, iv = _val(col.args[0]), _val(col.args[2])
+        if tv is not None and iv is not None and tv.dim() == 1 and iv.dim() == 1:
+            return col.args[0], col.args[2]
     raise _NoMatch(f"{col.name} ({col.target}) is not a table lookup table[t]")
 
 
@@ -382,34 +388,49 @@ def _silu(node: Any) -> tuple[Node, list[Node]]:
     raise _NoMatch(f"activation {getattr(node, 'name', node)} ({name}) is not SiLU")
 
 
+def _float32_cast_source(node: Any) -> Any:
+    """``t`` for ``t.float()`` / ``t.to(torch.float32)`` (any ATen spelling), else None."""
+    if _is(node, prims.convert_element_type.default):
+        ok = node.args[1] == torch.float32
+    elif _is(node, aten._to_copy.default):
+        ok = node.kwargs.get("dtype") == torch.float32 and set(node.kwargs) <= {"dtype", "device", "layout"}
+        ok = ok and len(node.args) == 1
+    elif _is(node, aten.to.dtype):
+        ok = len(node.args) >= 2 and node.args[1] == torch.float32 and not any(node.args[2:]) \
+            and not any(node.kwargs.values())
+    else:
+        ok = False
+    return node.args[0] if ok else None
+
+
 def _time_column(node: Any) -> tuple[Node, int]:
-    """``(t, T)`` for ``(t.float() / T)`` or ``t / T`` (true division of the
-    int timesteps, which promotes to float32 first) reshaped to ``(B, 1)``."""
-    q = _column_of(node)
+    """``(t, T)`` for the ``(B, 1)`` time column ``t.float() / T``: reshaped
+    after the division or before it (``t[:, None].float() / T``,
+    ``t.float()[:, None] / T``); ``t / T`` (true division of the int
+    timesteps, which promotes to float32 first) in either place as well."""
+    nv = _val(node)
+    reshaped_first = _is(node, aten.div.Tensor, aten.div.Scalar) and nv is not None and nv.dim() == 2
+    q = node if reshaped_first else _column_of(node)
     if not (_is(q, aten.div.Tensor, aten.div.Scalar) and len(q.args) == 2 and not q.kwargs):
         raise _NoMatch(f"the time column {q.name} is not t.float() / T")
     f, T = q.args
     if isinstance(T, bool) or not isinstance(T, (int, float)) or T <= 0 or int(T) != T:
         raise _NoMatch(f"the time column divides by {T!r}, not a positive integer T")
-    if _is(f, prims.convert_element_type.default):
-        ok = f.args[1] == torch.float32
-    elif _is(f, aten._to_copy.default):
-        ok = f.kwargs.get("dtype") == torch.float32 and set(f.kwargs) <= {"dtype", "device", "layout"}
-        ok = ok and len(f.args) == 1
-    elif _is(f, aten.to.dtype):
-        ok = len(f.args) >= 2 and f.args[1] == torch.float32 and not any(f.args[2:]) and not any(
-            f.kwargs.values())
-    else:
-        qv, fv = _val(q), _val(f)
-        ok = qv is not None and fv is not None and qv.dtype == torch.float32 \
-            and fv.dtype in (torch.int32, torch.int64)
-        f = q  # t itself is the dividend
-    if not ok:
+    t = _float32_cast_source(f)
+    cast = t is not None
+    if not cast:
+        t = f
+    if reshaped_first:
+        t = _column_of(t)
+        if not cast:
+            inner = _float32_cast_source(t)
+            cast = inner is not None
+            t = inner if cast else t
+    tv, qv = _val(t), _val(q)
+    if not cast and (qv is None or qv.dtype != torch.float32):
         raise _NoMatch(f"the time column {q.name} is not t.float() / T")
-    t = f.args[0]
-    tv = _val(t)
-    if tv is None or tv.dtype not in (torch.int32, torch.int64):
-        raise _NoMatch("the timestep is not an int32/int64 tensor")
+    if tv is None or tv.dim() != 1 or tv.dtype not in (torch.int32, torch.int64):
+        raise _NoMatch("the timestep is not a 1-D int32/int64 tensor")
     return t, int(T)
 
 

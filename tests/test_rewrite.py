@@ -183,6 +183,8 @@ REWRITTEN = {
                                         first_plain=True, total_timesteps=200),
     "helpers": lambda: HelperSampler(dim=3, width=8, depth=3, steps=4, T=500),
     "int_true_div": lambda: Sampler(dim=4, hidden=(8,), num_steps=3, tcast="none"),
+    "column_first_gather": lambda: Sampler(dim=4, hidden=(8,), num_steps=3, bcast="unsqueeze",
+                                           tcast="column_first", lookup="gather"),
 }
 
 

@@ -23,7 +23,7 @@ class Sampler(nn.Module):
     """The reference loop of DESIGN.md, with knobs for the spellings users write."""
 
     def __init__(self, dim=4, hidden=(16,), num_steps=3, total_timesteps=1000, *,
-                 bcast="index", tcast="float", cat_dim=1, first_plain=False):
+                 bcast="index", tcast="float", cat_dim=1, first_plain=False, lookup="index"):
         super().__init__()
         self.K, self.T = num_steps, total_timesteps
         widths = [dim + 1, *hidden, dim]
@@ -37,6 +37,12 @@ class Sampler(nn.Module):
         self.register_buffer("sqrt_recip_alphas", sra)
         self.register_buffer("coef_eps", ce)
         self.bcast, self.tcast, self.cat_dim, self.first_plain = bcast, tcast, cat_dim, first_plain
+        self.lookup = lookup
+
+    def coefficient(self, table, t_idx):
+        if self.lookup == "gather":  # the DDPM reference code's extract()
+            return table.gather(-1, t_idx).reshape(t_idx.shape[0], 1)
+        return self.column(table[t_idx])
 
     def column(self, v):
         if self.bcast == "index":
@@ -49,14 +55,18 @@ class Sampler(nn.Module):
         x_cur = x
         for k in range(self.K):
             t_idx = t_start if (k == 0 and self.first_plain) else t_start - k
-            if self.tcast == "none":  # true division of the int timesteps
-                t_norm = t_idx / self.T
+            if self.tcast == "column_first":  # reshaped before the cast and the division
+                t_col = self.column(t_idx).float() / self.T
             else:
-                tf = t_idx.float() if self.tcast == "float" else t_idx.to(torch.float32)
-                t_norm = tf / self.T
-            eps = self.eps_net(torch.cat([x_cur, self.column(t_norm)], dim=self.cat_dim))
-            c1 = self.column(self.sqrt_recip_alphas[t_idx])
-            c2 = self.column(self.coef_eps[t_idx])
+                if self.tcast == "none":  # true division of the int timesteps
+                    t_norm = t_idx / self.T
+                else:
+                    tf = t_idx.float() if self.tcast == "float" else t_idx.to(torch.float32)
+                    t_norm = tf / self.T
+                t_col = self.column(t_norm)
+            eps = self.eps_net(torch.cat([x_cur, t_col], dim=self.cat_dim))
+            c1 = self.coefficient(self.sqrt_recip_alphas, t_idx)
+            c2 = self.coefficient(self.coef_eps, t_idx)
             x_cur = c1 * (x_cur - c2 * eps)
         return x_cur
 
