@@ -787,6 +787,8 @@ class DDPMSamplingRewrite(_PassBase):
     i.e. no caching, if one of them has none: the safe answer).
     """
 
+    _is_ddpm_ops_rewrite = True
+
     def __init__(self, chained=None):
         self.chained = chained
 
@@ -822,29 +824,62 @@ def _config():
     return config
 
 
+_PASS_OPTION = "post_grad_custom_pre_pass"
+
+
+def _is_ours(p: Any) -> bool:
+    # A class attribute, not isinstance: after importlib.reload the installed
+    # instance belongs to the old class object.
+    return getattr(type(p), "_is_ddpm_ops_rewrite", False)
+
+
+def _contains_ours(value: Any) -> bool:
+    return _is_ours(value) or (isinstance(value, (list, tuple)) and any(_is_ours(p) for p in value))
+
+
+def _with_ours(value: Any) -> Any:
+    return value if _contains_ours(value) else DDPMSamplingRewrite(chained=value)
+
+
+def _without_ours(value: Any) -> Any:
+    if _is_ours(value):
+        return value.chained
+    if isinstance(value, (list, tuple)):
+        kept = [p for p in value if not _is_ours(p)]
+        return type(value)(kept) if kept else None
+    return value
+
+
+def _option_entry(config) -> Any:
+    """The config module's record of the option, where it has one with a
+    ``default`` (torch versions whose assigned values are per thread)."""
+    entries = getattr(config, "_config", None)
+    entry = entries.get(_PASS_OPTION) if isinstance(entries, dict) else None
+    return entry if hasattr(entry, "default") else None
+
+
 def install() -> None:
     """Put the rewrite into ``torch._inductor.config.post_grad_custom_pre_pass``.
 
     Idempotent; a pass the user already set is kept and chained (it runs first).
+    torch keeps a value assigned to inductor's config per thread, so the
+    rewrite also becomes the option's default: threads other than the
+    importing one (a server's workers) compile with it too.
     """
     config = _config()
-    current = config.post_grad_custom_pre_pass
-    if isinstance(current, DDPMSamplingRewrite):
-        return
-    if isinstance(current, (list, tuple)) and any(isinstance(p, DDPMSamplingRewrite) for p in current):
-        return
-    config.post_grad_custom_pre_pass = DDPMSamplingRewrite(chained=current)
+    entry = _option_entry(config)
+    if entry is not None:
+        entry.default = _with_ours(entry.default)
+    setattr(config, _PASS_OPTION, _with_ours(getattr(config, _PASS_OPTION)))
 
 
 def uninstall() -> None:
     """Take the rewrite out of inductor's config, restoring what it chained."""
     config = _config()
-    current = config.post_grad_custom_pre_pass
-    if isinstance(current, DDPMSamplingRewrite):
-        config.post_grad_custom_pre_pass = current.chained
-    elif isinstance(current, (list, tuple)):
-        kept = [p for p in current if not isinstance(p, DDPMSamplingRewrite)]
-        config.post_grad_custom_pre_pass = type(current)(kept) if kept else None
+    entry = _option_entry(config)
+    if entry is not None:
+        entry.default = _without_ours(entry.default)
+    setattr(config, _PASS_OPTION, _without_ours(getattr(config, _PASS_OPTION)))
 
 
 def enable_auto_rewrite() -> None:
@@ -867,9 +902,5 @@ def disable_auto_rewrite() -> None:
 
 
 def auto_rewrite_enabled() -> bool:
-    """Whether ``torch.compile`` will fuse DDPM sampling loops."""
-    config = _config()
-    current = config.post_grad_custom_pre_pass
-    installed = isinstance(current, DDPMSamplingRewrite) or (
-        isinstance(current, (list, tuple)) and any(isinstance(p, DDPMSamplingRewrite) for p in current))
-    return _enabled and installed
+    """Whether ``torch.compile`` (in this thread) will fuse DDPM sampling loops."""
+    return _enabled and _contains_ours(getattr(_config(), _PASS_OPTION))

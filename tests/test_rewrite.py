@@ -162,6 +162,53 @@ def test_disable_auto_rewrite(device):
     check_numbers(model, out, x, t)
 
 
+def test_rewrite_applies_in_other_threads():
+    """torch keeps values assigned to inductor's config per thread; a worker
+    thread (a server's) must compile with the rewrite as well."""
+    import threading
+    model = Sampler(dim=4, hidden=(16,), num_steps=3)
+    x, t = make_inputs(model, batch=5)
+    result = {}
+
+    def worker():
+        try:
+            result["enabled"] = ddpm_ops.auto_rewrite_enabled()
+            result["out"], result["code"] = compile_run(model, x, t)
+        except BaseException as e:  # reported by the assertions below
+            result["error"] = e
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert "error" not in result, result.get("error")
+    assert result["enabled"]
+    assert_fused_once(result["code"])
+    check_numbers(model, result["out"], x, t)
+
+
+def test_reload_does_not_install_twice():
+    """importlib.reload of the package or of graph_pass keeps one rewrite,
+    chained once in front of the user's pass, and it stays recognised."""
+    script = textwrap.dedent("""
+        import importlib
+        from torch._inductor import config
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+        class UserPass(CustomGraphPass):
+            def __call__(self, graph): pass
+            def uuid(self): return "user"
+        config.post_grad_custom_pre_pass = UserPass()
+        import ddpm_ops
+        importlib.reload(ddpm_ops.graph_pass)
+        importlib.reload(ddpm_ops)
+        p = config.post_grad_custom_pre_pass
+        print(type(p).__name__, type(p.chained).__name__, ddpm_ops.auto_rewrite_enabled())
+        ddpm_ops.disable_auto_rewrite()
+        print(type(config.post_grad_custom_pre_pass).__name__)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["DDPMSamplingRewrite", "UserPass", "True", "UserPass"]
+
+
 def test_environment_variable_disables():
     script = "import ddpm_ops; print(ddpm_ops.auto_rewrite_enabled())"
     env = dict(os.environ, DDPM_OPS_DISABLE_AUTO_REWRITE="1")
