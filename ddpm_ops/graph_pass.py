@@ -631,29 +631,10 @@ def _op_or_none(packet: str, overload: str):
 _ASSERT_METADATA = _op_or_none("_assert_tensor_metadata", "default")
 
 
-def _remove_dead(graph: Graph, roots: list[Node]) -> None:
-    """Erase the nodes that ``roots`` leave unused, and only those."""
-    work = list(roots)
-    erased: set[Node] = set()
-    while work:
-        n = work.pop()
-        if n in erased or n.graph is not graph or n.op != "call_function":
-            continue
-        if n.users and _ASSERT_METADATA is not None and all(_is(u, _ASSERT_METADATA) for u in n.users):
-            for u in list(n.users):
-                graph.erase_node(u)
-                erased.add(u)
-        if n.users or n.is_impure():
-            continue
-        inputs = list(n.all_input_nodes)
-        graph.erase_node(n)
-        erased.add(n)
-        work.extend(inputs)
-
-
 def _dead_after_replacing(out: Node, kept: set[Node]) -> set[Node]:
-    """The nodes ``_remove_dead`` would erase once ``out``'s users read
-    another node that reads ``kept``."""
+    """The nodes left unused once ``out``'s users read another node that reads
+    ``kept``: ``out`` and what only it needed, with the ``torch.export``
+    metadata checks on them."""
     dead: set[Node] = set()
     work = [out]
     while work:
@@ -664,8 +645,17 @@ def _dead_after_replacing(out: Node, kept: set[Node]) -> set[Node]:
         if n is not out and live:
             continue
         dead.add(n)
+        dead.update(u for u in n.users if _is(u, _ASSERT_METADATA))
         work.extend(n.all_input_nodes)
     return dead
+
+
+def _remove_dead(graph: Graph, out: Node) -> None:
+    """Erase ``out`` (its users moved away) and every node only it needed."""
+    dead = _dead_after_replacing(out, set())
+    for n in reversed(list(graph.nodes)):  # users before what they read
+        if n in dead:
+            graph.erase_node(n)
 
 
 def _requires_grad(node: Any) -> bool:
@@ -753,7 +743,7 @@ def rewrite_graph(graph: Graph, *, protected: frozenset[str] = frozenset(),
         replaced[last.out] = fused
         if renamed is not None:
             renamed[last.out.name] = fused.name
-        _remove_dead(graph, [last.out])
+        _remove_dead(graph, last.out)
         emitted += 1
         xv = _val(x_first)
         widths = [tuple(_val(w).shape) for w in first.weights]
