@@ -209,11 +209,10 @@ def run_table(name, cfg, args, clock, device):
         if device == "cuda":
             extras = {"fused-tf32": lambda: fused("tf32"), "fused-bf16": lambda: fused("bf16")}
             if args.variants:  # each kernel and cluster size forced, to tune the rule
-                variants = {f"{v}-{p}": ({"DDPM_OPS_CUDA_KERNEL": v}, p)
-                            for v in ("tiled32", "tiled64") for p in ("fp32", "tf32")}
-                variants.update({f"cluster{size}": ({"DDPM_OPS_CUDA_KERNEL": "cluster",
-                                                     "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
-                                 for size in (16, 8, 4, 2)})
+                variants = {f"{kernel}-c{size}": ({"DDPM_OPS_CUDA_KERNEL": kernel,
+                                                   "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
+                            for kernel in ("tiled16", "tiled32", "tiled64", "cluster")
+                            for size in (1, 2, 4, 8, 16)}
                 for key, (env, precision) in variants.items():
                     extras[key] = (lambda e, p: lambda: forced(e, lambda: fused(p)))(env, precision)
         trivial = lambda: x + 1  # noqa: E731

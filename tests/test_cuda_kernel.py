@@ -12,7 +12,7 @@ FP32_TOLERANCE = 1e-5
 FAST_TOLERANCE = 5e-3
 # DDPM_OPS_CUDA_KERNEL forces a variant; a tiled variant that cannot hold the
 # shape falls back to the cluster kernel, which is also checked here.
-VARIANTS = ["cluster", "tiled32", "tiled64", "auto"]
+VARIANTS = ["cluster", "tiled16", "tiled32", "tiled64", "auto"]
 
 
 @pytest.fixture(params=VARIANTS)
@@ -61,15 +61,17 @@ def test_odd_shapes_every_variant(variant, batch, dim, hidden, num_steps, t_dtyp
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
+@pytest.mark.parametrize("kernel", ["cluster", "tiled16", "tiled64"])
 @pytest.mark.parametrize("cluster_size", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("batch, dim, hidden, num_steps", [
     (1, 64, [256, 256], 16),
     (6, 7, [33, 7], 3),
     (37, 33, [300, 1, 64], 4),
     (65, 3, [7, 33, 300, 5], 7),
+    (150, 12, [1024, 1024], 2),
 ])
-def test_every_cluster_size(monkeypatch, cluster_size, batch, dim, hidden, num_steps):
-    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "cluster")
+def test_every_cluster_size(monkeypatch, kernel, cluster_size, batch, dim, hidden, num_steps):
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
     monkeypatch.setenv("DDPM_OPS_CUDA_CLUSTER_SIZE", str(cluster_size))
     problem = make_problem(batch, dim, hidden, num_steps, device="cuda", total_timesteps=200)
     out = ddpm_ops.fused_sample(*problem.args())

@@ -2,11 +2,14 @@
 // the two kernels of fused_sample_kernels.cuh, and their launch.
 //
 // Which kernel (a simple rule, from measurements on an H200; BENCHMARKS.md):
-//   - the cluster kernel (exact fp32, latency-optimised) for small and medium
-//     batches, and for any shape the tiled kernel cannot hold;
-//   - the tiled tensor-core kernel for large batches: 3xTF32 for "fp32",
-//     one tf32 product for "tf32" and "bf16".
-// DDPM_OPS_CUDA_KERNEL=cluster|tiled32|tiled64 forces one and
+//   - the tiled tensor-core kernel (3xTF32 for "fp32", one tf32 product for
+//     "tf32" and "bf16") whenever its row tile fits in shared memory: the
+//     largest row tile (64, 32 or 16 rows) whose tiles, times the cluster
+//     that splits each layer's columns finest, fill the GPU, and clusters
+//     only as large as needed to fill it;
+//   - the cluster kernel (exact fp32 on CUDA cores) for the shapes the tiled
+//     kernel cannot hold.
+// DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64 forces one and
 // DDPM_OPS_CUDA_CLUSTER_SIZE=1|2|4|8|16 the cluster size (tests, benchmarks);
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
 #include "../fused_sample.h"
@@ -23,6 +26,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,14 +39,15 @@ using cuda_kernels::kMaxLayers;
 using cuda_kernels::SampleArgs;
 using cuda_kernels::TilePlan;
 
-// Batch size from which the tiled kernel beats the cluster kernel. Measured on
-// the H200 (seed shape, GPU time per call): the tiled kernel takes about
-// 600 us for any batch up to one wave (132 x 32 rows), the cluster kernel
-// (4-CTA clusters) 272 us at 512 rows and about 0.5 us per further row.
-constexpr int64_t kTiledMinBatch = 1024;
 // Up to this many rows per cluster, the last layer is computed whole on every
 // CTA (no exchange) when it fits; beyond, its compute outweighs one barrier.
 constexpr int kReplicateMaxRows = 4;
+// From this batch the tiled kernel (one CTA per tile) beats the cluster
+// kernel; from kStreamedMinBatch it does so with clusters, for nets whose
+// weights the cluster kernel cannot keep on chip (measured on the H200,
+// BENCHMARKS.md).
+constexpr int64_t kTiledMinBatch = 1024;
+constexpr int64_t kStreamedMinBatch = 64;
 
 struct DeviceInfo {
   int sm_count = 0;
@@ -68,6 +73,27 @@ void prepare_kernel(Kernel kernel, int device, int max_smem, bool cluster) {
   done.insert(key);  // only once both attributes are set: a failure is retried, not remembered
 }
 
+// The configuration of a launch of `blocks` CTAs in clusters of `cs` (one
+// place for the attribute plumbing; not copyable: it points into itself).
+struct ClusterLaunch {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attribute = {};
+  ClusterLaunch(unsigned blocks, unsigned threads, size_t smem, cudaStream_t stream, int cs) {
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(cs);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 const DeviceInfo& device_info(int device) {
   static std::mutex mutex;
   static std::vector<DeviceInfo> cache(64);
@@ -85,19 +111,9 @@ const DeviceInfo& device_info(int device) {
   prepare_kernel(kernel, device, info.max_smem, true);
   for (int i = 0; i < 5; ++i) {
     const int size = 1 << i;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(size);
-    config.blockDim = dim3(cuda_kernels::kClusterThreads);
-    config.dynamicSmemBytes = info.max_smem;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = size;
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    const ClusterLaunch launch(size, cuda_kernels::kClusterThreads, info.max_smem, nullptr, size);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) != cudaSuccess) {
       (void)cudaGetLastError();  // an unsupported size is an answer, not an error
       clusters = 0;
     }
@@ -116,11 +132,29 @@ bool log_plans() {
   return enabled;
 }
 
-enum class Variant { kCluster, kTiled32, kTiled64 };
-
-// Shared memory the tiled kernel needs for 16 * mt rows, or 0 if the depth or
-// widths leave it out.
-size_t tiled_smem_bytes(const SampleArgs& a, int mt, TilePlan* plan) {
+// The tiled kernel's plan for 16 * mt rows in clusters of cs CTAs: how the
+// CTAs share each layer's columns and the shared-memory layout. Returns the
+// shared memory it needs.
+size_t plan_tiled(const SampleArgs& a, int mt, int cs, TilePlan* plan) {
+  using cuda_kernels::kTileMaxWarpTiles;
+  using cuda_kernels::kTileWarps;
+  *plan = {};
+  plan->cluster_size = cs;
+  int widest_pass = 0;
+  for (int l = 0; l < a.num_layers; ++l) {
+    const cuda_kernels::LayerArgs& la = a.layers[l];
+    plan->vec4[l] = la.in % 4 == 0 && reinterpret_cast<uintptr_t>(la.weight) % 16 == 0;
+    plan->cta_cols[l] = round_up((la.out + cs - 1) / cs, 8);
+    // The fewest tiles per warp whose pass covers the CTA's share, so that a
+    // narrow share (the last layer is dim wide) still keeps every warp busy.
+    int tiles = 1;
+    while (tiles < kTileMaxWarpTiles && plan->cta_cols[l] > kTileWarps * 8 * tiles) tiles *= 2;
+    plan->warp_tiles[l] = tiles;
+    widest_pass = std::max(widest_pass, cuda_kernels::tile_pass_cols(*plan, l));
+  }
+  // Narrow passes leave room for more chunks in flight.
+  plan->slot_floats = widest_pass * cuda_kernels::kTileStageLd;
+  plan->slots = std::min(cuda_kernels::kTileMaxSlots, cuda_kernels::kTileStageFloats / plan->slot_floats);
   const int rows = 16 * mt;
   int widest = a.dim + 1;
   for (int l = 0; l < a.num_layers; ++l) widest = std::max(widest, a.layers[l].out);
@@ -131,28 +165,76 @@ size_t tiled_smem_bytes(const SampleArgs& a, int mt, TilePlan* plan) {
   plan->x_offset = 2 * rows * ld;
   // 16-byte aligned for cp.async 16
   plan->stage_offset = round_up(plan->x_offset + rows * a.dim, 4);
-  plan->t_offset = plan->stage_offset + 2 * cuda_kernels::kTileStageFloats;
+  plan->t_offset = plan->stage_offset + cuda_kernels::kTileStageFloats;
   plan->valid_offset = plan->t_offset + rows;
   plan->coef_offset = plan->valid_offset + rows;
-  for (int l = 0; l < a.num_layers; ++l) {
-    plan->vec4[l] = a.layers[l].in % 4 == 0 && reinterpret_cast<uintptr_t>(a.layers[l].weight) % 16 == 0;
-  }
   return static_cast<size_t>(plan->coef_offset + 2 * rows) * sizeof(float);
 }
 
-Variant choose_variant(const SampleArgs& a, const DeviceInfo& info,
-                       bool tiled_fits[2]) {
-  if (const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL")) {
-    if (std::strcmp(forced, "cluster") == 0) return Variant::kCluster;
-    if (std::strcmp(forced, "tiled32") == 0 && tiled_fits[0]) return Variant::kTiled32;
-    if (std::strcmp(forced, "tiled64") == 0 && tiled_fits[1]) return Variant::kTiled64;
+// DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks) as log2, when that size
+// launches; otherwise -1.
+int forced_cluster_log2(const DeviceInfo& info) {
+  if (const char* forced = std::getenv("DDPM_OPS_CUDA_CLUSTER_SIZE")) {
+    for (int i = 0; i < 5; ++i) {
+      if (std::atoi(forced) == (1 << i) && info.max_clusters[i] > 0) return i;
+    }
   }
-  if (a.batch < kTiledMinBatch) return Variant::kCluster;
-  // 64-row tiles halve the weight traffic once there are enough of them to
-  // fill every multiprocessor.
-  if (tiled_fits[1] && (static_cast<int64_t>(a.batch) + 63) / 64 >= info.sm_count) return Variant::kTiled64;
-  if (tiled_fits[0]) return Variant::kTiled32;
-  return Variant::kCluster;
+  return -1;
+}
+
+// The tiled kernel's launch: 16 * mt rows per tile, clusters of 1 << cs_log2.
+// mt == 0: use the cluster kernel.
+struct TiledChoice {
+  int mt = 0;
+  int cs_log2 = 0;
+};
+
+// The rule, read off every variant forced on the H200 (bench.py --variants,
+// BENCHMARKS.md):
+//   - from batch kTiledMinBatch, one CTA per tile: 64-row tiles once they
+//     fill every multiprocessor (fewest weight reads per row), else 32 rows;
+//   - otherwise, from batch kStreamedMinBatch, for a net whose weights the
+//     cluster kernel cannot keep on chip (it would read them from L2 at
+//     CUDA-core speed): 16-row tiles, each layer's columns split over the
+//     largest cluster (up to 16) that keeps the CTAs to half the
+//     multiprocessors (more only add weight traffic);
+//   - otherwise the cluster kernel.
+TiledChoice choose_tiled(const SampleArgs& a, const DeviceInfo& info, bool weights_on_chip) {
+  TiledChoice choice;
+  const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL");
+  const int forced_cs = forced_cluster_log2(info);
+  auto fits = [&](int mt) {
+    TilePlan plan;
+    return plan_tiled(a, mt, 1, &plan) <= static_cast<size_t>(info.max_smem);
+  };
+  auto tiles = [&](int mt) { return (static_cast<int64_t>(a.batch) + 16 * mt - 1) / (16 * mt); };
+  if (forced != nullptr && std::strcmp(forced, "cluster") == 0) return choice;
+  for (int mt : {1, 2, 4}) {
+    if (forced != nullptr && std::strcmp(forced, ("tiled" + std::to_string(16 * mt)).c_str()) == 0) {
+      if (fits(mt)) {  // else the cluster kernel
+        choice.mt = mt;
+        choice.cs_log2 = std::max(forced_cs, 0);
+      }
+      return choice;
+    }
+  }
+  if (a.batch >= kTiledMinBatch) {
+    for (int mt : {4, 2}) {
+      if (fits(mt) && (tiles(mt) >= info.sm_count || mt == 2)) {
+        choice.mt = mt;
+        break;
+      }
+    }
+  }
+  if (choice.mt == 0 && a.batch >= kStreamedMinBatch && !weights_on_chip && fits(1)) {
+    choice.mt = 1;
+    while (choice.cs_log2 < 4 && info.max_clusters[choice.cs_log2 + 1] > 0 &&
+           (tiles(1) << (choice.cs_log2 + 1)) <= info.sm_count / 2) {
+      ++choice.cs_log2;
+    }
+  }
+  if (choice.mt != 0 && forced_cs >= 0) choice.cs_log2 = forced_cs;
+  return choice;
 }
 
 // Shared memory (floats) for layer l's weight slice on one CTA of a cluster of
@@ -180,6 +262,12 @@ size_t row_floats(const SampleArgs& a) {
          2 * round_up4(a.dim) + a.dim + 4 + 28;
 }
 
+// Whether the cluster kernel keeps every weight on chip: the slices of a
+// 2-CTA cluster fit next to one row.
+bool cluster_weights_on_chip(const SampleArgs& a, const DeviceInfo& info) {
+  return all_slices_floats(a, 2) + row_floats(a) <= info.max_smem / sizeof(float);
+}
+
 // log2 of the cluster size. The rule was read off every size forced on the
 // H200 (bench.py --variants, BENCHMARKS.md): for a net whose weights fit on
 // two CTAs (seed shape), 8 up to batch 8 (fewest per-layer costs), then 2 up
@@ -188,15 +276,10 @@ size_t row_floats(const SampleArgs& a) {
 // DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks) forces a size that launches.
 // Falls back to the largest size below the choice that launches.
 int cluster_size_log2(const SampleArgs& a, const DeviceInfo& info) {
-  if (const char* forced = std::getenv("DDPM_OPS_CUDA_CLUSTER_SIZE")) {
-    for (int i = 0; i < 5; ++i) {
-      if (std::atoi(forced) == (1 << i) && info.max_clusters[i] > 0) return i;
-    }
-  }
-  const size_t budget = info.max_smem / sizeof(float);
-  const bool small_net = all_slices_floats(a, 2) + row_floats(a) <= budget;
+  const int forced = forced_cluster_log2(info);
+  if (forced >= 0) return forced;
   int want;
-  if (small_net) {
+  if (cluster_weights_on_chip(a, info)) {
     want = a.batch <= 8 ? 8 : (a.batch <= 256 ? 2 : 4);
   } else {
     want = a.batch <= 1 ? 16 : (a.batch <= 256 ? 8 : 4);
@@ -341,35 +424,32 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   }
 
   prepare_kernel(kernel, device, info.max_smem, true);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(tiles * cs));
-  config.blockDim = dim3(cuda_kernels::kClusterThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cs;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, p));
+  const ClusterLaunch launch(static_cast<unsigned>(tiles * cs), cuda_kernels::kClusterThreads, smem, stream, cs);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a, p));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <int MT>
-void launch_tiled(const SampleArgs& a, const TilePlan& p, size_t smem, Precision precision,
-                  const DeviceInfo& info, int device, cudaStream_t stream) {
+void launch_tiled(const SampleArgs& a, int cs, Precision precision, const DeviceInfo& info, int device,
+                  cudaStream_t stream) {
+  TilePlan p;
+  const size_t smem = plan_tiled(a, MT, cs, &p);
   void (*kernel)(SampleArgs, TilePlan) = precision == Precision::kFloat32
                                              ? cuda_kernels::tiled_sample_kernel<MT, 3>
                                              : cuda_kernels::tiled_sample_kernel<MT, 1>;
-  prepare_kernel(kernel, device, info.max_smem, false);
-  const unsigned blocks = static_cast<unsigned>((static_cast<int64_t>(a.batch) + 16 * MT - 1) / (16 * MT));
+  prepare_kernel(kernel, device, info.max_smem, true);
+  const int64_t tiles = (static_cast<int64_t>(a.batch) + 16 * MT - 1) / (16 * MT);
+  TORCH_CHECK(tiles * cs <= INT32_MAX, "ddpm::fused_sample: batch ", a.batch,
+              " needs more thread blocks than one launch allows (", tiles * cs, ")");
   if (log_plans()) {
-    std::fprintf(stderr, "ddpm_ops tiled kernel: batch %d, %d rows x %u CTAs, %s, %zu bytes shared memory\n",
-                 a.batch, 16 * MT, blocks, precision == Precision::kFloat32 ? "3xTF32" : "tf32", smem);
+    std::fprintf(stderr,
+                 "ddpm_ops tiled kernel: batch %d, %d rows x %lld tiles, cluster size %d, %d chunks in "
+                 "flight, %s, %zu bytes shared memory\n",
+                 a.batch, 16 * MT, static_cast<long long>(tiles), cs, p.slots - 1,
+                 precision == Precision::kFloat32 ? "3xTF32" : "tf32", smem);
   }
-  kernel<<<blocks, cuda_kernels::kTileThreads, smem, stream>>>(a, p);
+  const ClusterLaunch launch(static_cast<unsigned>(tiles * cs), cuda_kernels::kTileThreads, smem, stream, cs);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a, p));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -432,23 +512,20 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
   const int device = x.get_device();
   const DeviceInfo& info = device_info(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  TilePlan plans[2] = {};
-  size_t smem[2];
-  bool fits[2];
-  for (int i = 0; i < 2; ++i) {
-    smem[i] = tiled_smem_bytes(a, 2 * (i + 1), &plans[i]);
-    fits[i] = smem[i] <= static_cast<size_t>(info.max_smem);
-  }
-  switch (choose_variant(a, info, fits)) {
-    case Variant::kCluster:
+  const TiledChoice tiled = choose_tiled(a, info, cluster_weights_on_chip(a, info));
+  const int cs = 1 << tiled.cs_log2;
+  switch (tiled.mt) {
+    case 1:
+      launch_tiled<1>(a, cs, mode, info, device, stream);
+      break;
+    case 2:
+      launch_tiled<2>(a, cs, mode, info, device, stream);
+      break;
+    case 4:
+      launch_tiled<4>(a, cs, mode, info, device, stream);
+      break;
+    default:
       launch_cluster(a, info, device, stream);
-      break;
-    case Variant::kTiled32:
-      launch_tiled<2>(a, plans[0], smem[0], mode, info, device, stream);
-      break;
-    case Variant::kTiled64:
-      launch_tiled<4>(a, plans[1], smem[1], mode, info, device, stream);
-      break;
   }
   return out;
 }

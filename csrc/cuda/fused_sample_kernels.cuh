@@ -212,7 +212,10 @@ __host__ __device__ inline int slice_size(int out, int cluster_size) {
 // times fewer load instructions): the padded copy in shared memory, or global
 // weights when K % 4 == 0 and they are 16-byte aligned (a generic pointer
 // serves both); otherwise scalar reads of the global weights (row stride K).
-template <int RT, int CT, bool kVec>
+// kUnroll: inner iterations whose loads are issued together. Weights read
+// from L2 need many in flight (the loop is otherwise one L2 latency per
+// iteration); shared-memory reads need few.
+template <int RT, int CT, bool kVec, int kUnroll>
 __device__ __forceinline__ void cluster_layer(const LayerSplit& sp, const float* in, int in_ld,
                                               const float* w, const float* bias, int K, int rows,
                                               int ns, int n0, bool apply_silu, float* out,
@@ -243,7 +246,7 @@ __device__ __forceinline__ void cluster_layer(const LayerSplit& sp, const float*
     for (int i = 0; i < RT; ++i)
 #pragma unroll
       for (int j = 0; j < CT; ++j) acc[i][j] = 0.f;
-#pragma unroll 2
+#pragma unroll kUnroll
     for (int k = lane_g; k < steps_k; k += G) {
       if (kVec) {
         float4 a4[RT], b4[CT];
@@ -353,6 +356,9 @@ __device__ __forceinline__ void stage_padded_rows(float* dst, const float* src, 
 template <int RT, int CT>
 __global__ void __launch_bounds__(kClusterThreads, 1)
     cluster_sample_kernel(const __grid_constant__ SampleArgs a, const __grid_constant__ ClusterPlan p) {
+  // Loads of weights from L2 in flight per thread: 8 iterations, fewer for
+  // the largest tiles so the loaded values stay in registers.
+  constexpr int kGlobalUnroll = RT * CT >= 16 ? 4 : 8;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float4 smem_f4[];
   float* smem = reinterpret_cast<float*>(smem_f4);
@@ -451,9 +457,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
       const bool last = l + 1 == L;
       if (last && replicated) {
         // The whole last layer on every CTA: saves one exchange a step.
-        cluster_layer<RT, CT, true>(p.last_split, in, in_ld, smem + p.last_weight_offset,
-                                    smem + p.last_bias_offset, la.in, rows, la.out, 0, false, eps,
-                                    p.eps_ld);
+        cluster_layer<RT, CT, true, 2>(p.last_split, in, in_ld, smem + p.last_weight_offset,
+                                       smem + p.last_bias_offset, la.in, rows, la.out, 0, false, eps,
+                                       p.eps_ld);
         in_buffer = -1;
         break;
       }
@@ -467,14 +473,14 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
       const int out_ld = last ? p.eps_ld : p.hidden_ld;
       const float* w_global = la.weight + static_cast<size_t>(n0) * la.in;
       if (p.weight_offset[l] >= 0) {
-        cluster_layer<RT, CT, true>(sp, in, in_ld, smem + p.weight_offset[l], smem + p.bias_offset[l],
-                                    la.in, rows, ns, n0, !last, out, out_ld);
+        cluster_layer<RT, CT, true, 2>(sp, in, in_ld, smem + p.weight_offset[l],
+                                       smem + p.bias_offset[l], la.in, rows, ns, n0, !last, out, out_ld);
       } else if (la.in % 4 == 0 && (reinterpret_cast<uintptr_t>(la.weight) & 15) == 0) {
-        cluster_layer<RT, CT, true>(sp, in, in_ld, w_global, la.bias + n0, la.in, rows, ns, n0, !last,
-                                    out, out_ld);
+        cluster_layer<RT, CT, true, kGlobalUnroll>(sp, in, in_ld, w_global, la.bias + n0, la.in, rows,
+                                                   ns, n0, !last, out, out_ld);
       } else {
-        cluster_layer<RT, CT, false>(sp, in, in_ld, w_global, la.bias + n0, la.in, rows, ns, n0, !last,
-                                     out, out_ld);
+        cluster_layer<RT, CT, false, kGlobalUnroll>(sp, in, in_ld, w_global, la.bias + n0, la.in, rows,
+                                                    ns, n0, !last, out, out_ld);
       }
       __syncthreads();
       push_slice(sp, out, out_ld, rows, n0, ns, bars + out_buffer, cs_log2, rank);
@@ -515,22 +521,43 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
 // ---------------------------------------------------------------------------
 
 constexpr int kTileThreads = 256;          // 8 warps
-constexpr int kTileWarpCols = 32;          // each warp: all rows x 32 output columns
-constexpr int kTilePassCols = 8 * kTileWarpCols;  // output columns per pass
-constexpr int kTileKChunk = 32;            // inner-dimension chunk per stage
+constexpr int kTileWarps = kTileThreads / 32;
+// Each warp computes all rows x up to kTileMaxWarpTiles mma tiles of 8
+// output columns; a layer's pass covers kTileWarps times that.
+constexpr int kTileMaxWarpTiles = 4;
+constexpr int kTileMaxPassCols = kTileWarps * 8 * kTileMaxWarpTiles;
+constexpr int kTileKChunk = 32;            // inner-dimension chunk per stage slot
 constexpr int kTileStageLd = kTileKChunk + 4;     // == 4 mod 32: conflict-free fragments
-constexpr int kTileStageFloats = kTilePassCols * kTileStageLd;
+// The weight stream's ring: room for two chunks of the widest pass, or for
+// more chunks of narrower passes (more copies in flight).
+constexpr int kTileStageFloats = 2 * kTileMaxPassCols * kTileStageLd;
+constexpr int kTileMaxSlots = 8;
 
 struct TilePlan {
+  int cluster_size;    // CTAs sharing one row tile, each computing a column share
   int act_ld;          // == 4 mod 32, >= every width rounded up to kTileKChunk
   int act_offset[2];   // rows x act_ld each
   int x_offset;        // rows x dim
-  int stage_offset;    // 2 stages
+  int stage_offset;    // the ring: slots x slot_floats
+  int slots;           // 2, 4 or 8
+  int slot_floats;     // the widest pass x kTileStageLd
   int t_offset;
   int valid_offset;
   int coef_offset;     // rows x 2: this step's (c1, c2)
   bool vec4[kMaxLayers];  // weight rows 16-byte aligned: copy with 16-byte cp.async
+  // Output columns of layer l per CTA of a cluster (a multiple of 8), and the
+  // 8-column tiles per warp (1, 2 or 4): narrow shares spread over every warp
+  // instead of leaving most of them idle.
+  int cta_cols[kMaxLayers];
+  int warp_tiles[kMaxLayers];
 };
+
+__host__ __device__ inline int tile_pass_cols(const TilePlan& p, int layer) {
+  return kTileWarps * 8 * p.warp_tiles[layer];
+}
+__host__ __device__ inline int tile_passes(const TilePlan& p, int layer) {
+  return (p.cta_cols[layer] + tile_pass_cols(p, layer) - 1) / tile_pass_cols(p, layer);
+}
 
 // A tf32 operand: the fp32 bits with the 13 low mantissa bits cleared
 // (truncation: one logic op, where cvt.rna.tf32 costs five instructions).
@@ -543,53 +570,247 @@ __device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& sma
   small = tf32_bits(v - __uint_as_float(big));
 }
 
+// Not volatile: independent products may be interleaved by the compiler.
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The weight stream is the same for every step: (layer, pass, chunk) in
-// order. Walking it as one sequence lets the copy of the next chunk, even the
-// next layer's first, overlap the current chunk's products.
+// Cluster barrier, split: arrive releases this thread's earlier writes
+// (local and remote), wait acquires everyone's. All threads execute both.
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The weight stream of one CTA is the same for every step: (layer, pass,
+// chunk) in order. Walking it as one sequence lets the copies of the next
+// chunks, even the next layer's first, overlap the current chunk's products.
 struct ChunkCursor {
   int layer, pass, chunk;
-  __device__ void advance(const SampleArgs& a) {
-    const LayerArgs& la = a.layers[layer];
-    if (++chunk < (la.in + kTileKChunk - 1) / kTileKChunk) return;
+  __device__ void advance(const SampleArgs& a, const TilePlan& p) {
+    if (++chunk < (a.layers[layer].in + kTileKChunk - 1) / kTileKChunk) return;
     chunk = 0;
-    if (++pass < (la.out + kTilePassCols - 1) / kTilePassCols) return;
+    if (++pass < tile_passes(p, layer)) return;
     pass = 0;
     if (++layer == a.num_layers) layer = 0;
   }
 };
 
-// Stage <- W[pass cols, chunk k-range] as [n][k], zero outside the matrix.
-__device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& p, const ChunkCursor& c,
-                                           float* stage) {
+// The ring of chunks in flight: `cursor` names the next chunk to copy, into
+// slot `fill`; the products read slot `read`.
+struct WeightStream {
+  ChunkCursor cursor;
+  int fill;
+  int read;
+};
+
+// Slot <- W[this CTA's pass columns, chunk k-range] as [n][k], zero outside
+// the matrix and the CTA's share; then the cursor moves on. Each thread
+// copies one 16-byte (or 4-byte) column group of every (threads / groups)-th
+// row: a pointer walk, since this runs once per chunk next to the products.
+__device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& p, int rank, float* stages,
+                                           WeightStream& ws) {
+  const ChunkCursor& c = ws.cursor;
   const LayerArgs& la = a.layers[c.layer];
-  const int n_base = c.pass * kTilePassCols;
+  const int in = la.in;
+  const int pass_cols = tile_pass_cols(p, c.layer);
+  const int share = p.cta_cols[c.layer];
+  const int n_base = rank * share + c.pass * pass_cols;
+  const int rows_left = min(la.out, (rank + 1) * share) - n_base;  // rows of W to copy, if < pass_cols
   const int k_base = c.chunk * kTileKChunk;
-  if (p.vec4[c.layer]) {
-    for (int i = threadIdx.x; i < kTilePassCols * (kTileKChunk / 4); i += kTileThreads) {
-      const int n = i / (kTileKChunk / 4), k = (i % (kTileKChunk / 4)) * 4;
-      const bool ok = n_base + n < la.out && k_base + k < la.in;
-      const float* src = ok ? la.weight + static_cast<size_t>(n_base + n) * la.in + k_base + k : la.weight;
-      cp_async16(stage + n * kTileStageLd + k, src, ok);
-    }
-  } else {
-    for (int i = threadIdx.x; i < kTilePassCols * kTileKChunk; i += kTileThreads) {
-      const int n = i / kTileKChunk, k = i % kTileKChunk;
-      const bool ok = n_base + n < la.out && k_base + k < la.in;
-      const float* src = ok ? la.weight + static_cast<size_t>(n_base + n) * la.in + k_base + k : la.weight;
-      cp_async4(stage + n * kTileStageLd + k, src, ok);
+  const bool vec = p.vec4[c.layer];
+  const int width = vec ? 4 : 1;               // floats per copy
+  const int groups = kTileKChunk / width;      // copies per row
+  const int row_step = kTileThreads / groups;  // rows between one thread's copies
+  const int n0 = threadIdx.x / groups;
+  const int k = (threadIdx.x % groups) * width;
+  const bool k_ok = k_base + k < in;
+  const float* src = la.weight + static_cast<size_t>(n_base + n0) * in + k_base + k;
+  const size_t src_step = static_cast<size_t>(row_step) * in;
+  float* dst = stages + ws.fill * p.slot_floats + n0 * kTileStageLd + k;
+  for (int n = n0; n < pass_cols; n += row_step, src += src_step, dst += row_step * kTileStageLd) {
+    const bool ok = k_ok && n < rows_left;
+    if (vec) {
+      cp_async16(dst, ok ? src : la.weight, ok);
+    } else {
+      cp_async4(dst, ok ? src : la.weight, ok);
     }
   }
   cp_async_commit();
+  ws.cursor.advance(a, p);
+  ws.fill = (ws.fill + 1) & (p.slots - 1);
 }
 
+// Waits until the chunk in the read slot has landed: all but the slots - 1
+// most recent copies.
+__device__ __forceinline__ void wait_for_chunk(int slots) {
+  switch (slots) {
+    case 2:
+      cp_async_wait<1>();
+      break;
+    case 4:
+      cp_async_wait<3>();
+      break;
+    default:
+      cp_async_wait<kTileMaxSlots - 1>();
+  }
+}
+
+// What one layer's passes share.
+struct TilePass {
+  const SampleArgs& a;
+  const TilePlan& p;
+  const LayerArgs& la;
+  const float* in;
+  float* out;
+  int ld;
+  float* stages;
+  int rank;
+  int layer;
+  bool last;
+};
+
+// One pass of a layer: this CTA's rows x (8 warps x NT tiles of 8 columns)
+// of its column share, accumulated over the inner dimension chunk by chunk,
+// then bias, SiLU and the stores (into every CTA of a cluster).
+// A warp with NT < 4 tiles spreads consecutive k-steps over the spare
+// accumulators (4 / NT chains per tile), so that its products do not wait
+// on one another; the chains are summed at the end.
+template <int MT, int kSplit, int NT>
+__device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStream& stream) {
+  constexpr int kChains = kTileMaxWarpTiles / NT;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int ld = t.ld;
+  const int nchunks = (t.la.in + kTileKChunk - 1) / kTileKChunk;
+  const int share = t.p.cta_cols[t.layer];
+  const int col_end = min(t.la.out, (t.rank + 1) * share);
+  const int warp_n = t.rank * share + pass * (kTileWarps * 8 * NT) + warp * 8 * NT;
+  const bool warp_active = warp_n < col_end;  // warp-uniform
+  // The biases, loaded now so that their latency hides behind the products.
+  float bias[NT][2];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const int col = warp_n + n * 8 + 2 * t4;
+    bias[n][0] = col < col_end ? __ldg(t.la.bias + col) : 0.f;
+    bias[n][1] = col + 1 < col_end ? __ldg(t.la.bias + col + 1) : 0.f;
+  }
+  float acc[MT][kTileMaxWarpTiles][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int s = 0; s < kTileMaxWarpTiles; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][s][e] = 0.f;
+  for (int chunk = 0; chunk < nchunks; ++chunk) {
+    // Refill the slot read in the previous iteration (its trailing barrier
+    // ordered those reads first), then wait for this chunk's copy.
+    load_chunk(t.a, t.p, t.rank, t.stages, stream);
+    wait_for_chunk(t.p.slots);
+    __syncthreads();
+    const float* ws = t.stages + stream.read * t.p.slot_floats + warp * 8 * NT * kTileStageLd;
+    if (warp_active) {
+      // Past a layer's width (up to the chunk's end) the staged weights are
+      // zero and the activations finite: those products add nothing.
+#pragma unroll
+      for (int ks = 0; ks < kTileKChunk / 8; ++ks) {
+        const int kc = chunk * kTileKChunk + ks * 8;
+        const int chain = ks % kChains;
+        uint32_t a_big[MT][4], a_small[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          const float* base = t.in + (m * 16 + g) * ld + kc + t4;
+          const float v[4] = {base[0], base[8 * ld], base[4], base[8 * ld + 4]};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (kSplit == 3) {
+              split_tf32(v[e], a_big[m][e], a_small[m][e]);
+            } else {
+              a_big[m][e] = tf32_bits(v[e]);
+            }
+          }
+        }
+        uint32_t b_big[NT][2], b_small[NT][2];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const float* wb = ws + (n * 8 + g) * kTileStageLd + ks * 8 + t4;
+          const float v[2] = {wb[0], wb[4]};
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (kSplit == 3) {
+              split_tf32(v[e], b_big[n][e], b_small[n][e]);
+            } else {
+              b_big[n][e] = tf32_bits(v[e]);
+            }
+          }
+        }
+        // The correction products first, each over every tile, so that
+        // consecutive products never feed one another.
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            if (kSplit == 3) {
+              mma_tf32(acc[m][n + NT * chain], a_small[m], b_big[n]);
+              mma_tf32(acc[m][n + NT * chain], a_big[m], b_small[n]);
+            }
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+          for (int m = 0; m < MT; ++m) mma_tf32(acc[m][n + NT * chain], a_big[m], b_big[n]);
+        }
+      }
+    }
+    __syncthreads();
+    stream.read = (stream.read + 1) & (t.p.slots - 1);
+  }
+  // Before the first store into other CTAs this step: they have finished the
+  // previous step's update, which read the buffer stored into here (this
+  // matches their arrival after it).
+  if (t.p.cluster_size > 1 && t.layer == 0 && pass == 0) cluster_wait();
+  if (!warp_active) return;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int c = 1; c < kChains; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][n][e] += acc[m][n + NT * c][e];
+    const int col = warp_n + n * 8 + 2 * t4;  // and col + 1
+    if (col >= col_end) continue;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float2 v = make_float2(acc[m][n][2 * h] + bias[n][0], acc[m][n][2 * h + 1] + bias[n][1]);
+        if (!t.last) v = make_float2(silu(v.x), silu(v.y));
+        float* dst = t.out + (m * 16 + g + 8 * h) * ld + col;
+        // Every CTA of the cluster, this one included, gets the values.
+        for (int d = 0; d < t.p.cluster_size; ++d) {
+          float* dst_d = t.p.cluster_size > 1 ? cg::this_cluster().map_shared_rank(dst, d) : dst;
+          if (col + 1 < col_end) {
+            *reinterpret_cast<float2*>(dst_d) = v;
+          } else {
+            *dst_d = v.x;
+          }
+        }
+      }
+    }
+  }
+}
+
+// One CTA per 16 * MT rows, or a cluster of p.cluster_size CTAs per row tile:
+// then CTA r computes the r-th share of every layer's output columns and
+// stores it into every CTA's copy of the layer output (distributed shared
+// memory), and a cluster barrier closes each layer.
 // kSplit = 3: 3xTF32 (fp32 accuracy); kSplit = 1: plain tf32.
 template <int MT, int kSplit>
 __global__ void __launch_bounds__(kTileThreads, 1)
@@ -597,12 +818,13 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   constexpr int kRows = 16 * MT;
   extern __shared__ float4 smem_f4[];
   float* smem = reinterpret_cast<float*>(smem_f4);
-  const int row0 = blockIdx.x * kRows;
+  const int cs = p.cluster_size;
+  const bool clustered = cs > 1;
+  const int rank = clustered ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
+  const int row0 = static_cast<int>(blockIdx.x / cs) * kRows;
   const int rows = min(kRows, a.batch - row0);
   const int dim = a.dim;
   const int ld = p.act_ld;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t4 = lane & 3;
   float* act0 = smem + p.act_offset[0];  // layer-0 input; layer l reads act0 when l is even
   float* act1 = smem + p.act_offset[1];
   float* xcur = smem + p.x_offset;
@@ -611,9 +833,10 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
   float* coef = smem + p.coef_offset;
 
-  ChunkCursor cursor{0, 0, 0};
-  int stage = 0;
-  load_chunk(a, p, cursor, stages);  // overlaps the setup below
+  // Fill all slots but one (overlapping the setup below); each chunk then
+  // refills one.
+  WeightStream stream{{0, 0, 0}, 0, 0};
+  for (int s = 0; s + 1 < p.slots; ++s) load_chunk(a, p, rank, stages, stream);
 
   // Zero both buffers: the products read up to the next chunk boundary past a
   // layer's width, where the staged weights are zero; the activations there
@@ -642,7 +865,10 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     c1_next = __ldg(a.sqrt_recip_alphas + t);
     c2_next = __ldg(a.coef_eps + t);
   }
-  // (the first barrier of the chunk loop publishes the setup)
+  // (the first barrier of the chunk loop publishes the setup; in a cluster,
+  // the wait before the first remote store matches this arrival: every CTA
+  // has zeroed its buffers before anyone stores into them)
+  if (clustered) cluster_arrive();
 
   for (int k = 0; k < a.num_steps; ++k) {
     if (coef_thread) {  // read after the layers' barriers
@@ -659,94 +885,27 @@ __global__ void __launch_bounds__(kTileThreads, 1)
       const bool last = l + 1 == a.num_layers;
       const float* in = (l & 1) ? act1 : act0;
       float* out = (l & 1) ? act0 : act1;
-      const int nchunks = (la.in + kTileKChunk - 1) / kTileKChunk;
-      const int npasses = (la.out + kTilePassCols - 1) / kTilePassCols;
-      for (int pass = 0; pass < npasses; ++pass) {
-        const int warp_n = pass * kTilePassCols + warp * kTileWarpCols;
-        const bool warp_active = warp_n < la.out;  // warp-uniform
-        float acc[MT][4][4];
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int n = 0; n < 4; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
-        for (int chunk = 0; chunk < nchunks; ++chunk) {
-          // Prefetch the next chunk of the stream into the other stage; that
-          // stage was last read before the trailing barrier of the previous
-          // iteration.
-          cursor.advance(a);
-          load_chunk(a, p, cursor, stages + (stage ^ 1) * kTileStageFloats);
-          cp_async_wait<1>();
-          __syncthreads();
-          const float* ws = stages + stage * kTileStageFloats + warp * kTileWarpCols * kTileStageLd;
-          if (warp_active) {
-#pragma unroll
-            for (int ks = 0; ks < kTileKChunk / 8; ++ks) {
-              const int kc = chunk * kTileKChunk + ks * 8;
-              uint32_t a_big[MT][4], a_small[MT][4];
-#pragma unroll
-              for (int m = 0; m < MT; ++m) {
-                const float* base = in + (m * 16 + g) * ld + kc + t4;
-                const float v[4] = {base[0], base[8 * ld], base[4], base[8 * ld + 4]};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                  if (kSplit == 3) {
-                    split_tf32(v[e], a_big[m][e], a_small[m][e]);
-                  } else {
-                    a_big[m][e] = tf32_bits(v[e]);
-                  }
-                }
-              }
-#pragma unroll
-              for (int n = 0; n < 4; ++n) {
-                const float* wb = ws + (n * 8 + g) * kTileStageLd + ks * 8 + t4;
-                const float v[2] = {wb[0], wb[4]};
-                uint32_t b_big[2], b_small[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  if (kSplit == 3) {
-                    split_tf32(v[e], b_big[e], b_small[e]);
-                  } else {
-                    b_big[e] = tf32_bits(v[e]);
-                  }
-                }
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                  if (kSplit == 3) {
-                    mma_tf32(acc[m][n], a_small[m], b_big);
-                    mma_tf32(acc[m][n], a_big[m], b_small);
-                  }
-                  mma_tf32(acc[m][n], a_big[m], b_big);
-                }
-              }
-            }
-          }
-          __syncthreads();
-          stage ^= 1;
-        }
-        if (warp_active) {
-#pragma unroll
-          for (int n = 0; n < 4; ++n) {
-            const int col = warp_n + n * 8 + 2 * t4;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              if (col + e >= la.out) continue;
-              const float b = __ldg(la.bias + col + e);
-#pragma unroll
-              for (int m = 0; m < MT; ++m) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                  float v = acc[m][n][2 * h + e] + b;
-                  if (!last) v = silu(v);
-                  out[(m * 16 + g + 8 * h) * ld + col + e] = v;
-                }
-              }
-            }
-          }
+      TilePass tp{a, p, la, in, out, ld, stages, rank, l, last};
+      for (int pass = 0; pass < tile_passes(p, l); ++pass) {
+        switch (p.warp_tiles[l]) {
+          case 1:
+            tile_pass<MT, kSplit, 1>(tp, pass, stream);
+            break;
+          case 2:
+            tile_pass<MT, kSplit, 2>(tp, pass, stream);
+            break;
+          default:
+            tile_pass<MT, kSplit, 4>(tp, pass, stream);
         }
       }
-      __syncthreads();  // outputs visible before the next layer reads them
+      // Outputs visible (in every CTA of the cluster) before the next layer
+      // reads them.
+      if (clustered) {
+        cluster_arrive();
+        cluster_wait();
+      } else {
+        __syncthreads();
+      }
     }
     // eps is in act0 or act1 by the parity of the depth; the next input goes
     // to act0 (element-wise, so in place is fine when they coincide).
@@ -760,12 +919,16 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     for (int r = threadIdx.x; r < kRows; r += kTileThreads)
       act0[r * ld + dim] = static_cast<float>(t0[r] - (k + 1)) / a.total_timesteps;
     __syncthreads();
+    if (clustered) cluster_arrive();  // this CTA's update has read eps
   }
-  cp_async_wait<0>();  // the last prefetch, unused, must land before exit
+  if (clustered) cluster_wait();  // matches the last arrival
+  cp_async_wait<0>();  // the prefetches past the end, unused, must land before exit
 
+  // Every CTA of a cluster holds the result; they share the writing by row.
   const float nan = __int_as_float(0x7fc00000);
   for (int i = threadIdx.x; i < rows * dim; i += kTileThreads) {
     const int r = i / dim;
+    if (r % cs != rank) continue;
     a.out[static_cast<size_t>(row0) * dim + i] = valid[r] ? xcur[i] : nan;
   }
 }
