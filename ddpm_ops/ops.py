@@ -56,15 +56,16 @@ def fused_sample(
             On the CPU the check always runs and always raises.
         precision: ``"fp32"`` (default): float32 accuracy, relative error at
             most 1e-5 against float64 (about 1.5e-7 measured): plain fp32 FMAs,
-            except on CUDA from batch 1024, where the tensor cores run a 3xTF32
-            split (three TF32 products that together carry fp32's precision).
-            ``"tf32"`` and ``"bf16"`` opt into a
-            faster tensor-core path on CUDA for large batches (the tiled kernel,
-            from batch 1024): one TF32 product per layer instead of three, with
-            relative error up to 5e-3 allowed (measured about 2.5e-5 on an H200).
+            except where CUDA runs its tiled tensor-core kernel (from batch
+            1024; from batch 64 for nets whose weights do not fit on chip,
+            such as hidden width 1024), which carries fp32's precision with a
+            3xTF32 split (three TF32 products per product).
+            ``"tf32"`` and ``"bf16"`` opt into a faster path wherever the tiled
+            kernel runs: one TF32 product instead of three, with relative error
+            up to 5e-3 allowed (measured 0.7e-5 to 2.5e-5 on an H200).
             ``"bf16"`` currently runs the same TF32 path (more accurate than
-            bf16 operands would be). Small batches and the CPU always compute in
-            fp32, whatever is asked.
+            bf16 operands would be). Elsewhere, and on the CPU, the op computes
+            in fp32 whatever is asked.
 
     Returns:
         A new contiguous ``(batch, dim)`` float32 tensor; inputs are never

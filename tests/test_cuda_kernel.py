@@ -159,8 +159,13 @@ def test_runs_on_the_current_stream():
 
 
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
-def test_fast_precisions_at_large_batch(precision):
-    problem = make_problem(32768, 64, [256, 256], 16, device="cuda")
+@pytest.mark.parametrize("batch, dim, hidden, num_steps", [
+    (32768, 64, [256, 256], 16),  # one CTA per 64-row tile
+    (64, 12, [1024, 1024], 5),    # weights too big for the cluster kernel: 16-row tiles in clusters
+    (256, 12, [1024, 1024], 5),
+])
+def test_fast_precisions_where_the_tiled_kernel_runs(precision, batch, dim, hidden, num_steps):
+    problem = make_problem(batch, dim, hidden, num_steps, device="cuda")
     out = ddpm_ops.fused_sample(*problem.args(), precision=precision)
     assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
 
