@@ -1,14 +1,13 @@
 // CUDA kernel of ddpm::fused_sample: argument handling, the choice between
 // the two kernels of fused_sample_kernels.cuh, and their launch.
 //
-// Which kernel (a simple rule, from measurements on an H200; BENCHMARKS.md):
+// Which kernel (a simple rule, from measurements on an H200; BENCHMARKS.md;
+// details at choose_tiled and cluster_size_log2):
 //   - the tiled tensor-core kernel (3xTF32 for "fp32", one tf32 product for
-//     "tf32" and "bf16") whenever its row tile fits in shared memory: the
-//     largest row tile (64, 32 or 16 rows) whose tiles, times the cluster
-//     that splits each layer's columns finest, fill the GPU, and clusters
-//     only as large as needed to fill it;
-//   - the cluster kernel (exact fp32 on CUDA cores) for the shapes the tiled
-//     kernel cannot hold.
+//     "tf32" and "bf16") from batch 1024, and from batch 64 for nets whose
+//     weights the cluster kernel cannot keep on chip, when its row tile fits
+//     in shared memory;
+//   - otherwise the cluster kernel (exact fp32 on CUDA cores).
 // DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64 forces one and
 // DDPM_OPS_CUDA_CLUSTER_SIZE=1|2|4|8|16 the cluster size (tests, benchmarks);
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).

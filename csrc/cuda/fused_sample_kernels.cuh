@@ -10,11 +10,14 @@
 //   no cluster-wide barrier per layer. The latency of a layer is one split-K
 //   dot product per thread, a warp-shuffle reduction, one CTA barrier and one
 //   one-way trip through distributed shared memory.
-// tiled_sample_kernel (large batch): each CTA owns 16*MT rows for all steps,
-//   activations stay in shared memory, weights stream from L2 through a
-//   double-buffered cp.async stage, and the products run on tensor cores:
-//   mma.sync m16n8k8 tf32, three of them per product (3xTF32: big*big +
-//   big*small + small*big) for fp32 accuracy, one for the opt-in fast modes.
+// tiled_sample_kernel (large batch, and medium batch for nets too big for the
+//   cluster kernel's shared memory): a row tile of 16*MT rows stays in shared
+//   memory for all steps, weights stream from L2 through a ring of cp.async
+//   chunks, and the products run on tensor cores: mma.sync m16n8k8 tf32,
+//   three of them per product (3xTF32: big*big + big*small + small*big) for
+//   fp32 accuracy, one for the opt-in fast modes. A cluster of CTAs may share
+//   a row tile, each computing a share of every layer's columns and storing
+//   it into all of their shared memories.
 #pragma once
 
 #include <cooperative_groups.h>
