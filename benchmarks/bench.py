@@ -52,13 +52,7 @@ class Sampler(nn.Module):
     def __init__(self, dim, hidden, depth, steps, total_timesteps=TOTAL_TIMESTEPS):
         super().__init__()
         self.K, self.T = steps, total_timesteps
-        widths = [dim + 1] + [hidden] * (depth - 1) + [dim]
-        layers = []
-        for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
-            if i:
-                layers.append(nn.SiLU())
-            layers.append(nn.Linear(fan_in, fan_out))
-        self.eps_net = nn.Sequential(*layers)
+        self.eps_net = ddpm_ops.silu_mlp([dim + 1] + [hidden] * (depth - 1) + [dim])
         c1, c2 = ddpm_ops.coefficient_tables(ddpm_ops.linear_betas(total_timesteps))
         self.register_buffer("sqrt_recip_alphas", c1)
         self.register_buffer("coef_eps", c2)
@@ -87,42 +81,31 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize()
 
+    def elapsed_us(self, body):
+        """Microseconds body() takes, from an idle GPU: CUDA events around it
+        (the host's dispatch and launch cost included), or the host clock."""
+        self.sync()
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            body()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e3
+        t0 = time.perf_counter()
+        body()
+        return (time.perf_counter() - t0) * 1e6
+
     def latency_us(self, fn, reps):
-        times = []
-        for _ in range(reps):
-            self.sync()
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(times)
+        """Median over reps of one call."""
+        return statistics.median(self.elapsed_us(fn) for _ in range(reps))
 
     def gpu_us(self, fn, reps, rounds=5):
         """Median over rounds of (reps calls back to back) / reps."""
-        results = []
-        for _ in range(rounds):
-            self.sync()
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(reps):
-                    fn()
-                end.record()
-                end.synchronize()
-                results.append(start.elapsed_time(end) * 1e3 / reps)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    fn()
-                results.append((time.perf_counter() - t0) * 1e6 / reps)
-        return statistics.median(results)
+        def calls():
+            for _ in range(reps):
+                fn()
+        return statistics.median(self.elapsed_us(calls) / reps for _ in range(rounds))
 
 
 def capture(fn, warmup=3):

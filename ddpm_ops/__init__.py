@@ -14,7 +14,7 @@ from .graph_pass import (
     disable_auto_rewrite,
     enable_auto_rewrite,
 )
-from .ops import FusedDDPMSampler, fused_sample, mlp_parameters
+from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, silu_mlp
 from .reference import reference
 from .schedules import coefficient_tables, cosine_betas, linear_betas
 
@@ -32,6 +32,7 @@ __all__ = [
     "linear_betas",
     "mlp_parameters",
     "reference",
+    "silu_mlp",
 ]
 
 # The torch.compile rewrite (ddpm_ops/graph_pass.py): installed into inductor's

@@ -135,6 +135,21 @@ def mlp_parameters(eps_net: nn.Module) -> tuple[list[torch.Tensor], list[torch.T
     return weights, biases
 
 
+def silu_mlp(widths: list[int], *, bias: bool = True) -> nn.Sequential:
+    """The network the op computes, as a fresh ``nn.Sequential``: ``Linear``
+    layers of ``widths[0] -> widths[1] -> ... -> widths[-1]`` with ``SiLU``
+    between them and none after the last (default ``nn.Linear`` init). For the
+    op, ``widths[0]`` is ``dim + 1`` and ``widths[-1]`` is ``dim``."""
+    if len(widths) < 2:
+        raise ValueError(f"widths: expected at least an input and an output width, got {list(widths)}")
+    layers = []
+    for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+        if i:
+            layers.append(nn.SiLU())
+        layers.append(nn.Linear(fan_in, fan_out, bias=bias))
+    return nn.Sequential(*layers)
+
+
 def _computes_like(layer: nn.Module, cls: type) -> bool:
     return isinstance(layer, cls) and type(layer).forward is cls.forward
 

@@ -416,6 +416,25 @@ def test_parametrized_linear_is_accepted():
         assert torch.equal(weights[0], first.weight)
 
 
+@pytest.mark.parametrize("widths, bias", [([5, 3], True), ([4, 16, 9, 4], True), ([3, 7, 3], False)])
+def test_silu_mlp_builds_the_net_the_op_computes(widths, bias):
+    net = ddpm_ops.silu_mlp(widths, bias=bias)
+    kinds = [type(m) for m in net]
+    assert kinds == [nn.Linear, nn.SiLU] * (len(widths) - 2) + [nn.Linear]
+    linears = [m for m in net if isinstance(m, nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == list(zip(widths[:-1], widths[1:]))
+    assert all((m.bias is not None) == bias for m in linears)
+    if bias:
+        weights, biases = ddpm_ops.mlp_parameters(net)
+        assert all(w is m.weight and b is m.bias for w, b, m in zip(weights, biases, linears))
+
+
+@pytest.mark.parametrize("widths", [[], [4]])
+def test_silu_mlp_needs_two_widths(widths):
+    with pytest.raises(ValueError, match=r"widths: expected at least an input and an output width"):
+        ddpm_ops.silu_mlp(widths)
+
+
 @pytest.mark.parametrize("mode", ["jvp", "dual"])
 def test_forward_mode_ad_is_refused(mode):
     """The op has no forward derivative: a tangent is an error, not silently dropped."""

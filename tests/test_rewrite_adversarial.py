@@ -44,13 +44,7 @@ class Base(nn.Module):
     def __init__(self, dim=3, hidden=(8,), K=3, T=1000, bias=True):
         super().__init__()
         self.K, self.T, self.dim = K, T, dim
-        widths = [dim + 1, *hidden, dim]
-        layers = []
-        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-            if i:
-                layers.append(nn.SiLU())
-            layers.append(nn.Linear(a, b, bias=bias))
-        self.eps_net = nn.Sequential(*layers)
+        self.eps_net = ddpm_ops.silu_mlp([dim + 1, *hidden, dim], bias=bias)
         sra, ce = tables(T)
         self.register_buffer("sra", sra)
         self.register_buffer("ce", ce)

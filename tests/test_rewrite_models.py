@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import ddpm_ops  # noqa: F401  (registers the op and the rewrite)
+import ddpm_ops  # also registers the op and the rewrite
 
 DEVICES = ["cpu", "cuda"]
 
@@ -26,13 +26,7 @@ class Sampler(nn.Module):
                  bcast="index", tcast="float", cat_dim=1, first_plain=False, lookup="index"):
         super().__init__()
         self.K, self.T = num_steps, total_timesteps
-        widths = [dim + 1, *hidden, dim]
-        layers = []
-        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-            if i:
-                layers.append(nn.SiLU())
-            layers.append(nn.Linear(a, b))
-        self.eps_net = nn.Sequential(*layers)
+        self.eps_net = ddpm_ops.silu_mlp([dim + 1, *hidden, dim])
         sra, ce = tables(total_timesteps)
         self.register_buffer("sqrt_recip_alphas", sra)
         self.register_buffer("coef_eps", ce)
