@@ -69,6 +69,10 @@ def test_odd_shapes_every_variant(variant, batch, dim, hidden, num_steps, t_dtyp
     (37, 33, [300, 1, 64], 4),
     (65, 3, [7, 33, 300, 5], 7),
     (150, 12, [1024, 1024], 2),
+    # the tiled kernel's last layer split over its inner dimension: after the
+    # first layer (depth 2) and after a local layer (depth 4)
+    (40, 12, [512], 3),
+    (33, 5, [64, 96, 128], 3),
 ])
 def test_every_cluster_size(monkeypatch, kernel, cluster_size, batch, dim, hidden, num_steps):
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)

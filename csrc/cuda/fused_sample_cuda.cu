@@ -72,13 +72,15 @@ void prepare_kernel(Kernel kernel, int device, int max_smem, bool cluster) {
   done.insert(key);  // only once both attributes are set: a failure is retried, not remembered
 }
 
-// The configuration of a launch of `blocks` CTAs in clusters of `cs` (one
+// The configuration of a launch of `clusters` clusters of `cs` CTAs (one
 // place for the attribute plumbing; not copyable: it points into itself).
 struct ClusterLaunch {
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute attribute = {};
-  ClusterLaunch(unsigned blocks, unsigned threads, size_t smem, cudaStream_t stream, int cs) {
-    config.gridDim = dim3(blocks);
+  ClusterLaunch(int64_t clusters, int cs, unsigned threads, size_t smem, cudaStream_t stream) {
+    TORCH_CHECK(clusters * cs <= INT32_MAX, "ddpm::fused_sample: this batch needs more thread blocks than one "
+                "launch allows (", clusters * cs, ")");
+    config.gridDim = dim3(static_cast<unsigned>(clusters * cs));
     config.blockDim = dim3(threads);
     config.dynamicSmemBytes = smem;
     config.stream = stream;
@@ -110,7 +112,7 @@ const DeviceInfo& device_info(int device) {
   prepare_kernel(kernel, device, info.max_smem, true);
   for (int i = 0; i < 5; ++i) {
     const int size = 1 << i;
-    const ClusterLaunch launch(size, cuda_kernels::kClusterThreads, info.max_smem, nullptr, size);
+    const ClusterLaunch launch(1, size, cuda_kernels::kClusterThreads, info.max_smem, nullptr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) != cudaSuccess) {
       (void)cudaGetLastError();  // an unsupported size is an answer, not an error
@@ -132,18 +134,37 @@ bool log_plans() {
 }
 
 // The tiled kernel's plan for 16 * mt rows in clusters of cs CTAs: how the
-// CTAs share each layer's columns and the shared-memory layout. Returns the
-// shared memory it needs.
-size_t plan_tiled(const SampleArgs& a, int mt, int cs, TilePlan* plan) {
+// CTAs share each layer's work and the shared-memory layout, with the last
+// layer split over its inner dimension (TilePlan::split_last) if try_split
+// and the shape allows. Returns the shared memory the plan needs.
+size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, TilePlan* plan) {
+  using cuda_kernels::kTileKChunk;
   using cuda_kernels::kTileMaxWarpTiles;
   using cuda_kernels::kTileWarps;
+  const int L = a.num_layers;
+  const int rows = 16 * mt;
+  int widest = a.dim + 1;
+  for (int l = 0; l < L; ++l) widest = std::max(widest, a.layers[l].out);
+  const int act_width = round_up(widest, kTileKChunk);
   *plan = {};
   plan->cluster_size = cs;
+  for (int l = 0; l < L; ++l) {
+    plan->cta_cols[l] = round_up((a.layers[l].out + cs - 1) / cs, 8);
+  }
+  // Splitting the last layer's inner dimension saves an exchange of the
+  // widest activations per step, and the last layer (dim wide) then keeps
+  // every CTA busy. Each CTA's inner range is whole chunks inside the rows.
+  const int k_share = L >= 2 ? plan->cta_cols[L - 2] : 0;
+  const bool split =
+      try_split && cs > 1 && L >= 2 && k_share % kTileKChunk == 0 && cs * k_share <= act_width;
+  plan->split_last = split;
+  const int partial_ld = cuda_kernels::round_up4(a.dim);
+  const size_t partial_floats = static_cast<size_t>(cs) * rows * partial_ld;
+  if (split) plan->cta_cols[L - 1] = round_up(a.dim, 8);
   int widest_pass = 0;
-  for (int l = 0; l < a.num_layers; ++l) {
+  for (int l = 0; l < L; ++l) {
     const cuda_kernels::LayerArgs& la = a.layers[l];
     plan->vec4[l] = la.in % 4 == 0 && reinterpret_cast<uintptr_t>(la.weight) % 16 == 0;
-    plan->cta_cols[l] = round_up((la.out + cs - 1) / cs, 8);
     // The fewest tiles per warp whose pass covers the CTA's share, so that a
     // narrow share (the last layer is dim wide) still keeps every warp busy.
     int tiles = 1;
@@ -154,10 +175,7 @@ size_t plan_tiled(const SampleArgs& a, int mt, int cs, TilePlan* plan) {
   // Narrow passes leave room for more chunks in flight.
   plan->slot_floats = widest_pass * cuda_kernels::kTileStageLd;
   plan->slots = std::min(cuda_kernels::kTileMaxSlots, cuda_kernels::kTileStageFloats / plan->slot_floats);
-  const int rows = 16 * mt;
-  int widest = a.dim + 1;
-  for (int l = 0; l < a.num_layers; ++l) widest = std::max(widest, a.layers[l].out);
-  const int ld = round_up(widest, cuda_kernels::kTileKChunk) + 4;
+  const int ld = act_width + 4;
   plan->act_ld = ld;
   plan->act_offset[0] = 0;
   plan->act_offset[1] = rows * ld;
@@ -167,7 +185,16 @@ size_t plan_tiled(const SampleArgs& a, int mt, int cs, TilePlan* plan) {
   plan->t_offset = plan->stage_offset + cuda_kernels::kTileStageFloats;
   plan->valid_offset = plan->t_offset + rows;
   plan->coef_offset = plan->valid_offset + rows;
-  return static_cast<size_t>(plan->coef_offset + 2 * rows) * sizeof(float);
+  if (!split) return static_cast<size_t>(plan->coef_offset + 2 * rows) * sizeof(float);
+  plan->partial_offset = round_up(plan->coef_offset + 2 * rows, 4);  // 16-byte stores
+  plan->partial_ld = partial_ld;
+  return (plan->partial_offset + partial_floats) * sizeof(float);
+}
+
+// plan_tiled_layout, with the split last layer only where it fits in max_smem.
+size_t plan_tiled(const SampleArgs& a, int mt, int cs, size_t max_smem, TilePlan* plan) {
+  const size_t smem = plan_tiled_layout(a, mt, cs, true, plan);
+  return smem <= max_smem || !plan->split_last ? smem : plan_tiled_layout(a, mt, cs, false, plan);
 }
 
 // DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks) as log2, when that size
@@ -204,7 +231,7 @@ TiledChoice choose_tiled(const SampleArgs& a, const DeviceInfo& info, bool weigh
   const int forced_cs = forced_cluster_log2(info);
   auto fits = [&](int mt) {
     TilePlan plan;
-    return plan_tiled(a, mt, 1, &plan) <= static_cast<size_t>(info.max_smem);
+    return plan_tiled(a, mt, 1, info.max_smem, &plan) <= static_cast<size_t>(info.max_smem);
   };
   auto tiles = [&](int mt) { return (static_cast<int64_t>(a.batch) + 16 * mt - 1) / (16 * mt); };
   if (forced != nullptr && std::strcmp(forced, "cluster") == 0) return choice;
@@ -410,8 +437,6 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   }
   const size_t smem = static_cast<size_t>(offset) * sizeof(float);
   const int64_t tiles = (static_cast<int64_t>(a.batch) + rows - 1) / rows;
-  TORCH_CHECK(tiles * cs <= INT32_MAX, "ddpm::fused_sample: batch ", a.batch,
-              " needs more thread blocks than one launch allows (", tiles * cs, ")");
   if (log_plans()) {
     std::fprintf(stderr,
                  "ddpm_ops cluster kernel: batch %d, cluster size %d (%d co-resident), %d rows x "
@@ -423,7 +448,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   }
 
   prepare_kernel(kernel, device, info.max_smem, true);
-  const ClusterLaunch launch(static_cast<unsigned>(tiles * cs), cuda_kernels::kClusterThreads, smem, stream, cs);
+  const ClusterLaunch launch(tiles, cs, cuda_kernels::kClusterThreads, smem, stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a, p));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -432,22 +457,21 @@ template <int MT>
 void launch_tiled(const SampleArgs& a, int cs, Precision precision, const DeviceInfo& info, int device,
                   cudaStream_t stream) {
   TilePlan p;
-  const size_t smem = plan_tiled(a, MT, cs, &p);
+  const size_t smem = plan_tiled(a, MT, cs, info.max_smem, &p);
   void (*kernel)(SampleArgs, TilePlan) = precision == Precision::kFloat32
                                              ? cuda_kernels::tiled_sample_kernel<MT, 3>
                                              : cuda_kernels::tiled_sample_kernel<MT, 1>;
   prepare_kernel(kernel, device, info.max_smem, true);
   const int64_t tiles = (static_cast<int64_t>(a.batch) + 16 * MT - 1) / (16 * MT);
-  TORCH_CHECK(tiles * cs <= INT32_MAX, "ddpm::fused_sample: batch ", a.batch,
-              " needs more thread blocks than one launch allows (", tiles * cs, ")");
   if (log_plans()) {
     std::fprintf(stderr,
-                 "ddpm_ops tiled kernel: batch %d, %d rows x %lld tiles, cluster size %d, %d chunks in "
-                 "flight, %s, %zu bytes shared memory\n",
-                 a.batch, 16 * MT, static_cast<long long>(tiles), cs, p.slots - 1,
+                 "ddpm_ops tiled kernel: batch %d, %d rows x %lld tiles, cluster size %d, last layer %s, "
+                 "%d chunks in flight, %s, %zu bytes shared memory\n",
+                 a.batch, 16 * MT, static_cast<long long>(tiles), cs,
+                 p.split_last ? "split over its inner dimension" : "split over its columns", p.slots - 1,
                  precision == Precision::kFloat32 ? "3xTF32" : "tf32", smem);
   }
-  const ClusterLaunch launch(static_cast<unsigned>(tiles * cs), cuda_kernels::kTileThreads, smem, stream, cs);
+  const ClusterLaunch launch(tiles, cs, cuda_kernels::kTileThreads, smem, stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a, p));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -68,6 +68,30 @@ __device__ __forceinline__ int clamp_index(int t, int length) {
   return t < 0 ? 0 : (t >= length ? length - 1 : t);
 }
 
+// Row threadIdx.x's DDPM coefficients (c1, c2), loaded one step ahead so that
+// their global-memory latency hides behind the layers (threads past the
+// tile's rows hold none).
+struct CoefPrefetch {
+  bool active;
+  float c1 = 0.f, c2 = 0.f;
+  __device__ CoefPrefetch(const SampleArgs& a, const int* t0, int rows)
+      : active(static_cast<int>(threadIdx.x) < rows) {
+    if (active) load(a, t0[threadIdx.x]);
+  }
+  __device__ void load(const SampleArgs& a, int t) {
+    t = clamp_index(t, a.table_length);
+    c1 = __ldg(a.sqrt_recip_alphas + t);
+    c2 = __ldg(a.coef_eps + t);
+  }
+  // coef[2 * row .. + 1] <- step k's (c1, c2); then loads step k + 1's.
+  __device__ void publish(const SampleArgs& a, const int* t0, float* coef, int k) {
+    if (!active) return;
+    coef[2 * threadIdx.x] = c1;
+    coef[2 * threadIdx.x + 1] = c2;
+    if (k + 1 < a.num_steps) load(a, t0[threadIdx.x] - (k + 1));
+  }
+};
+
 // Same formula as the CPU kernel (and F.silu): v * sigmoid(v). The fast
 // division (2 ulp) skips IEEE division's slow-path branch; it returns 0 once
 // the denominator passes 2^126, where silu(v) is below 1e-36 anyway.
@@ -124,6 +148,16 @@ __device__ __forceinline__ void st_async(uint32_t cluster_addr, float4 v, uint32
       "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
       "r"(__float_as_uint(v.w)), "r"(cluster_bar)
       : "memory");
+}
+// Plain stores into the shared memory of a CTA of the cluster (ordered by
+// the next cluster barrier's release).
+__device__ __forceinline__ void st_cluster(uint32_t cluster_addr, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(cluster_addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ void st_cluster(uint32_t cluster_addr, float4 v) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(cluster_addr), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w)
+               : "memory");
 }
 // Waits until the phase of `bar` with this parity has completed; acquire at
 // cluster scope makes the data other CTAs sent for it visible.
@@ -420,15 +454,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
     xcur[i] = v;
     in0[r * in0_ld + j] = v;
   }
-  // Thread r < rows carries row r's coefficients one step ahead, so their
-  // global-memory latency hides behind the layers.
-  const bool coef_thread = static_cast<int>(threadIdx.x) < rows;
-  float c1_next = 0.f, c2_next = 0.f;
-  if (coef_thread) {
-    const int t = clamp_index(t0[threadIdx.x], a.table_length);
-    c1_next = __ldg(a.sqrt_recip_alphas + t);
-    c2_next = __ldg(a.coef_eps + t);
-  }
+  CoefPrefetch coefs(a, t0, rows);
   cp_async_wait<0>();
   // Every CTA of the cluster must be running, with its mbarriers initialized,
   // before anyone sends to it; this also publishes the local setup.
@@ -441,15 +467,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   };
   const bool replicated = p.last_weight_offset >= 0;
   for (int k = 0; k < a.num_steps; ++k) {
-    if (coef_thread) {
-      coef[2 * threadIdx.x] = c1_next;
-      coef[2 * threadIdx.x + 1] = c2_next;
-      if (k + 1 < a.num_steps) {
-        const int t = clamp_index(t0[threadIdx.x] - (k + 1), a.table_length);
-        c1_next = __ldg(a.sqrt_recip_alphas + t);
-        c2_next = __ldg(a.coef_eps + t);
-      }
-    }
+    coefs.publish(a, t0, coef, k);  // read after the layers' barriers
     const float* in = in0;
     int in_ld = in0_ld;
     int in_buffer = -1;  // exchanged buffer `in` arrives in, or -1: local
@@ -553,6 +571,16 @@ struct TilePlan {
   // instead of leaving most of them idle.
   int cta_cols[kMaxLayers];
   int warp_tiles[kMaxLayers];
+  // In a cluster, the last layer may be split over its inner dimension
+  // instead of its columns: CTA r multiplies its own share of the previous
+  // layer's outputs (cta_cols[L - 2] columns from r * cta_cols[L - 2]) by
+  // every column, so that layer's outputs are never exchanged; the CTAs then
+  // exchange their partial sums of the dim-wide result (cluster_size x rows x
+  // partial_ld floats at partial_offset, slot r from CTA r), which the update
+  // adds up in rank order. cta_cols[L - 1] is then the whole (padded) layer.
+  bool split_last;
+  int partial_offset;
+  int partial_ld;
 };
 
 __host__ __device__ inline int tile_pass_cols(const TilePlan& p, int layer) {
@@ -560,6 +588,36 @@ __host__ __device__ inline int tile_pass_cols(const TilePlan& p, int layer) {
 }
 __host__ __device__ inline int tile_passes(const TilePlan& p, int layer) {
   return (p.cta_cols[layer] + tile_pass_cols(p, layer) - 1) / tile_pass_cols(p, layer);
+}
+
+// The part of layer l's product that CTA `rank` computes: output columns
+// [col_begin, col_end) over the inner range [k_begin, k_end), in `chunks`
+// chunks from k_begin (weights past k_end are staged as zeros). One place
+// for the weight stream and the products to agree on.
+struct LayerShare {
+  int col_begin, col_end;
+  int k_begin, k_end;
+  int chunks;
+};
+__device__ inline LayerShare layer_share(const SampleArgs& a, const TilePlan& p, int l, int rank) {
+  const LayerArgs& la = a.layers[l];
+  LayerShare s;
+  if (p.split_last && l + 1 == a.num_layers) {
+    // The plan makes every CTA's inner range lie inside the activation rows.
+    const int k_share = p.cta_cols[l - 1];
+    s.col_begin = 0;
+    s.col_end = la.out;
+    s.k_begin = rank * k_share;
+    s.k_end = min(la.in, s.k_begin + k_share);
+  } else {
+    s.col_begin = rank * p.cta_cols[l];
+    s.col_end = min(la.out, s.col_begin + p.cta_cols[l]);
+    s.k_begin = 0;
+    s.k_end = la.in;
+  }
+  // At least one (then all-zero) chunk: every pass moves the stream on.
+  s.chunks = max(1, (s.k_end - s.k_begin + kTileKChunk - 1) / kTileKChunk);
+  return s;
 }
 
 // A tf32 operand: the fp32 bits with the 13 low mantissa bits cleared
@@ -593,74 +651,89 @@ __device__ __forceinline__ void cluster_wait() {
 // The weight stream of one CTA is the same for every step: (layer, pass,
 // chunk) in order. Walking it as one sequence lets the copies of the next
 // chunks, even the next layer's first, overlap the current chunk's products.
-struct ChunkCursor {
-  int layer, pass, chunk;
-  __device__ void advance(const SampleArgs& a, const TilePlan& p) {
-    if (++chunk < (a.layers[layer].in + kTileKChunk - 1) / kTileKChunk) return;
-    chunk = 0;
-    if (++pass < tile_passes(p, layer)) return;
-    pass = 0;
-    if (++layer == a.num_layers) layer = 0;
-  }
-};
-
-// The ring of chunks in flight: `cursor` names the next chunk to copy, into
-// slot `fill`; the products read slot `read`.
+// Which rows and columns a thread copies is fixed for a whole pass, so it is
+// worked out once per pass (begin_pass); a chunk only moves a pointer on.
 struct WeightStream {
-  ChunkCursor cursor;
-  int fill;
-  int read;
+  int layer, pass;       // of the next chunk to copy
+  int chunks_left;       // in that pass, the next one included
+  const float* src;      // this thread's first source row at the next chunk
+  const float* safe;     // a readable address for the copies predicated off
+  size_t src_step;       // floats between this thread's source rows
+  int k_left;            // columns of W from this thread's column at the next chunk on
+  int copies;            // rows this thread copies per chunk
+  int copies_inside;     // of those, rows of the matrix and of the CTA's share
+  int dst;               // this thread's first destination in a slot
+  int dst_step;          // floats between its destination rows
+  bool vec;              // 16-byte copies (else 4-byte)
+  int fill;              // slot the next chunk goes to
+  int read;              // slot the products read
 };
 
-// Slot <- W[this CTA's pass columns, chunk k-range] as [n][k], zero outside
-// the matrix and the CTA's share; then the cursor moves on. Each thread
-// copies one 16-byte (or 4-byte) column group of every (threads / groups)-th
-// row: a pointer walk, since this runs once per chunk next to the products.
-__device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& p, int rank, float* stages,
-                                           WeightStream& ws) {
-  const ChunkCursor& c = ws.cursor;
-  const LayerArgs& la = a.layers[c.layer];
-  const int in = la.in;
-  const int pass_cols = tile_pass_cols(p, c.layer);
-  const int share = p.cta_cols[c.layer];
-  const int n_base = rank * share + c.pass * pass_cols;
-  const int rows_left = min(la.out, (rank + 1) * share) - n_base;  // rows of W to copy, if < pass_cols
-  const int k_base = c.chunk * kTileKChunk;
-  const bool vec = p.vec4[c.layer];
-  const int width = vec ? 4 : 1;               // floats per copy
+// Slot rows are the pass's output columns [n][k]: thread i copies one 16-byte
+// (or 4-byte) column group of every (threads / groups)-th row.
+__device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, WeightStream& ws) {
+  const LayerArgs& la = a.layers[ws.layer];
+  const LayerShare share = layer_share(a, p, ws.layer, rank);
+  const int pass_cols = tile_pass_cols(p, ws.layer);
+  const int n_base = share.col_begin + ws.pass * pass_cols;
+  const int rows_left = share.col_end - n_base;  // rows of W to copy, if < pass_cols
+  ws.vec = p.vec4[ws.layer];
+  const int width = ws.vec ? 4 : 1;            // floats per copy
   const int groups = kTileKChunk / width;      // copies per row
   const int row_step = kTileThreads / groups;  // rows between one thread's copies
   const int n0 = threadIdx.x / groups;
   const int k = (threadIdx.x % groups) * width;
-  const bool k_ok = k_base + k < in;
-  const float* src = la.weight + static_cast<size_t>(n_base + n0) * in + k_base + k;
-  const size_t src_step = static_cast<size_t>(row_step) * in;
-  float* dst = stages + ws.fill * p.slot_floats + n0 * kTileStageLd + k;
-  for (int n = n0; n < pass_cols; n += row_step, src += src_step, dst += row_step * kTileStageLd) {
-    const bool ok = k_ok && n < rows_left;
-    if (vec) {
-      cp_async16(dst, ok ? src : la.weight, ok);
-    } else {
-      cp_async4(dst, ok ? src : la.weight, ok);
-    }
-  }
-  cp_async_commit();
-  ws.cursor.advance(a, p);
-  ws.fill = (ws.fill + 1) & (p.slots - 1);
+  ws.copies = n0 < pass_cols ? (pass_cols - n0 + row_step - 1) / row_step : 0;
+  ws.copies_inside = n0 < rows_left ? min(ws.copies, (rows_left - n0 + row_step - 1) / row_step) : 0;
+  ws.safe = la.weight;
+  ws.k_left = share.k_end - share.k_begin - k;
+  ws.src = ws.copies_inside > 0 && ws.k_left > 0
+               ? la.weight + static_cast<size_t>(n_base + n0) * la.in + share.k_begin + k
+               : la.weight;
+  ws.src_step = static_cast<size_t>(row_step) * la.in;
+  ws.dst = n0 * kTileStageLd + k;
+  ws.dst_step = row_step * kTileStageLd;
+  ws.chunks_left = share.chunks;
 }
 
-// Waits until the chunk in the read slot has landed: all but the slots - 1
-// most recent copies.
+// Slot `fill` <- the next chunk: W[the pass's columns, the chunk's k-range],
+// zero outside the matrix and the CTA's share; then the stream moves on.
+__device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& p, int rank, float* stages,
+                                           WeightStream& ws) {
+  const int inside = ws.k_left > 0 ? ws.copies_inside : 0;
+  const float* src = ws.src;
+  float* dst = stages + ws.fill * p.slot_floats + ws.dst;
+  if (ws.vec) {
+    for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
+      cp_async16(dst, i < inside ? src : ws.safe, i < inside);
+  } else {
+    for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
+      cp_async4(dst, i < inside ? src : ws.safe, i < inside);
+  }
+  cp_async_commit();
+  ws.fill = (ws.fill + 1) & (p.slots - 1);
+  ws.src += kTileKChunk;
+  ws.k_left -= kTileKChunk;
+  if (--ws.chunks_left > 0) return;
+  if (++ws.pass == tile_passes(p, ws.layer)) {
+    ws.pass = 0;
+    if (++ws.layer == a.num_layers) ws.layer = 0;
+  }
+  begin_pass(a, p, rank, ws);
+}
+
+// Waits until the chunk in the read slot has landed: all copies but the
+// slots - 2 most recent (the slot read last is refilled only afterwards).
 __device__ __forceinline__ void wait_for_chunk(int slots) {
   switch (slots) {
     case 2:
-      cp_async_wait<1>();
+      cp_async_wait<0>();
       break;
     case 4:
-      cp_async_wait<3>();
+      cp_async_wait<2>();
       break;
     default:
-      cp_async_wait<kTileMaxSlots - 1>();
+      cp_async_wait<kTileMaxSlots - 2>();
   }
 }
 
@@ -669,14 +742,37 @@ struct TilePass {
   const SampleArgs& a;
   const TilePlan& p;
   const LayerArgs& la;
+  LayerShare share;
   const float* in;
-  float* out;
-  int ld;
+  int in_ld;
+  float* out;          // activations, or this CTA's slot of the partial sums
+  int out_ld;
   float* stages;
   int rank;
-  int layer;
   bool last;
+  int destinations;    // CTAs the outputs are stored into: the cluster, or 1
+  bool first_remote;   // the step's first stores into other CTAs
 };
+
+// out[row][col .. col + 3] <- v (the columns before col_end) in every CTA of
+// the cluster, this one included (a CTA's own shared addresses are valid
+// cluster addresses of itself).
+__device__ __forceinline__ void store_quad(const TilePass& t, int row, int col, int col_end, float4 v) {
+  const int inside = col_end - col;
+  if (inside <= 0) return;
+  const int cs = t.destinations;
+  const uint32_t local = smem_address(t.out + row * t.out_ld + col);
+  for (int d = 0; d < cs; ++d) {
+    const uint32_t at = cs == 1 ? local : cluster_address(local, d);
+    if (inside >= 4) {
+      st_cluster(at, v);
+      continue;
+    }
+    st_cluster(at, v.x);
+    if (inside > 1) st_cluster(at + sizeof(float), v.y);
+    if (inside > 2) st_cluster(at + 2 * sizeof(float), v.z);
+  }
+}
 
 // One pass of a layer: this CTA's rows x (8 warps x NT tiles of 8 columns)
 // of its column share, accumulated over the inner dimension chunk by chunk,
@@ -689,19 +785,19 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
   constexpr int kChains = kTileMaxWarpTiles / NT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int ld = t.ld;
-  const int nchunks = (t.la.in + kTileKChunk - 1) / kTileKChunk;
-  const int share = t.p.cta_cols[t.layer];
-  const int col_end = min(t.la.out, (t.rank + 1) * share);
-  const int warp_n = t.rank * share + pass * (kTileWarps * 8 * NT) + warp * 8 * NT;
+  const int in_ld = t.in_ld;
+  const int col_end = t.share.col_end;
+  const int warp_n = t.share.col_begin + pass * (kTileWarps * 8 * NT) + warp * 8 * NT;
   const bool warp_active = warp_n < col_end;  // warp-uniform
-  // The biases, loaded now so that their latency hides behind the products.
+  // The biases, loaded now so that their latency hides behind the products
+  // (partial sums: only CTA 0's include them).
+  const bool with_bias = !(t.p.split_last && t.last) || t.rank == 0;
   float bias[NT][2];
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     const int col = warp_n + n * 8 + 2 * t4;
-    bias[n][0] = col < col_end ? __ldg(t.la.bias + col) : 0.f;
-    bias[n][1] = col + 1 < col_end ? __ldg(t.la.bias + col + 1) : 0.f;
+    bias[n][0] = with_bias && col < col_end ? __ldg(t.la.bias + col) : 0.f;
+    bias[n][1] = with_bias && col + 1 < col_end ? __ldg(t.la.bias + col + 1) : 0.f;
   }
   float acc[MT][kTileMaxWarpTiles][4];
 #pragma unroll
@@ -710,25 +806,26 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
     for (int s = 0; s < kTileMaxWarpTiles; ++s)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][s][e] = 0.f;
-  for (int chunk = 0; chunk < nchunks; ++chunk) {
-    // Refill the slot read in the previous iteration (its trailing barrier
-    // ordered those reads first), then wait for this chunk's copy.
-    load_chunk(t.a, t.p, t.rank, t.stages, stream);
+  for (int chunk = 0; chunk < t.share.chunks; ++chunk) {
+    // This chunk has landed (each thread waits for its own copies, the
+    // barrier shows everyone's) and every warp is done with the slot read
+    // last, which is refilled now: one barrier per chunk.
     wait_for_chunk(t.p.slots);
     __syncthreads();
+    load_chunk(t.a, t.p, t.rank, t.stages, stream);
     const float* ws = t.stages + stream.read * t.p.slot_floats + warp * 8 * NT * kTileStageLd;
     if (warp_active) {
       // Past a layer's width (up to the chunk's end) the staged weights are
       // zero and the activations finite: those products add nothing.
 #pragma unroll
       for (int ks = 0; ks < kTileKChunk / 8; ++ks) {
-        const int kc = chunk * kTileKChunk + ks * 8;
+        const int kc = t.share.k_begin + chunk * kTileKChunk + ks * 8;
         const int chain = ks % kChains;
         uint32_t a_big[MT][4], a_small[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-          const float* base = t.in + (m * 16 + g) * ld + kc + t4;
-          const float v[4] = {base[0], base[8 * ld], base[4], base[8 * ld + 4]};
+          const float* base = t.in + (m * 16 + g) * in_ld + kc + t4;
+          const float v[4] = {base[0], base[8 * in_ld], base[4], base[8 * in_ld + 4]};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             if (kSplit == 3) {
@@ -771,13 +868,12 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
         }
       }
     }
-    __syncthreads();
     stream.read = (stream.read + 1) & (t.p.slots - 1);
   }
   // Before the first store into other CTAs this step: they have finished the
   // previous step's update, which read the buffer stored into here (this
   // matches their arrival after it).
-  if (t.p.cluster_size > 1 && t.layer == 0 && pass == 0) cluster_wait();
+  if (t.first_remote && pass == 0) cluster_wait();
   if (!warp_active) return;
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
@@ -787,25 +883,25 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
       for (int c = 1; c < kChains; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[m][n][e] += acc[m][n + NT * c][e];
-    const int col = warp_n + n * 8 + 2 * t4;  // and col + 1
-    if (col >= col_end) continue;
+    // Lanes t4 and t4 ^ 1 trade pairs, so that each holds four consecutive
+    // columns of one row (row g for even t4, g + 8 for odd): one 16-byte
+    // store per CTA instead of two 8-byte ones.
+    const bool odd = t4 & 1;
+    const int quad_col = warp_n + n * 8 + 4 * (t4 >> 1);
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
+      float2 v[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float2 v = make_float2(acc[m][n][2 * h] + bias[n][0], acc[m][n][2 * h + 1] + bias[n][1]);
-        if (!t.last) v = make_float2(silu(v.x), silu(v.y));
-        float* dst = t.out + (m * 16 + g + 8 * h) * ld + col;
-        // Every CTA of the cluster, this one included, gets the values.
-        for (int d = 0; d < t.p.cluster_size; ++d) {
-          float* dst_d = t.p.cluster_size > 1 ? cg::this_cluster().map_shared_rank(dst, d) : dst;
-          if (col + 1 < col_end) {
-            *reinterpret_cast<float2*>(dst_d) = v;
-          } else {
-            *dst_d = v.x;
-          }
-        }
+        v[h] = make_float2(acc[m][n][2 * h] + bias[n][0], acc[m][n][2 * h + 1] + bias[n][1]);
+        if (!t.last) v[h] = make_float2(silu(v[h].x), silu(v[h].y));
       }
+      const float2 send = odd ? v[0] : v[1];
+      const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1),
+                                     __shfl_xor_sync(0xffffffffu, send.y, 1));
+      const float4 quad = odd ? make_float4(got.x, got.y, v[1].x, v[1].y)
+                              : make_float4(v[0].x, v[0].y, got.x, got.y);
+      store_quad(t, m * 16 + g + (odd ? 8 : 0), quad_col, col_end, quad);
     }
   }
 }
@@ -835,10 +931,17 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   int* t0 = reinterpret_cast<int*>(smem + p.t_offset);
   int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
   float* coef = smem + p.coef_offset;
+  float* partials = smem + p.partial_offset;
+  const int L = a.num_layers;
+  // With a split last layer, layer L - 2's outputs stay in their CTA, and the
+  // step's first stores into other CTAs are those of layer 0 or, for L == 2,
+  // the partial sums.
+  const int first_remote_layer = p.split_last && L == 2 ? 1 : 0;
 
   // Fill all slots but one (overlapping the setup below); each chunk then
   // refills one.
-  WeightStream stream{{0, 0, 0}, 0, 0};
+  WeightStream stream = {};
+  begin_pass(a, p, rank, stream);
   for (int s = 0; s + 1 < p.slots; ++s) load_chunk(a, p, rank, stages, stream);
 
   // Zero both buffers: the products read up to the next chunk boundary past a
@@ -858,37 +961,32 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     xcur[i] = v;
     act0[r * ld + j] = v;
   }
-  // Thread r < kRows carries row r's coefficients one step ahead, so their
-  // global-memory latency hides behind the layers.
   static_assert(kRows <= kTileThreads, "one thread per row");
-  const bool coef_thread = threadIdx.x < kRows;
-  float c1_next = 0.f, c2_next = 0.f;
-  if (coef_thread) {
-    const int t = clamp_index(t0[threadIdx.x], a.table_length);
-    c1_next = __ldg(a.sqrt_recip_alphas + t);
-    c2_next = __ldg(a.coef_eps + t);
-  }
+  CoefPrefetch coefs(a, t0, kRows);
   // (the first barrier of the chunk loop publishes the setup; in a cluster,
   // the wait before the first remote store matches this arrival: every CTA
   // has zeroed its buffers before anyone stores into them)
   if (clustered) cluster_arrive();
 
   for (int k = 0; k < a.num_steps; ++k) {
-    if (coef_thread) {  // read after the layers' barriers
-      coef[2 * threadIdx.x] = c1_next;
-      coef[2 * threadIdx.x + 1] = c2_next;
-      if (k + 1 < a.num_steps) {
-        const int t = clamp_index(t0[threadIdx.x] - (k + 1), a.table_length);
-        c1_next = __ldg(a.sqrt_recip_alphas + t);
-        c2_next = __ldg(a.coef_eps + t);
-      }
-    }
-    for (int l = 0; l < a.num_layers; ++l) {
-      const LayerArgs& la = a.layers[l];
-      const bool last = l + 1 == a.num_layers;
-      const float* in = (l & 1) ? act1 : act0;
-      float* out = (l & 1) ? act0 : act1;
-      TilePass tp{a, p, la, in, out, ld, stages, rank, l, last};
+    coefs.publish(a, t0, coef, k);  // read after the layers' barriers
+    for (int l = 0; l < L; ++l) {
+      const bool last = l + 1 == L;
+      const bool partial = p.split_last && last;
+      const bool local = p.split_last && l + 2 == L;
+      const TilePass tp{a,
+                        p,
+                        a.layers[l],
+                        layer_share(a, p, l, rank),
+                        (l & 1) ? act1 : act0,
+                        ld,
+                        partial ? partials + rank * kRows * p.partial_ld : ((l & 1) ? act0 : act1),
+                        partial ? p.partial_ld : ld,
+                        stages,
+                        rank,
+                        last,
+                        local ? 1 : cs,
+                        clustered && l == first_remote_layer};
       for (int pass = 0; pass < tile_passes(p, l); ++pass) {
         switch (p.warp_tiles[l]) {
           case 1:
@@ -901,21 +999,28 @@ __global__ void __launch_bounds__(kTileThreads, 1)
             tile_pass<MT, kSplit, 4>(tp, pass, stream);
         }
       }
-      // Outputs visible (in every CTA of the cluster) before the next layer
+      // Outputs visible (in every CTA they went to) before the next layer
       // reads them.
-      if (clustered) {
+      if (clustered && !local) {
         cluster_arrive();
         cluster_wait();
       } else {
         __syncthreads();
       }
     }
-    // eps is in act0 or act1 by the parity of the depth; the next input goes
-    // to act0 (element-wise, so in place is fine when they coincide).
-    const float* eps = (a.num_layers & 1) ? act1 : act0;
+    // eps is in act0 or act1 by the parity of the depth, or the sum of the
+    // partial sums in rank order; the next input goes to act0 (element-wise,
+    // so in place is fine when they coincide).
+    const float* eps = (L & 1) ? act1 : act0;
     for (int i = threadIdx.x; i < kRows * dim; i += kTileThreads) {
       const int r = i / dim, j = i - r * dim;
-      const float v = coef[2 * r] * (xcur[i] - coef[2 * r + 1] * eps[r * ld + j]);
+      float e = 0.f;
+      if (p.split_last) {
+        for (int q = 0; q < cs; ++q) e += partials[(q * kRows + r) * p.partial_ld + j];
+      } else {
+        e = eps[r * ld + j];
+      }
+      const float v = coef[2 * r] * (xcur[i] - coef[2 * r + 1] * e);
       xcur[i] = v;
       act0[r * ld + j] = v;
     }
