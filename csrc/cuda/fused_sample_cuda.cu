@@ -185,8 +185,10 @@ size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, Ti
   plan->t_offset = plan->stage_offset + cuda_kernels::kTileStageFloats;
   plan->valid_offset = plan->t_offset + rows;
   plan->coef_offset = plan->valid_offset + rows;
-  if (!split) return static_cast<size_t>(plan->coef_offset + 2 * rows) * sizeof(float);
-  plan->partial_offset = round_up(plan->coef_offset + 2 * rows, 4);  // 16-byte stores
+  plan->barrier_offset = round_up(plan->coef_offset + 2 * rows, 4);  // two 8-byte mbarriers
+  const int end = plan->barrier_offset + 4;
+  if (!split) return static_cast<size_t>(end) * sizeof(float);
+  plan->partial_offset = end;  // 16-byte aligned for the stores
   plan->partial_ld = partial_ld;
   return (plan->partial_offset + partial_floats) * sizeof(float);
 }

@@ -149,6 +149,22 @@ __device__ __forceinline__ void st_async(uint32_t cluster_addr, float4 v, uint32
       "r"(__float_as_uint(v.w)), "r"(cluster_bar)
       : "memory");
 }
+// dst (in the shared memory of a CTA of the cluster) <- `bytes` (a multiple
+// of 16) of this CTA's shared memory at src, by the bulk-copy engine; the
+// bytes complete on the receiver's mbarrier. The writes that src holds must
+// have been ordered before it with fence_proxy_async (and a CTA barrier).
+__device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst, const void* src, uint32_t bytes,
+                                                     uint32_t cluster_bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "r"(smem_address(src)), "r"(bytes), "r"(cluster_bar)
+      : "memory");
+}
+// Orders this thread's earlier shared-memory writes before later reads of
+// the asynchronous proxy (the bulk-copy engine).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 // Plain stores into the shared memory of a CTA of the cluster (ordered by
 // the next cluster barrier's release).
 __device__ __forceinline__ void st_cluster(uint32_t cluster_addr, float v) {
@@ -565,6 +581,7 @@ struct TilePlan {
   int t_offset;
   int valid_offset;
   int coef_offset;     // rows x 2: this step's (c1, c2)
+  int barrier_offset;  // in a cluster: one mbarrier per activation buffer
   bool vec4[kMaxLayers];  // weight rows 16-byte aligned: copy with 16-byte cp.async
   // Output columns of layer l per CTA of a cluster (a multiple of 8), and the
   // 8-column tiles per warp (1, 2 or 4): narrow shares spread over every warp
@@ -754,6 +771,45 @@ struct TilePass {
   bool first_remote;   // the step's first stores into other CTAs
 };
 
+// Sends this CTA's share of layer l's outputs (its columns of every row of
+// buf) to the same place in every other CTA of the cluster with the
+// bulk-copy engine (one copy per row and CTA), and waits until the other
+// shares have landed here: their bytes complete on this CTA's mbarrier for
+// buf, which expects them. Replaces the stores into every CTA and a cluster
+// barrier. All threads call it after their stores into buf. A sender reuses
+// its share only after the next exchange, by which time every receiver has
+// waited for this one.
+template <int kRows>
+__device__ __forceinline__ void exchange_shares(const TilePlan& p, const LayerArgs& la, int l, int rank,
+                                                float* buf, int ld, uint64_t* bar, uint32_t parity,
+                                                bool first_remote) {
+  const int cs = p.cluster_size;
+  const int share = p.cta_cols[l];
+  // Padded to whole 16-byte copies; the columns past the layer's width hold
+  // finite values (zero weights meet them), as everywhere in these buffers.
+  auto width = [&](int q) { return round_up4(max(0, min(la.out - q * share, share))); };
+  fence_proxy_async();
+  if (first_remote) cluster_wait();  // as in tile_pass
+  __syncthreads();
+  const uint32_t bar_local = smem_address(bar);
+  const int own = width(rank);
+  if (own > 0) {
+    for (int i = threadIdx.x; i < cs * kRows; i += kTileThreads) {
+      const int d = i / kRows, r = i - d * kRows;
+      if (d == rank) continue;
+      const float* src = buf + r * ld + rank * share;
+      bulk_copy_to_cluster(cluster_address(smem_address(src), d), src, own * sizeof(float),
+                           cluster_address(bar_local, d));
+    }
+  }
+  if (threadIdx.x == 0) {
+    uint32_t bytes = 0;
+    for (int q = 0; q < cs; ++q) bytes += q == rank ? 0u : width(q) * kRows * sizeof(float);
+    mbarrier_arrive_expect(bar_local, bytes);
+  }
+  mbarrier_wait(bar, parity);
+}
+
 // out[row][col .. col + 3] <- v (the columns before col_end) in every CTA of
 // the cluster, this one included (a CTA's own shared addresses are valid
 // cluster addresses of itself).
@@ -873,7 +929,7 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
   // Before the first store into other CTAs this step: they have finished the
   // previous step's update, which read the buffer stored into here (this
   // matches their arrival after it).
-  if (t.first_remote && pass == 0) cluster_wait();
+  if (t.first_remote && t.destinations > 1 && pass == 0) cluster_wait();
   if (!warp_active) return;
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
@@ -932,6 +988,8 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
   float* coef = smem + p.coef_offset;
   float* partials = smem + p.partial_offset;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + p.barrier_offset);
+  uint32_t parity = 0;  // bit b: parity of the next phase of bars[b] to complete
   const int L = a.num_layers;
   // With a split last layer, layer L - 2's outputs stay in their CTA, and the
   // step's first stores into other CTAs are those of layer 0 or, for L == 2,
@@ -948,6 +1006,11 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   // layer's width, where the staged weights are zero; the activations there
   // must be finite. Rows past the batch compute on zeros and are not stored.
   for (int i = threadIdx.x; i < kRows * ld; i += kTileThreads) act0[i] = act1[i] = 0.f;
+  if (clustered && threadIdx.x == 0) {
+    mbarrier_init(bars, 1);
+    mbarrier_init(bars + 1, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   __syncthreads();
   for (int r = threadIdx.x; r < kRows; r += kTileThreads) {
     bool ok = false;
@@ -985,7 +1048,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
                         stages,
                         rank,
                         last,
-                        local ? 1 : cs,
+                        partial ? cs : 1,
                         clustered && l == first_remote_layer};
       for (int pass = 0; pass < tile_passes(p, l); ++pass) {
         switch (p.warp_tiles[l]) {
@@ -999,13 +1062,18 @@ __global__ void __launch_bounds__(kTileThreads, 1)
             tile_pass<MT, kSplit, 4>(tp, pass, stream);
         }
       }
-      // Outputs visible (in every CTA they went to) before the next layer
+      // Outputs visible (in every CTA that needs them) before the next layer
       // reads them.
-      if (clustered && !local) {
+      if (!clustered || local) {
+        __syncthreads();
+      } else if (partial) {
         cluster_arrive();
         cluster_wait();
       } else {
-        __syncthreads();
+        const int b = (l & 1) ^ 1;  // the buffer tp.out is
+        exchange_shares<kRows>(p, tp.la, l, rank, b ? act1 : act0, ld, bars + b, (parity >> b) & 1u,
+                               tp.first_remote);
+        parity ^= 1u << b;
       }
     }
     // eps is in act0 or act1 by the parity of the depth, or the sum of the
