@@ -300,7 +300,10 @@ bool cluster_weights_on_chip(const SampleArgs& a, const DeviceInfo& info) {
 // H200 (bench.py --variants, BENCHMARKS.md): for a net whose weights fit on
 // two CTAs (seed shape), 8 up to batch 8 (fewest per-layer costs), then 2 up
 // to 256 (most clusters side by side), then 4; for bigger nets (policy shape:
-// 4 MB of weights), 16 at batch 1 (most on-chip weights), 8 up to 256, then 4.
+// 4 MB of weights, read from L2 by every cluster), 16 at batch 1 (most
+// on-chip weights), 8 up to batch 8, 16 up to 32 (half the clusters, so half
+// the L2 traffic, for two rows each: batch 16, 127 -> 73 us), 8 up to 256,
+// then 4.
 // DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks) forces a size that launches.
 // Falls back to the largest size below the choice that launches.
 int cluster_size_log2(const SampleArgs& a, const DeviceInfo& info) {
@@ -310,7 +313,7 @@ int cluster_size_log2(const SampleArgs& a, const DeviceInfo& info) {
   if (cluster_weights_on_chip(a, info)) {
     want = a.batch <= 8 ? 8 : (a.batch <= 256 ? 2 : 4);
   } else {
-    want = a.batch <= 1 ? 16 : (a.batch <= 256 ? 8 : 4);
+    want = a.batch <= 1 ? 16 : (a.batch <= 8 ? 8 : (a.batch <= 32 ? 16 : (a.batch <= 256 ? 8 : 4)));
   }
   int chosen = 0;
   for (int i = 0; i < 5 && (1 << i) <= want; ++i) {
