@@ -16,8 +16,10 @@
 //   chunks, and the products run on tensor cores: mma.sync m16n8k8 tf32,
 //   three of them per product (3xTF32: big*big + big*small + small*big) for
 //   fp32 accuracy, one for the opt-in fast modes. A cluster of CTAs may share
-//   a row tile, each computing a share of every layer's columns and storing
-//   it into all of their shared memories.
+//   a row tile, each computing a share of every layer's columns and sending
+//   it to all of them with the bulk-copy engine (completing on mbarriers); the
+//   last layer is then split over its inner dimension instead, so the layer
+//   before it is never exchanged and only small partial sums are.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -964,8 +966,9 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
 
 // One CTA per 16 * MT rows, or a cluster of p.cluster_size CTAs per row tile:
 // then CTA r computes the r-th share of every layer's output columns and
-// stores it into every CTA's copy of the layer output (distributed shared
-// memory), and a cluster barrier closes each layer.
+// copies it into every CTA's copy of the layer output (exchange_shares), and
+// with p.split_last the last layer is a sum of per-CTA partial products
+// (stored into every CTA, then one cluster barrier).
 // kSplit = 3: 3xTF32 (fp32 accuracy); kSplit = 1: plain tf32.
 template <int MT, int kSplit>
 __global__ void __launch_bounds__(kTileThreads, 1)
