@@ -833,8 +833,9 @@ __device__ __forceinline__ void store_quad(const TilePass& t, int row, int col, 
 }
 
 // One pass of a layer: this CTA's rows x (8 warps x NT tiles of 8 columns)
-// of its column share, accumulated over the inner dimension chunk by chunk,
-// then bias, SiLU and the stores (into every CTA of a cluster).
+// of its column share, accumulated over its inner range chunk by chunk, then
+// bias, SiLU and the stores: into this CTA (the caller exchanges the shares),
+// or, for the partial sums of a split last layer, into every CTA.
 // A warp with NT < 4 tiles spreads consecutive k-steps over the spare
 // accumulators (4 / NT chains per tile), so that its products do not wait
 // on one another; the chains are summed at the end.
