@@ -650,6 +650,17 @@ __device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& sma
   small = tf32_bits(v - __uint_as_float(big));
 }
 
+// One operand element as tf32: big and small parts for 3xTF32 (kSplit 3),
+// or only the truncated value (kSplit 1; small is left unset).
+template <int kSplit>
+__device__ __forceinline__ void tf32_operand(float v, uint32_t& big, uint32_t& small) {
+  if (kSplit == 3) {
+    split_tf32(v, big, small);
+  } else {
+    big = tf32_bits(v);
+  }
+}
+
 // Not volatile: independent products may be interleaved by the compiler.
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -886,13 +897,7 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
           const float* base = t.in + (m * 16 + g) * in_ld + kc + t4;
           const float v[4] = {base[0], base[8 * in_ld], base[4], base[8 * in_ld + 4]};
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (kSplit == 3) {
-              split_tf32(v[e], a_big[m][e], a_small[m][e]);
-            } else {
-              a_big[m][e] = tf32_bits(v[e]);
-            }
-          }
+          for (int e = 0; e < 4; ++e) tf32_operand<kSplit>(v[e], a_big[m][e], a_small[m][e]);
         }
         uint32_t b_big[NT][2], b_small[NT][2];
 #pragma unroll
@@ -900,13 +905,7 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
           const float* wb = ws + (n * 8 + g) * kTileStageLd + ks * 8 + t4;
           const float v[2] = {wb[0], wb[4]};
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (kSplit == 3) {
-              split_tf32(v[e], b_big[n][e], b_small[n][e]);
-            } else {
-              b_big[n][e] = tf32_bits(v[e]);
-            }
-          }
+          for (int e = 0; e < 2; ++e) tf32_operand<kSplit>(v[e], b_big[n][e], b_small[n][e]);
         }
         // The correction products first, each over every tile, so that
         // consecutive products never feed one another.
