@@ -639,26 +639,31 @@ __device__ inline LayerShare layer_share(const SampleArgs& a, const TilePlan& p,
   return s;
 }
 
-// A tf32 operand: the fp32 bits with the 13 low mantissa bits cleared
-// (truncation: one logic op, where cvt.rna.tf32 costs five instructions).
-__device__ __forceinline__ uint32_t tf32_bits(float v) { return __float_as_uint(v) & 0xffffe000u; }
-
-// v as big + small, both tf32, |v - big - small| <= 2^-20 |v|: the split of
-// 3xTF32 (the small * small product is below fp32 resolution and dropped).
-__device__ __forceinline__ void split_tf32(float v, uint32_t& big, uint32_t& small) {
-  big = tf32_bits(v);
-  small = tf32_bits(v - __uint_as_float(big));
+// The small part of v for 3xTF32: v - big, where big is v truncated to
+// tf32. mma .tf32 reads only a register's 19 high bits (sign, exponent and
+// 10 mantissa bits), so v's own bits serve as big, and small's low bits need
+// no clearing either: |v - big - tf32(small)| <= 2^-20 |v| (the small * small
+// product is below fp32 resolution and dropped).
+__device__ __forceinline__ uint32_t tf32_small(uint32_t v) {
+  return __float_as_uint(__uint_as_float(v) - __uint_as_float(v & 0xffffe000u));
 }
 
-// One operand element as tf32: big and small parts for 3xTF32 (kSplit 3),
-// or only the truncated value (kSplit 1; small is left unset).
-template <int kSplit>
-__device__ __forceinline__ void tf32_operand(float v, uint32_t& big, uint32_t& small) {
-  if (kSplit == 3) {
-    split_tf32(v, big, small);
-  } else {
-    big = tf32_bits(v);
-  }
+// Four 8x4 fp32 matrices from shared memory, one register each: lane i gives
+// the address (16-byte aligned) of row i % 8 of matrix i / 8 and receives
+// element (lane / 4, lane % 4) of each, the layout of mma m16n8k8 tf32
+// fragments. ("memory": the buffers are rewritten between barriers.)
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+// Two such matrices, addressed by lanes 0 to 15.
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr)
+               : "memory");
 }
 
 // Not volatile: independent products may be interleaved by the compiler.
@@ -876,6 +881,11 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
     for (int s = 0; s < kTileMaxWarpTiles; ++s)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][s][e] = 0.f;
+  // Fragment rows by ldmatrix: A's four 8x4 matrices are rows 0-7 and 8-15
+  // at k 0-3, then at k 4-7; B's are n-tile n at k 0-3 and 4-7, then n + 1.
+  const uint32_t a_lane =
+      smem_address(t.in) + (((lane & 7) + (lane & 8)) * in_ld + (lane >> 4) * 4) * sizeof(float);
+  const int b_lane = (((lane >> 4) * 8 + (lane & 7)) * kTileStageLd + ((lane & 8) >> 1)) * sizeof(float);
   for (int chunk = 0; chunk < t.share.chunks; ++chunk) {
     // This chunk has landed (each thread waits for its own copies, the
     // barrier shows everyone's) and every warp is done with the slot read
@@ -883,7 +893,8 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
     wait_for_chunk(t.p.slots);
     __syncthreads();
     load_chunk(t.a, t.p, t.rank, t.stages, stream);
-    const float* ws = t.stages + stream.read * t.p.slot_floats + warp * 8 * NT * kTileStageLd;
+    const uint32_t ws =
+        smem_address(t.stages + stream.read * t.p.slot_floats + warp * 8 * NT * kTileStageLd) + b_lane;
     if (warp_active) {
       // Past a layer's width (up to the chunk's end) the staged weights are
       // zero and the activations finite: those products add nothing.
@@ -894,18 +905,32 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
         uint32_t a_big[MT][4], a_small[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-          const float* base = t.in + (m * 16 + g) * in_ld + kc + t4;
-          const float v[4] = {base[0], base[8 * in_ld], base[4], base[8 * in_ld + 4]};
+          ldmatrix_x4(a_big[m], a_lane + (m * 16 * in_ld + kc) * sizeof(float));
+          if (kSplit == 3) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) tf32_operand<kSplit>(v[e], a_big[m][e], a_small[m][e]);
+            for (int e = 0; e < 4; ++e) a_small[m][e] = tf32_small(a_big[m][e]);
+          }
         }
         uint32_t b_big[NT][2], b_small[NT][2];
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const float* wb = ws + (n * 8 + g) * kTileStageLd + ks * 8 + t4;
-          const float v[2] = {wb[0], wb[4]};
+        for (int n = 0; n < NT; n += 2) {
+          const uint32_t at = ws + (n * 8 * kTileStageLd + ks * 8) * sizeof(float);
+          if (NT == 1) {
+            ldmatrix_x2(b_big[n], at);
+          } else {
+            uint32_t q[4];
+            ldmatrix_x4(q, at);
+            b_big[n][0] = q[0];
+            b_big[n][1] = q[1];
+            b_big[n + 1][0] = q[2];
+            b_big[n + 1][1] = q[3];
+          }
+        }
+        if (kSplit == 3) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) tf32_operand<kSplit>(v[e], b_big[n][e], b_small[n][e]);
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) b_small[n][e] = tf32_small(b_big[n][e]);
         }
         // The correction products first, each over every tile, so that
         // consecutive products never feed one another.
