@@ -885,7 +885,7 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
   // at k 0-3, then at k 4-7; B's are n-tile n at k 0-3 and 4-7, then n + 1.
   const uint32_t a_lane =
       smem_address(t.in) + (((lane & 7) + (lane & 8)) * in_ld + (lane >> 4) * 4) * sizeof(float);
-  const int b_lane = (((lane >> 4) * 8 + (lane & 7)) * kTileStageLd + ((lane & 8) >> 1)) * sizeof(float);
+  const uint32_t b_lane = (((lane >> 4) * 8 + (lane & 7)) * kTileStageLd + ((lane & 8) >> 1)) * sizeof(float);
   for (int chunk = 0; chunk < t.share.chunks; ++chunk) {
     // This chunk has landed (each thread waits for its own copies, the
     // barrier shows everyone's) and every warp is done with the slot read
