@@ -196,6 +196,7 @@ def run_table(name, cfg, args, clock, device):
                                                    "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
                             for kernel in ("tiled16", "tiled32", "tiled64", "cluster")
                             for size in (1, 2, 4, 8, 16)}
+                variants["fused-cp.async"] = ({"DDPM_OPS_CUDA_TMA": "0"}, "fp32")  # no TMA chunks
                 for key, (env, precision) in variants.items():
                     extras[key] = (lambda e, p: lambda: forced(e, lambda: fused(p)))(env, precision)
         trivial = lambda: x + 1  # noqa: E731

@@ -1,5 +1,7 @@
 """CUDA-specific checks of ddpm::fused_sample: every kernel variant, odd shapes,
 the no-sync NaN contract, CUDA-graph capture and the opt-in fast precisions."""
+import re
+
 import pytest
 import torch
 
@@ -61,8 +63,36 @@ def test_odd_shapes_every_variant(variant, batch, dim, hidden, num_steps, t_dtyp
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
-@pytest.mark.parametrize("kernel", ["cluster", "tiled16", "tiled64"])
-@pytest.mark.parametrize("cluster_size", [1, 2, 4, 8, 16])
+def launch_logs(capfd):
+    """The plan lines DDPM_OPS_CUDA_LOG made the op print since the last call."""
+    torch.cuda.synchronize()
+    return [line for line in capfd.readouterr().err.splitlines() if line.startswith("ddpm_ops ")]
+
+
+TILED_LOG = re.compile(r"ddpm_ops tiled kernel: batch (\d+), (\d+) rows x \d+ tiles, cluster size (\d+),"
+                       r".* weight chunks by:((?: \S+)+)$")
+CLUSTER_LOG = re.compile(r"ddpm_ops cluster kernel: batch (\d+), cluster size (\d+) ")
+
+
+def expected_chunk_copies(weights, weight_copy):
+    """TMA copies a layer's chunks when its rows are 16-byte aligned (and TMA is on)."""
+    return ["tma" if weight_copy == "tma" and w.shape[1] % 4 == 0 and w.data_ptr() % 16 == 0
+            else "cp.async" for w in weights]
+
+
+@pytest.fixture(params=["tma", "cp.async"])
+def weight_copy(request, monkeypatch):
+    """The tiled kernel's weight chunks by the TMA unit wherever it can address
+    the layer, or all by cp.async (by default: TMA for 32- and 64-row tiles)."""
+    monkeypatch.setenv("DDPM_OPS_CUDA_TMA", "1" if request.param == "tma" else "0")
+    return request.param
+
+
+# The cluster kernel takes powers of two; the tiled kernel any size up to 16.
+@pytest.mark.parametrize("kernel, cluster_size",
+                         [("cluster", size) for size in (1, 2, 4, 8, 16)]
+                         + [(kernel, size) for kernel in ("tiled16", "tiled64")
+                            for size in (1, 2, 3, 4, 5, 6, 7, 8, 16)])
 @pytest.mark.parametrize("batch, dim, hidden, num_steps", [
     (1, 64, [256, 256], 16),
     (6, 7, [33, 7], 3),
@@ -74,12 +104,30 @@ def test_odd_shapes_every_variant(variant, batch, dim, hidden, num_steps, t_dtyp
     (40, 12, [512], 3),
     (33, 5, [64, 96, 128], 3),
 ])
-def test_every_cluster_size(monkeypatch, kernel, cluster_size, batch, dim, hidden, num_steps):
+def test_every_cluster_size(monkeypatch, capfd, weight_copy, kernel, cluster_size, batch, dim, hidden,
+                            num_steps):
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
     monkeypatch.setenv("DDPM_OPS_CUDA_CLUSTER_SIZE", str(cluster_size))
+    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     problem = make_problem(batch, dim, hidden, num_steps, device="cuda", total_timesteps=200)
+    capfd.readouterr()
     out = ddpm_ops.fused_sample(*problem.args())
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+    # The forced variant ran: the tiled kernel with these rows, cluster size
+    # and weight copies, or (only where a 64-row tile cannot fit in shared
+    # memory) the cluster kernel.
+    (log,) = launch_logs(capfd)
+    tiled = TILED_LOG.match(log)
+    if tiled is None:
+        assert kernel in ("cluster", "tiled64"), log
+        logged_batch, logged_size = CLUSTER_LOG.match(log).groups()
+        assert logged_batch == str(batch), log
+        # The cluster kernel takes a forced size only if it is a power of two.
+        assert cluster_size & (cluster_size - 1) != 0 or logged_size == str(cluster_size), log
+        return
+    assert kernel != "cluster", log
+    assert tiled.groups()[:3] == (str(batch), kernel[len("tiled"):], str(cluster_size)), log
+    assert tiled.group(4).split() == expected_chunk_copies(problem.weights, weight_copy), log
 
 
 def misaligned_copy(t):
@@ -98,6 +146,42 @@ def test_misaligned_weights_every_variant(variant, batch, hidden):
     assert all(w.data_ptr() % 16 == 4 for w in problem.weights)
     out = ddpm_ops.fused_sample(*problem.args())
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
+@pytest.mark.parametrize("misaligned_layer", [None, 0, 1, 2])
+def test_tma_and_cp_async_chunks_mixed(monkeypatch, capfd, misaligned_layer):
+    """Layers whose rows TMA cannot address (odd widths, misaligned storage) take
+    cp.async in the same weight stream as TMA layers, through the same ring."""
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "tiled16")
+    monkeypatch.setenv("DDPM_OPS_CUDA_CLUSTER_SIZE", "2")
+    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
+    monkeypatch.setenv("DDPM_OPS_CUDA_TMA", "1")
+    problem = make_problem(100, 12, [1024, 512], 3, device="cuda")
+    if misaligned_layer is not None:
+        problem.weights[misaligned_layer] = misaligned_copy(problem.weights[misaligned_layer])
+    capfd.readouterr()
+    out = ddpm_ops.fused_sample(*problem.args())
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+    (log,) = launch_logs(capfd)
+    copies = TILED_LOG.match(log).group(4).split()
+    # Layer 0 reads dim + 1 = 13 columns: never TMA.
+    assert copies == expected_chunk_copies(problem.weights, "tma"), log
+    assert copies[0] == "cp.async" and "tma" in copies, log
+
+
+@pytest.mark.parametrize("kernel, tma", [("tiled16", False), ("tiled32", True), ("tiled64", True)])
+def test_default_weight_copies(monkeypatch, capfd, kernel, tma):
+    """The rule: TMA chunks for 32- and 64-row tiles, cp.async for 16-row tiles."""
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
+    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
+    monkeypatch.delenv("DDPM_OPS_CUDA_TMA", raising=False)
+    problem = make_problem(200, 64, [256, 256], 2, device="cuda")
+    capfd.readouterr()
+    out = ddpm_ops.fused_sample(*problem.args())
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+    (log,) = launch_logs(capfd)
+    assert TILED_LOG.match(log).group(4).split() == expected_chunk_copies(problem.weights,
+                                                                          "tma" if tma else "cp.async"), log
 
 
 def out_of_range_problem():

@@ -9,7 +9,11 @@
 //     in shared memory;
 //   - otherwise the cluster kernel (exact fp32 on CUDA cores).
 // DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64 forces one and
-// DDPM_OPS_CUDA_CLUSTER_SIZE=1|2|4|8|16 the cluster size (tests, benchmarks);
+// DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (tests, benchmarks: 1 to 16
+// for the tiled kernel, a power of two for the cluster kernel);
+// DDPM_OPS_CUDA_TMA=0|1 makes the tiled kernel copy its weight chunks with
+// cp.async only, or by TMA wherever it can address the layer (tests,
+// benchmarks; details at use_tma);
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
 #include "../fused_sample.h"
 #include "fused_sample_kernels.cuh"
@@ -18,6 +22,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <torch/library.h>
 
 #include <cstdio>
@@ -36,6 +41,7 @@ using cuda_kernels::ClusterPlan;
 using cuda_kernels::kMaxClusterRows;
 using cuda_kernels::kMaxLayers;
 using cuda_kernels::SampleArgs;
+using cuda_kernels::TileMaps;
 using cuda_kernels::TilePlan;
 
 // Up to this many rows per cluster, the last layer is computed whole on every
@@ -48,12 +54,15 @@ constexpr int kReplicateMaxRows = 4;
 constexpr int64_t kTiledMinBatch = 1024;
 constexpr int64_t kStreamedMinBatch = 64;
 
+constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
+
 struct DeviceInfo {
   int sm_count = 0;
   int max_smem = 0;          // opt-in dynamic shared memory per block
-  // Co-resident clusters of size 1 << i (one CTA per SM), 0 where that size
-  // does not launch.
-  int max_clusters[5] = {};
+  // Co-resident clusters of each size (one CTA per SM), 0 where that size
+  // does not launch. Clusters must fit in one GPC, so this is not simply
+  // sm_count / size (H200: 15 clusters of 8, 7 of 16).
+  int max_clusters[kMaxClusterSize + 1] = {};
 };
 
 // Raises a kernel's dynamic shared-memory limit (and, for cluster kernels,
@@ -110,17 +119,16 @@ const DeviceInfo& device_info(int device) {
   // the shared memory, so one of them answers for all.
   auto kernel = cuda_kernels::cluster_sample_kernel<1, 2>;
   prepare_kernel(kernel, device, info.max_smem, true);
-  for (int i = 0; i < 5; ++i) {
-    const int size = 1 << i;
+  for (int size = 1; size <= kMaxClusterSize; ++size) {
     const ClusterLaunch launch(1, size, cuda_kernels::kClusterThreads, info.max_smem, nullptr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) != cudaSuccess) {
       (void)cudaGetLastError();  // an unsupported size is an answer, not an error
       clusters = 0;
     }
-    info.max_clusters[i] = clusters;
+    info.max_clusters[size] = clusters;
   }
-  TORCH_CHECK(info.max_clusters[0] > 0, "ddpm::fused_sample: the cluster kernel does not fit on device ",
+  TORCH_CHECK(info.max_clusters[1] > 0, "ddpm::fused_sample: the cluster kernel does not fit on device ",
               device);
   cache[device] = info;
   return cache[device];
@@ -128,16 +136,63 @@ const DeviceInfo& device_info(int device) {
 
 int round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-bool log_plans() {
-  static const bool enabled = std::getenv("DDPM_OPS_CUDA_LOG") != nullptr;
-  return enabled;
+// Read per call, like the other switches, so that tests can set them.
+bool log_plans() { return std::getenv("DDPM_OPS_CUDA_LOG") != nullptr; }
+
+// The driver's tensor-map encoder, through the runtime (no link against
+// libcuda); null where the driver lacks it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// Whether the tiled kernel with 16 * mt-row tiles takes its weight chunks
+// from the TMA unit (for the layers it can address). Measured on the H200
+// (BENCHMARKS.md): with 32- and 64-row tiles TMA is 5-6% faster than
+// cp.async (seed shape, batch 4096 and 32768: fewer instructions per
+// chunk); with 16-row tiles it is 3-18% slower (policy shape, batch 64 to
+// 512), so those keep cp.async.
+bool use_tma(int mt) {
+  if (tensor_map_encoder() == nullptr) return false;
+  if (const char* forced = std::getenv("DDPM_OPS_CUDA_TMA")) return std::strcmp(forced, "0") != 0;
+  return mt >= 2;
+}
+
+// TileMaps::weight[l] for every layer the plan copies by TMA; a layer whose
+// descriptor the driver refuses falls back to cp.async.
+void make_tile_maps(const SampleArgs& a, TilePlan* plan, TileMaps* maps) {
+  *maps = {};
+  for (int l = 0; l < a.num_layers; ++l) {
+    if (!plan->tma[l]) continue;
+    const cuda_kernels::LayerArgs& la = a.layers[l];
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(la.in), static_cast<cuuint64_t>(la.out)};
+    const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(la.in) * sizeof(float)};
+    const cuuint32_t box[2] = {cuda_kernels::kTileKChunk,
+                               static_cast<cuuint32_t>(cuda_kernels::tile_pass_cols(*plan, l))};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUresult result = tensor_map_encoder()(
+        &maps->weight[l], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(la.weight), dims, row_bytes,
+        box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    plan->tma[l] = result == CUDA_SUCCESS;
+  }
 }
 
 // The tiled kernel's plan for 16 * mt rows in clusters of cs CTAs: how the
 // CTAs share each layer's work and the shared-memory layout, with the last
 // layer split over its inner dimension (TilePlan::split_last) if try_split
 // and the shape allows. Returns the shared memory the plan needs.
-size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, TilePlan* plan) {
+size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, bool use_tma, TilePlan* plan) {
   using cuda_kernels::kTileKChunk;
   using cuda_kernels::kTileMaxWarpTiles;
   using cuda_kernels::kTileWarps;
@@ -145,7 +200,7 @@ size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, Ti
   const int rows = 16 * mt;
   int widest = a.dim + 1;
   for (int l = 0; l < L; ++l) widest = std::max(widest, a.layers[l].out);
-  const int act_width = round_up(widest, kTileKChunk);
+  int act_width = round_up(widest, kTileKChunk);
   *plan = {};
   plan->cluster_size = cs;
   for (int l = 0; l < L; ++l) {
@@ -153,11 +208,14 @@ size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, Ti
   }
   // Splitting the last layer's inner dimension saves an exchange of the
   // widest activations per step, and the last layer (dim wide) then keeps
-  // every CTA busy. Each CTA's inner range is whole chunks inside the rows.
-  const int k_share = L >= 2 ? plan->cta_cols[L - 2] : 0;
-  const bool split =
-      try_split && cs > 1 && L >= 2 && k_share % kTileKChunk == 0 && cs * k_share <= act_width;
+  // every CTA busy. Each CTA's inner range is whole chunks (so layer L - 2's
+  // shares are), inside the activation rows (which may have to widen).
+  const bool split = try_split && cs > 1 && L >= 2;
   plan->split_last = split;
+  if (split) {
+    plan->cta_cols[L - 2] = round_up((a.layers[L - 2].out + cs - 1) / cs, kTileKChunk);
+    act_width = std::max(act_width, cs * plan->cta_cols[L - 2]);
+  }
   const int partial_ld = cuda_kernels::round_up4(a.dim);
   const size_t partial_floats = static_cast<size_t>(cs) * rows * partial_ld;
   if (split) plan->cta_cols[L - 1] = round_up(a.dim, 8);
@@ -165,6 +223,8 @@ size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, Ti
   for (int l = 0; l < L; ++l) {
     const cuda_kernels::LayerArgs& la = a.layers[l];
     plan->vec4[l] = la.in % 4 == 0 && reinterpret_cast<uintptr_t>(la.weight) % 16 == 0;
+    // TMA needs the same: a 16-byte aligned matrix with 16-byte row strides.
+    plan->tma[l] = use_tma && plan->vec4[l];
     // The fewest tiles per warp whose pass covers the CTA's share, so that a
     // narrow share (the last layer is dim wide) still keeps every warp busy.
     int tiles = 1;
@@ -182,11 +242,12 @@ size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, Ti
   plan->x_offset = 2 * rows * ld;
   // 16-byte aligned for cp.async 16
   plan->stage_offset = round_up(plan->x_offset + rows * a.dim, 4);
-  plan->t_offset = plan->stage_offset + cuda_kernels::kTileStageFloats;
+  plan->t_offset = plan->stage_offset + cuda_kernels::kTileStageFloats +
+                   static_cast<int>(cuda_kernels::kTileSwizzleBytes / sizeof(float));
   plan->valid_offset = plan->t_offset + rows;
   plan->coef_offset = plan->valid_offset + rows;
-  plan->barrier_offset = round_up(plan->coef_offset + 2 * rows, 4);  // two 8-byte mbarriers
-  const int end = plan->barrier_offset + 4;
+  plan->barrier_offset = round_up(plan->coef_offset + 2 * rows, 4);
+  const int end = plan->barrier_offset + 2 * (2 + cuda_kernels::kTileMaxSlots);  // 8-byte mbarriers
   if (!split) return static_cast<size_t>(end) * sizeof(float);
   plan->partial_offset = end;  // 16-byte aligned for the stores
   plan->partial_ld = partial_ld;
@@ -195,26 +256,26 @@ size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, Ti
 
 // plan_tiled_layout, with the split last layer only where it fits in max_smem.
 size_t plan_tiled(const SampleArgs& a, int mt, int cs, size_t max_smem, TilePlan* plan) {
-  const size_t smem = plan_tiled_layout(a, mt, cs, true, plan);
-  return smem <= max_smem || !plan->split_last ? smem : plan_tiled_layout(a, mt, cs, false, plan);
+  const bool tma = use_tma(mt);
+  const size_t smem = plan_tiled_layout(a, mt, cs, true, tma, plan);
+  return smem <= max_smem || !plan->split_last ? smem : plan_tiled_layout(a, mt, cs, false, tma, plan);
 }
 
-// DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks) as log2, when that size
-// launches; otherwise -1.
-int forced_cluster_log2(const DeviceInfo& info) {
+// DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks), when that size launches;
+// otherwise 0.
+int forced_cluster_size(const DeviceInfo& info) {
   if (const char* forced = std::getenv("DDPM_OPS_CUDA_CLUSTER_SIZE")) {
-    for (int i = 0; i < 5; ++i) {
-      if (std::atoi(forced) == (1 << i) && info.max_clusters[i] > 0) return i;
-    }
+    const int size = std::atoi(forced);
+    if (size >= 1 && size <= kMaxClusterSize && info.max_clusters[size] > 0) return size;
   }
-  return -1;
+  return 0;
 }
 
-// The tiled kernel's launch: 16 * mt rows per tile, clusters of 1 << cs_log2.
+// The tiled kernel's launch: 16 * mt rows per tile, clusters of cs CTAs.
 // mt == 0: use the cluster kernel.
 struct TiledChoice {
   int mt = 0;
-  int cs_log2 = 0;
+  int cs = 1;
 };
 
 // The rule, read off every variant forced on the H200 (bench.py --variants,
@@ -224,13 +285,15 @@ struct TiledChoice {
 //   - otherwise, from batch kStreamedMinBatch, for a net whose weights the
 //     cluster kernel cannot keep on chip (it would read them from L2 at
 //     CUDA-core speed): 16-row tiles, each layer's columns split over the
-//     largest cluster (up to 16) that keeps the CTAs to half the
-//     multiprocessors (more only add weight traffic);
+//     largest cluster (up to 16, any size) of which every tile's cluster is
+//     resident at once: a CTA's share of the weight stream, the bound at
+//     this size, shrinks with the cluster, and a second wave would double
+//     the time;
 //   - otherwise the cluster kernel.
 TiledChoice choose_tiled(const SampleArgs& a, const DeviceInfo& info, bool weights_on_chip) {
   TiledChoice choice;
   const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL");
-  const int forced_cs = forced_cluster_log2(info);
+  const int forced_cs = forced_cluster_size(info);
   auto fits = [&](int mt) {
     TilePlan plan;
     return plan_tiled(a, mt, 1, info.max_smem, &plan) <= static_cast<size_t>(info.max_smem);
@@ -241,7 +304,7 @@ TiledChoice choose_tiled(const SampleArgs& a, const DeviceInfo& info, bool weigh
     if (forced != nullptr && std::strcmp(forced, ("tiled" + std::to_string(16 * mt)).c_str()) == 0) {
       if (fits(mt)) {  // else the cluster kernel
         choice.mt = mt;
-        choice.cs_log2 = std::max(forced_cs, 0);
+        choice.cs = std::max(forced_cs, 1);
       }
       return choice;
     }
@@ -256,12 +319,14 @@ TiledChoice choose_tiled(const SampleArgs& a, const DeviceInfo& info, bool weigh
   }
   if (choice.mt == 0 && a.batch >= kStreamedMinBatch && !weights_on_chip && fits(1)) {
     choice.mt = 1;
-    while (choice.cs_log2 < 4 && info.max_clusters[choice.cs_log2 + 1] > 0 &&
-           (tiles(1) << (choice.cs_log2 + 1)) <= info.sm_count / 2) {
-      ++choice.cs_log2;
+    for (int size = kMaxClusterSize; size > 1; --size) {
+      if (tiles(1) <= info.max_clusters[size]) {
+        choice.cs = size;
+        break;
+      }
     }
   }
-  if (choice.mt != 0 && forced_cs >= 0) choice.cs_log2 = forced_cs;
+  if (choice.mt != 0 && forced_cs > 0) choice.cs = forced_cs;
   return choice;
 }
 
@@ -304,11 +369,12 @@ bool cluster_weights_on_chip(const SampleArgs& a, const DeviceInfo& info) {
 // on-chip weights), 8 up to batch 8, 16 up to 32 (half the clusters, so half
 // the L2 traffic, for two rows each: batch 16, 127 -> 73 us), 8 up to 256,
 // then 4.
-// DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks) forces a size that launches.
+// DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks) forces a size that launches
+// (a power of two: the kernel's exchange indexes CTAs by bit masks).
 // Falls back to the largest size below the choice that launches.
 int cluster_size_log2(const SampleArgs& a, const DeviceInfo& info) {
-  const int forced = forced_cluster_log2(info);
-  if (forced >= 0) return forced;
+  const int forced = forced_cluster_size(info);
+  if (forced > 0 && (forced & (forced - 1)) == 0) return __builtin_ctz(forced);
   int want;
   if (cluster_weights_on_chip(a, info)) {
     want = a.batch <= 8 ? 8 : (a.batch <= 256 ? 2 : 4);
@@ -316,8 +382,8 @@ int cluster_size_log2(const SampleArgs& a, const DeviceInfo& info) {
     want = a.batch <= 1 ? 16 : (a.batch <= 8 ? 8 : (a.batch <= 32 ? 16 : (a.batch <= 256 ? 8 : 4)));
   }
   int chosen = 0;
-  for (int i = 0; i < 5 && (1 << i) <= want; ++i) {
-    if (info.max_clusters[i] > 0) chosen = i;
+  for (int i = 0; (1 << i) <= want; ++i) {
+    if (info.max_clusters[1 << i] > 0) chosen = i;
   }
   return chosen;
 }
@@ -347,7 +413,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   using cuda_kernels::slice_size;
   const int size_log2 = cluster_size_log2(a, info);
   const int cs = 1 << size_log2;
-  const int max_clusters = info.max_clusters[size_log2];
+  const int max_clusters = info.max_clusters[cs];
   const int L = a.num_layers;
   ClusterPlan p = {};
   p.cluster_size = cs;
@@ -463,21 +529,25 @@ void launch_tiled(const SampleArgs& a, int cs, Precision precision, const Device
                   cudaStream_t stream) {
   TilePlan p;
   const size_t smem = plan_tiled(a, MT, cs, info.max_smem, &p);
-  void (*kernel)(SampleArgs, TilePlan) = precision == Precision::kFloat32
-                                             ? cuda_kernels::tiled_sample_kernel<MT, 3>
-                                             : cuda_kernels::tiled_sample_kernel<MT, 1>;
+  TileMaps maps;
+  make_tile_maps(a, &p, &maps);
+  void (*kernel)(SampleArgs, TilePlan, TileMaps) = precision == Precision::kFloat32
+                                                       ? cuda_kernels::tiled_sample_kernel<MT, 3>
+                                                       : cuda_kernels::tiled_sample_kernel<MT, 1>;
   prepare_kernel(kernel, device, info.max_smem, true);
   const int64_t tiles = (static_cast<int64_t>(a.batch) + 16 * MT - 1) / (16 * MT);
   if (log_plans()) {
     std::fprintf(stderr,
                  "ddpm_ops tiled kernel: batch %d, %d rows x %lld tiles, cluster size %d, last layer %s, "
-                 "%d chunks in flight, %s, %zu bytes shared memory\n",
+                 "%d chunks in flight, %s, %zu bytes shared memory, weight chunks by:",
                  a.batch, 16 * MT, static_cast<long long>(tiles), cs,
                  p.split_last ? "split over its inner dimension" : "split over its columns", p.slots - 1,
                  precision == Precision::kFloat32 ? "3xTF32" : "tf32", smem);
+    for (int l = 0; l < a.num_layers; ++l) std::fprintf(stderr, " %s", p.tma[l] ? "tma" : "cp.async");
+    std::fprintf(stderr, "\n");
   }
   const ClusterLaunch launch(tiles, cs, cuda_kernels::kTileThreads, smem, stream);
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a, p));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a, p, maps));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -541,7 +611,7 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
   const DeviceInfo& info = device_info(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   const TiledChoice tiled = choose_tiled(a, info, cluster_weights_on_chip(a, info));
-  const int cs = 1 << tiled.cs_log2;
+  const int cs = tiled.cs;
   switch (tiled.mt) {
     case 1:
       launch_tiled<1>(a, cs, mode, info, device, stream);

@@ -12,8 +12,9 @@
 //   one-way trip through distributed shared memory.
 // tiled_sample_kernel (large batch, and medium batch for nets too big for the
 //   cluster kernel's shared memory): a row tile of 16*MT rows stays in shared
-//   memory for all steps, weights stream from L2 through a ring of cp.async
-//   chunks, and the products run on tensor cores: mma.sync m16n8k8 tf32,
+//   memory for all steps, weights stream from L2 through a ring of chunks
+//   (one TMA tensor copy each, or cp.async where TMA cannot address the
+//   layer), and the products run on tensor cores: mma.sync m16n8k8 tf32,
 //   three of them per product (3xTF32: big*big + big*small + small*big) for
 //   fp32 accuracy, one for the opt-in fast modes. A cluster of CTAs may share
 //   a row tile, each computing a share of every layer's columns and sending
@@ -23,6 +24,7 @@
 #pragma once
 
 #include <cooperative_groups.h>
+#include <cuda.h>  // CUtensorMap
 #include <cstdint>
 
 namespace ddpm_ops {
@@ -160,6 +162,16 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst, const void* s
   asm volatile(
       "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
       "r"(smem_address(src)), "r"(bytes), "r"(cluster_bar)
+      : "memory");
+}
+// dst (this CTA's shared memory) <- the box of `map` at coordinates (k, n),
+// by the TMA unit; the bytes complete on this CTA's mbarrier at bar, which
+// must expect them (the whole box, zero-filled parts included).
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int k, int n, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(n), "r"(bar)
       : "memory");
 }
 // Orders this thread's earlier shared-memory writes before later reads of
@@ -565,26 +577,45 @@ constexpr int kTileWarps = kTileThreads / 32;
 // output columns; a layer's pass covers kTileWarps times that.
 constexpr int kTileMaxWarpTiles = 4;
 constexpr int kTileMaxPassCols = kTileWarps * 8 * kTileMaxWarpTiles;
-constexpr int kTileKChunk = 32;            // inner-dimension chunk per stage slot
-constexpr int kTileStageLd = kTileKChunk + 4;     // == 4 mod 32: conflict-free fragments
+// Inner-dimension chunk per stage slot: one 128-byte row per output column,
+// its eight 16-byte units stored in the order unit ^ (column % 8) (the TMA
+// unit's 128-byte swizzle, which cp.async copies follow too), so that the
+// eight rows an ldmatrix reads at one k fall in eight different bank groups.
+constexpr int kTileKChunk = 32;
+constexpr int kTileStageLd = kTileKChunk;
+constexpr int kTileSwizzleBytes = 1024;  // the swizzle repeats every 8 rows; slots start on it
 // The weight stream's ring: room for two chunks of the widest pass, or for
 // more chunks of narrower passes (more copies in flight).
 constexpr int kTileStageFloats = 2 * kTileMaxPassCols * kTileStageLd;
 constexpr int kTileMaxSlots = 8;
+// Float offset of element k of row n in a slot.
+__host__ __device__ inline int stage_index(int n, int k) {
+  return n * kTileStageLd + ((((k >> 2) ^ n) & 7) << 2) + (k & 3);
+}
+
+// One TMA descriptor per layer whose chunks the TMA unit copies
+// (TilePlan::tma): the weight matrix as a 2-D tensor (in, out), boxes of
+// kTileKChunk x the layer's pass width, zero-filled outside the matrix,
+// with the 128-byte swizzle above.
+struct TileMaps {
+  CUtensorMap weight[kMaxLayers];
+};
 
 struct TilePlan {
   int cluster_size;    // CTAs sharing one row tile, each computing a column share
   int act_ld;          // == 4 mod 32, >= every width rounded up to kTileKChunk
   int act_offset[2];   // rows x act_ld each
   int x_offset;        // rows x dim
-  int stage_offset;    // the ring: slots x slot_floats
+  int stage_offset;    // the ring: slots x slot_floats, plus room to align it to kTileSwizzleBytes
   int slots;           // 2, 4 or 8
   int slot_floats;     // the widest pass x kTileStageLd
   int t_offset;
   int valid_offset;
   int coef_offset;     // rows x 2: this step's (c1, c2)
-  int barrier_offset;  // in a cluster: one mbarrier per activation buffer
+  int barrier_offset;  // 2 + kTileMaxSlots mbarriers: in a cluster, one per activation
+                       // buffer; then one per slot, completed by its TMA copy
   bool vec4[kMaxLayers];  // weight rows 16-byte aligned: copy with 16-byte cp.async
+  bool tma[kMaxLayers];   // chunks of layer l by TMA (TileMaps::weight[l]), else cp.async
   // Output columns of layer l per CTA of a cluster (a multiple of 8), and the
   // 8-column tiles per warp (1, 2 or 4): narrow shares spread over every warp
   // instead of leaving most of them idle.
@@ -688,6 +719,9 @@ __device__ __forceinline__ void cluster_wait() {
 // chunks, even the next layer's first, overlap the current chunk's products.
 // Which rows and columns a thread copies is fixed for a whole pass, so it is
 // worked out once per pass (begin_pass); a chunk only moves a pointer on.
+// A slot filled by TMA is complete when its mbarrier's phase is; one filled
+// by cp.async when this thread's copy group is (and, after the per-chunk CTA
+// barrier, everyone's).
 struct WeightStream {
   int layer, pass;       // of the next chunk to copy
   int chunks_left;       // in that pass, the next one included
@@ -700,8 +734,12 @@ struct WeightStream {
   int dst;               // this thread's first destination in a slot
   int dst_step;          // floats between its destination rows
   bool vec;              // 16-byte copies (else 4-byte)
+  bool tma;              // the pass's chunks come by TMA (the fields above unused)
+  int box_k, box_n;      // TMA: coordinates of the next chunk in W
   int fill;              // slot the next chunk goes to
   int read;              // slot the products read
+  uint32_t tma_slots;    // bit s: slot s's pending or current chunk came by TMA
+  uint32_t phase;        // bit s: parity of the next phase of slot s's mbarrier
 };
 
 // Slot rows are the pass's output columns [n][k]: thread i copies one 16-byte
@@ -712,6 +750,15 @@ __device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, Wei
   const int pass_cols = tile_pass_cols(p, ws.layer);
   const int n_base = share.col_begin + ws.pass * pass_cols;
   const int rows_left = share.col_end - n_base;  // rows of W to copy, if < pass_cols
+  ws.chunks_left = share.chunks;
+  ws.tma = p.tma[ws.layer];
+  if (ws.tma) {
+    // Columns past the share but inside W arrive too: their products are
+    // not stored. Past W's edges the box is zero-filled.
+    ws.box_k = share.k_begin;
+    ws.box_n = n_base;
+    return;
+  }
   ws.vec = p.vec4[ws.layer];
   const int width = ws.vec ? 4 : 1;            // floats per copy
   const int groups = kTileKChunk / width;      // copies per row
@@ -726,29 +773,45 @@ __device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, Wei
                ? la.weight + static_cast<size_t>(n_base + n0) * la.in + share.k_begin + k
                : la.weight;
   ws.src_step = static_cast<size_t>(row_step) * la.in;
-  ws.dst = n0 * kTileStageLd + k;
+  // row_step is a multiple of 8, so every row this thread copies has the
+  // same swizzle as its first.
+  ws.dst = stage_index(n0, k);
   ws.dst_step = row_step * kTileStageLd;
-  ws.chunks_left = share.chunks;
 }
 
 // Slot `fill` <- the next chunk: W[the pass's columns, the chunk's k-range],
-// zero outside the matrix and the CTA's share; then the stream moves on.
-__device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& p, int rank, float* stages,
-                                           WeightStream& ws) {
-  const int inside = ws.k_left > 0 ? ws.copies_inside : 0;
-  const float* src = ws.src;
-  float* dst = stages + ws.fill * p.slot_floats + ws.dst;
-  if (ws.vec) {
-    for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
-      cp_async16(dst, i < inside ? src : ws.safe, i < inside);
+// zero outside the matrix (and, for cp.async copies, the CTA's share); then
+// the stream moves on. A TMA chunk is one copy issued by thread 0; every
+// thread still commits a (then empty) cp.async group, so that the groups
+// pending stay one per slot.
+__device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& p, const TileMaps& maps,
+                                           int rank, float* stages, uint64_t* slot_bars, WeightStream& ws) {
+  float* slot = stages + ws.fill * p.slot_floats;
+  if (ws.tma) {
+    if (threadIdx.x == 0) {
+      const uint32_t bar = smem_address(slot_bars + ws.fill);
+      mbarrier_arrive_expect(bar, tile_pass_cols(p, ws.layer) * kTileKChunk * sizeof(float));
+      tma_load_2d(smem_address(slot), &maps.weight[ws.layer], ws.box_k, ws.box_n, bar);
+    }
+    ws.tma_slots |= 1u << ws.fill;
+    ws.box_k += kTileKChunk;
   } else {
-    for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
-      cp_async4(dst, i < inside ? src : ws.safe, i < inside);
+    const int inside = ws.k_left > 0 ? ws.copies_inside : 0;
+    const float* src = ws.src;
+    float* dst = slot + ws.dst;
+    if (ws.vec) {
+      for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
+        cp_async16(dst, i < inside ? src : ws.safe, i < inside);
+    } else {
+      for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
+        cp_async4(dst, i < inside ? src : ws.safe, i < inside);
+    }
+    ws.tma_slots &= ~(1u << ws.fill);
+    ws.src += kTileKChunk;
+    ws.k_left -= kTileKChunk;
   }
   cp_async_commit();
   ws.fill = (ws.fill + 1) & (p.slots - 1);
-  ws.src += kTileKChunk;
-  ws.k_left -= kTileKChunk;
   if (--ws.chunks_left > 0) return;
   if (++ws.pass == tile_passes(p, ws.layer)) {
     ws.pass = 0;
@@ -757,9 +820,15 @@ __device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& 
   begin_pass(a, p, rank, ws);
 }
 
-// Waits until the chunk in the read slot has landed: all copies but the
-// slots - 2 most recent (the slot read last is refilled only afterwards).
-__device__ __forceinline__ void wait_for_chunk(int slots) {
+// Waits until the chunk in the read slot has landed: its TMA copy, or all
+// cp.async groups but the slots - 2 most recent (the slot read last is
+// refilled only afterwards).
+__device__ __forceinline__ void wait_for_chunk(int slots, uint64_t* slot_bars, WeightStream& ws) {
+  if ((ws.tma_slots >> ws.read) & 1u) {
+    mbarrier_wait(slot_bars + ws.read, (ws.phase >> ws.read) & 1u);
+    ws.phase ^= 1u << ws.read;
+    return;
+  }
   switch (slots) {
     case 2:
       cp_async_wait<0>();
@@ -776,6 +845,7 @@ __device__ __forceinline__ void wait_for_chunk(int slots) {
 struct TilePass {
   const SampleArgs& a;
   const TilePlan& p;
+  const TileMaps& maps;
   const LayerArgs& la;
   LayerShare share;
   const float* in;
@@ -783,6 +853,7 @@ struct TilePass {
   float* out;          // activations, or this CTA's slot of the partial sums
   int out_ld;
   float* stages;
+  uint64_t* slot_bars;
   int rank;
   bool last;
   int destinations;    // CTAs the outputs are stored into: the cluster, or 1
@@ -883,16 +954,20 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
       for (int e = 0; e < 4; ++e) acc[m][s][e] = 0.f;
   // Fragment rows by ldmatrix: A's four 8x4 matrices are rows 0-7 and 8-15
   // at k 0-3, then at k 4-7; B's are n-tile n at k 0-3 and 4-7, then n + 1.
+  // A lane's B row is lane % 8 past a multiple of 8, which fixes its swizzle:
+  // k-step ks reads 16-byte unit (2 ks + (lane / 8) % 2) ^ (lane % 8).
   const uint32_t a_lane =
       smem_address(t.in) + (((lane & 7) + (lane & 8)) * in_ld + (lane >> 4) * 4) * sizeof(float);
-  const uint32_t b_lane = (((lane >> 4) * 8 + (lane & 7)) * kTileStageLd + ((lane & 8) >> 1)) * sizeof(float);
+  const uint32_t b_lane = ((lane >> 4) * 8 + (lane & 7)) * kTileStageLd * sizeof(float);
+  const uint32_t b_unit = ((lane >> 3) & 1) ^ (lane & 7);
   for (int chunk = 0; chunk < t.share.chunks; ++chunk) {
-    // This chunk has landed (each thread waits for its own copies, the
-    // barrier shows everyone's) and every warp is done with the slot read
-    // last, which is refilled now: one barrier per chunk.
-    wait_for_chunk(t.p.slots);
+    // This chunk has landed (each thread waits for its own copies or the
+    // TMA copy's mbarrier, the barrier shows everyone's cp.async copies) and
+    // every warp is done with the slot read last, which is refilled now: one
+    // barrier per chunk.
+    wait_for_chunk(t.p.slots, t.slot_bars, stream);
     __syncthreads();
-    load_chunk(t.a, t.p, t.rank, t.stages, stream);
+    load_chunk(t.a, t.p, t.maps, t.rank, t.stages, t.slot_bars, stream);
     const uint32_t ws =
         smem_address(t.stages + stream.read * t.p.slot_floats + warp * 8 * NT * kTileStageLd) + b_lane;
     if (warp_active) {
@@ -914,7 +989,7 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
         uint32_t b_big[NT][2], b_small[NT][2];
 #pragma unroll
         for (int n = 0; n < NT; n += 2) {
-          const uint32_t at = ws + (n * 8 * kTileStageLd + ks * 8) * sizeof(float);
+          const uint32_t at = ws + n * 8 * kTileStageLd * sizeof(float) + (((2 * ks) ^ b_unit) << 4);
           if (NT == 1) {
             ldmatrix_x2(b_big[n], at);
           } else {
@@ -997,7 +1072,8 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
 // kSplit = 3: 3xTF32 (fp32 accuracy); kSplit = 1: plain tf32.
 template <int MT, int kSplit>
 __global__ void __launch_bounds__(kTileThreads, 1)
-    tiled_sample_kernel(const __grid_constant__ SampleArgs a, const __grid_constant__ TilePlan p) {
+    tiled_sample_kernel(const __grid_constant__ SampleArgs a, const __grid_constant__ TilePlan p,
+                        const __grid_constant__ TileMaps maps) {
   constexpr int kRows = 16 * MT;
   extern __shared__ float4 smem_f4[];
   float* smem = reinterpret_cast<float*>(smem_f4);
@@ -1011,12 +1087,16 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   float* act0 = smem + p.act_offset[0];  // layer-0 input; layer l reads act0 when l is even
   float* act1 = smem + p.act_offset[1];
   float* xcur = smem + p.x_offset;
+  // The swizzle is a function of the address: slots start on its period.
   float* stages = smem + p.stage_offset;
+  stages += ((kTileSwizzleBytes - (smem_address(stages) & (kTileSwizzleBytes - 1))) & (kTileSwizzleBytes - 1)) /
+            sizeof(float);
   int* t0 = reinterpret_cast<int*>(smem + p.t_offset);
   int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
   float* coef = smem + p.coef_offset;
   float* partials = smem + p.partial_offset;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + p.barrier_offset);
+  uint64_t* slot_bars = bars + 2;
   uint32_t parity = 0;  // bit b: parity of the next phase of bars[b] to complete
   const int L = a.num_layers;
   // With a split last layer, layer L - 2's outputs stay in their CTA, and the
@@ -1024,21 +1104,22 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   // the partial sums.
   const int first_remote_layer = p.split_last && L == 2 ? 1 : 0;
 
+  // The slots' mbarriers before the first TMA copy (issued by this thread),
+  // the exchange's before the cluster barrier below.
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2 + kTileMaxSlots; ++b) mbarrier_init(bars + b, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   // Fill all slots but one (overlapping the setup below); each chunk then
   // refills one.
   WeightStream stream = {};
   begin_pass(a, p, rank, stream);
-  for (int s = 0; s + 1 < p.slots; ++s) load_chunk(a, p, rank, stages, stream);
+  for (int s = 0; s + 1 < p.slots; ++s) load_chunk(a, p, maps, rank, stages, slot_bars, stream);
 
   // Zero both buffers: the products read up to the next chunk boundary past a
   // layer's width, where the staged weights are zero; the activations there
   // must be finite. Rows past the batch compute on zeros and are not stored.
   for (int i = threadIdx.x; i < kRows * ld; i += kTileThreads) act0[i] = act1[i] = 0.f;
-  if (clustered && threadIdx.x == 0) {
-    mbarrier_init(bars, 1);
-    mbarrier_init(bars + 1, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
   __syncthreads();
   for (int r = threadIdx.x; r < kRows; r += kTileThreads) {
     bool ok = false;
@@ -1067,6 +1148,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
       const bool local = p.split_last && l + 2 == L;
       const TilePass tp{a,
                         p,
+                        maps,
                         a.layers[l],
                         layer_share(a, p, l, rank),
                         (l & 1) ? act1 : act0,
@@ -1074,6 +1156,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
                         partial ? partials + rank * kRows * p.partial_ld : ((l & 1) ? act0 : act1),
                         partial ? p.partial_ld : ld,
                         stages,
+                        slot_bars,
                         rank,
                         last,
                         partial ? cs : 1,
@@ -1126,7 +1209,12 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     if (clustered) cluster_arrive();  // this CTA's update has read eps
   }
   if (clustered) cluster_wait();  // matches the last arrival
-  cp_async_wait<0>();  // the prefetches past the end, unused, must land before exit
+  // The prefetches past the end, unused, must land before exit.
+  cp_async_wait<0>();
+  for (int s = 0; s + 1 < p.slots; ++s) {
+    wait_for_chunk(p.slots, slot_bars, stream);
+    stream.read = (stream.read + 1) & (p.slots - 1);
+  }
 
   // Every CTA of a cluster holds the result; they share the writing by row.
   const float nan = __int_as_float(0x7fc00000);
