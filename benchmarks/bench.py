@@ -192,11 +192,14 @@ def run_table(name, cfg, args, clock, device):
         if device == "cuda":
             extras = {"fused-tf32": lambda: fused("tf32"), "fused-bf16": lambda: fused("bf16")}
             if args.variants:  # each kernel and cluster size forced, to tune the rule
+                # (the cluster kernel takes powers of two, the tiled kernel any size)
                 variants = {f"{kernel}-c{size}": ({"DDPM_OPS_CUDA_KERNEL": kernel,
                                                    "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
                             for kernel in ("tiled16", "tiled32", "tiled64", "cluster")
-                            for size in (1, 2, 4, 8, 16)}
-                variants["fused-cp.async"] = ({"DDPM_OPS_CUDA_TMA": "0"}, "fp32")  # no TMA chunks
+                            for size in (1, 2, 4, 8, 16) + (() if kernel == "cluster" else (3, 6))}
+                # the tiled kernel's weight chunks all by cp.async, or by TMA wherever it can
+                variants["fused-cp.async"] = ({"DDPM_OPS_CUDA_TMA": "0"}, "fp32")
+                variants["fused-tma"] = ({"DDPM_OPS_CUDA_TMA": "1"}, "fp32")
                 for key, (env, precision) in variants.items():
                     extras[key] = (lambda e, p: lambda: forced(e, lambda: fused(p)))(env, precision)
         trivial = lambda: x + 1  # noqa: E731
