@@ -191,8 +191,9 @@ void make_tile_maps(const SampleArgs& a, TilePlan* plan, TileMaps* maps) {
 // The tiled kernel's plan for 16 * mt rows in clusters of cs CTAs: how the
 // CTAs share each layer's work and the shared-memory layout, with the last
 // layer split over its inner dimension (TilePlan::split_last) if try_split
-// and the shape allows. Returns the shared memory the plan needs.
-size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, bool use_tma, TilePlan* plan) {
+// and the shape allows, and chunks by TMA for the layers it can address if
+// tma_chunks. Returns the shared memory the plan needs.
+size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, bool tma_chunks, TilePlan* plan) {
   using cuda_kernels::kTileKChunk;
   using cuda_kernels::kTileMaxWarpTiles;
   using cuda_kernels::kTileWarps;
@@ -224,7 +225,7 @@ size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, bo
     const cuda_kernels::LayerArgs& la = a.layers[l];
     plan->vec4[l] = la.in % 4 == 0 && reinterpret_cast<uintptr_t>(la.weight) % 16 == 0;
     // TMA needs the same: a 16-byte aligned matrix with 16-byte row strides.
-    plan->tma[l] = use_tma && plan->vec4[l];
+    plan->tma[l] = tma_chunks && plan->vec4[l];
     // The fewest tiles per warp whose pass covers the CTA's share, so that a
     // narrow share (the last layer is dim wide) still keeps every warp busy.
     int tiles = 1;
