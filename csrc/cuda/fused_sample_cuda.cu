@@ -11,9 +11,8 @@
 // DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64 forces one and
 // DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (tests, benchmarks: 1 to 16
 // for the tiled kernel, a power of two for the cluster kernel);
-// DDPM_OPS_CUDA_TMA=0|1 makes the tiled kernel copy its weight chunks with
-// cp.async only, or by TMA wherever it can address the layer (tests,
-// benchmarks; details at use_tma);
+// DDPM_OPS_CUDA_TMA=0 makes the tiled kernel copy its weight chunks with
+// cp.async only (tests, benchmarks; details at use_tma);
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
 #include "../fused_sample.h"
 #include "fused_sample_kernels.cuh"
@@ -157,15 +156,14 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // Whether the tiled kernel with 16 * mt-row tiles takes its weight chunks
-// from the TMA unit (for the layers it can address). Measured on the H200
-// (BENCHMARKS.md): with 32- and 64-row tiles TMA is 5-6% faster than
-// cp.async (seed shape, batch 4096 and 32768: fewer instructions per
-// chunk); with 16-row tiles it is 3-18% slower (policy shape, batch 64 to
-// 512), so those keep cp.async.
+// from the TMA unit (for the layers it can address): wherever the kernel is
+// built for it (tma_capable: 32- and 64-row tiles, where TMA is 5-6% faster
+// than cp.async on the H200, seed shape, batch 4096 and 32768: fewer
+// instructions per chunk), unless DDPM_OPS_CUDA_TMA=0.
 bool use_tma(int mt) {
-  if (tensor_map_encoder() == nullptr) return false;
-  if (const char* forced = std::getenv("DDPM_OPS_CUDA_TMA")) return std::strcmp(forced, "0") != 0;
-  return mt >= 2;
+  if (!cuda_kernels::tma_capable(mt) || tensor_map_encoder() == nullptr) return false;
+  const char* forced = std::getenv("DDPM_OPS_CUDA_TMA");
+  return forced == nullptr || std::strcmp(forced, "0") != 0;
 }
 
 // TileMaps::weight[l] for every layer the plan copies by TMA; a layer whose
@@ -226,16 +224,19 @@ size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, bo
     plan->vec4[l] = la.in % 4 == 0 && reinterpret_cast<uintptr_t>(la.weight) % 16 == 0;
     // TMA needs the same: a 16-byte aligned matrix with 16-byte row strides.
     plan->tma[l] = tma_chunks && plan->vec4[l];
-    // The fewest tiles per warp whose pass covers the CTA's share, so that a
-    // narrow share (the last layer is dim wide) still keeps every warp busy.
-    int tiles = 1;
-    while (tiles < kTileMaxWarpTiles && plan->cta_cols[l] > kTileWarps * 8 * tiles) tiles *= 2;
-    plan->warp_tiles[l] = tiles;
+    // The fewest passes that cover the CTA's share, and the fewest tiles per
+    // warp for them: every warp gets work in a narrow share (the last layer
+    // is dim wide), and a share of 192 columns takes 3 tiles per warp rather
+    // than 4 on 6 warps (a pass is as slow as its busiest warp).
+    const int warp_cols = kTileWarps * 8;
+    const int passes = (plan->cta_cols[l] + warp_cols * kTileMaxWarpTiles - 1) / (warp_cols * kTileMaxWarpTiles);
+    plan->warp_tiles[l] = (plan->cta_cols[l] + passes * warp_cols - 1) / (passes * warp_cols);
     widest_pass = std::max(widest_pass, cuda_kernels::tile_pass_cols(*plan, l));
   }
   // Narrow passes leave room for more chunks in flight.
   plan->slot_floats = widest_pass * cuda_kernels::kTileStageLd;
-  plan->slots = std::min(cuda_kernels::kTileMaxSlots, cuda_kernels::kTileStageFloats / plan->slot_floats);
+  plan->slots = cuda_kernels::kTileMaxSlots;  // a power of two (the ring's index wraps by a mask)
+  while (plan->slots * plan->slot_floats > cuda_kernels::kTileStageFloats) plan->slots /= 2;
   const int ld = act_width + 4;
   plan->act_ld = ld;
   plan->act_offset[0] = 0;

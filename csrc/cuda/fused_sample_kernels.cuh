@@ -593,6 +593,12 @@ __host__ __device__ inline int stage_index(int n, int k) {
   return n * kTileStageLd + ((((k >> 2) ^ n) & 7) << 2) + (k & 3);
 }
 
+// Whether kernels with 16 * mt-row tiles can take weight chunks from the TMA
+// unit. 16-row tiles never do: measured on the H200, their chunks are slower
+// by TMA (BENCHMARKS.md), and merely carrying the TMA path (per-slot copy
+// kinds, mbarrier waits) cost them 3-8% (policy shape, batch 64 to 512).
+__host__ __device__ constexpr bool tma_capable(int mt) { return mt >= 2; }
+
 // One TMA descriptor per layer whose chunks the TMA unit copies
 // (TilePlan::tma): the weight matrix as a 2-D tensor (in, out), boxes of
 // kTileKChunk x the layer's pass width, zero-filled outside the matrix,
@@ -617,7 +623,7 @@ struct TilePlan {
   bool vec4[kMaxLayers];  // weight rows 16-byte aligned: copy with 16-byte cp.async
   bool tma[kMaxLayers];   // chunks of layer l by TMA (TileMaps::weight[l]), else cp.async
   // Output columns of layer l per CTA of a cluster (a multiple of 8), and the
-  // 8-column tiles per warp (1, 2 or 4): narrow shares spread over every warp
+  // 8-column tiles per warp (1 to 4): narrow shares spread over every warp
   // instead of leaving most of them idle.
   int cta_cols[kMaxLayers];
   int warp_tiles[kMaxLayers];
@@ -744,6 +750,7 @@ struct WeightStream {
 
 // Slot rows are the pass's output columns [n][k]: thread i copies one 16-byte
 // (or 4-byte) column group of every (threads / groups)-th row.
+template <bool kTma>
 __device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, WeightStream& ws) {
   const LayerArgs& la = a.layers[ws.layer];
   const LayerShare share = layer_share(a, p, ws.layer, rank);
@@ -751,7 +758,7 @@ __device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, Wei
   const int n_base = share.col_begin + ws.pass * pass_cols;
   const int rows_left = share.col_end - n_base;  // rows of W to copy, if < pass_cols
   ws.chunks_left = share.chunks;
-  ws.tma = p.tma[ws.layer];
+  ws.tma = kTma && p.tma[ws.layer];
   if (ws.tma) {
     // Columns past the share but inside W arrive too: their products are
     // not stored. Past W's edges the box is zero-filled.
@@ -784,10 +791,11 @@ __device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, Wei
 // the stream moves on. A TMA chunk is one copy issued by thread 0; every
 // thread still commits a (then empty) cp.async group, so that the groups
 // pending stay one per slot.
+template <bool kTma>
 __device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& p, const TileMaps& maps,
                                            int rank, float* stages, uint64_t* slot_bars, WeightStream& ws) {
   float* slot = stages + ws.fill * p.slot_floats;
-  if (ws.tma) {
+  if (kTma && ws.tma) {
     if (threadIdx.x == 0) {
       const uint32_t bar = smem_address(slot_bars + ws.fill);
       mbarrier_arrive_expect(bar, tile_pass_cols(p, ws.layer) * kTileKChunk * sizeof(float));
@@ -806,7 +814,7 @@ __device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& 
       for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
         cp_async4(dst, i < inside ? src : ws.safe, i < inside);
     }
-    ws.tma_slots &= ~(1u << ws.fill);
+    if (kTma) ws.tma_slots &= ~(1u << ws.fill);
     ws.src += kTileKChunk;
     ws.k_left -= kTileKChunk;
   }
@@ -817,14 +825,15 @@ __device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& 
     ws.pass = 0;
     if (++ws.layer == a.num_layers) ws.layer = 0;
   }
-  begin_pass(a, p, rank, ws);
+  begin_pass<kTma>(a, p, rank, ws);
 }
 
 // Waits until the chunk in the read slot has landed: its TMA copy, or all
 // cp.async groups but the slots - 2 most recent (the slot read last is
 // refilled only afterwards).
+template <bool kTma>
 __device__ __forceinline__ void wait_for_chunk(int slots, uint64_t* slot_bars, WeightStream& ws) {
-  if ((ws.tma_slots >> ws.read) & 1u) {
+  if (kTma && ((ws.tma_slots >> ws.read) & 1u)) {
     mbarrier_wait(slot_bars + ws.read, (ws.phase >> ws.read) & 1u);
     ws.phase ^= 1u << ws.read;
     return;
@@ -923,7 +932,7 @@ __device__ __forceinline__ void store_quad(const TilePass& t, int row, int col, 
 // of its column share, accumulated over its inner range chunk by chunk, then
 // bias, SiLU and the stores: into this CTA (the caller exchanges the shares),
 // or, for the partial sums of a split last layer, into every CTA.
-// A warp with NT < 4 tiles spreads consecutive k-steps over the spare
+// A warp with NT <= 2 tiles spreads consecutive k-steps over the spare
 // accumulators (4 / NT chains per tile), so that its products do not wait
 // on one another; the chains are summed at the end.
 template <int MT, int kSplit, int NT>
@@ -965,9 +974,9 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
     // TMA copy's mbarrier, the barrier shows everyone's cp.async copies) and
     // every warp is done with the slot read last, which is refilled now: one
     // barrier per chunk.
-    wait_for_chunk(t.p.slots, t.slot_bars, stream);
+    wait_for_chunk<tma_capable(MT)>(t.p.slots, t.slot_bars, stream);
     __syncthreads();
-    load_chunk(t.a, t.p, t.maps, t.rank, t.stages, t.slot_bars, stream);
+    load_chunk<tma_capable(MT)>(t.a, t.p, t.maps, t.rank, t.stages, t.slot_bars, stream);
     const uint32_t ws =
         smem_address(t.stages + stream.read * t.p.slot_floats + warp * 8 * NT * kTileStageLd) + b_lane;
     if (warp_active) {
@@ -990,7 +999,7 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
 #pragma unroll
         for (int n = 0; n < NT; n += 2) {
           const uint32_t at = ws + n * 8 * kTileStageLd * sizeof(float) + (((2 * ks) ^ b_unit) << 4);
-          if (NT == 1) {
+          if (n + 1 == NT) {  // an odd tile count's last tile
             ldmatrix_x2(b_big[n], at);
           } else {
             uint32_t q[4];
@@ -1113,8 +1122,8 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   // Fill all slots but one (overlapping the setup below); each chunk then
   // refills one.
   WeightStream stream = {};
-  begin_pass(a, p, rank, stream);
-  for (int s = 0; s + 1 < p.slots; ++s) load_chunk(a, p, maps, rank, stages, slot_bars, stream);
+  begin_pass<tma_capable(MT)>(a, p, rank, stream);
+  for (int s = 0; s + 1 < p.slots; ++s) load_chunk<tma_capable(MT)>(a, p, maps, rank, stages, slot_bars, stream);
 
   // Zero both buffers: the products read up to the next chunk boundary past a
   // layer's width, where the staged weights are zero; the activations there
@@ -1169,6 +1178,9 @@ __global__ void __launch_bounds__(kTileThreads, 1)
           case 2:
             tile_pass<MT, kSplit, 2>(tp, pass, stream);
             break;
+          case 3:
+            tile_pass<MT, kSplit, 3>(tp, pass, stream);
+            break;
           default:
             tile_pass<MT, kSplit, 4>(tp, pass, stream);
         }
@@ -1212,7 +1224,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   // The prefetches past the end, unused, must land before exit.
   cp_async_wait<0>();
   for (int s = 0; s + 1 < p.slots; ++s) {
-    wait_for_chunk(p.slots, slot_bars, stream);
+    wait_for_chunk<tma_capable(MT)>(p.slots, slot_bars, stream);
     stream.read = (stream.read + 1) & (p.slots - 1);
   }
 
