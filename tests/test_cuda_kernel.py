@@ -74,16 +74,16 @@ TILED_LOG = re.compile(r"ddpm_ops tiled kernel: batch (\d+), (\d+) rows x \d+ ti
 CLUSTER_LOG = re.compile(r"ddpm_ops cluster kernel: batch (\d+), cluster size (\d+) ")
 
 
-def expected_chunk_copies(weights, tma):
-    """With TMA on, it copies a layer's chunks when its rows are 16-byte aligned."""
-    return ["tma" if tma and w.shape[1] % 4 == 0 and w.data_ptr() % 16 == 0
+def expected_chunk_copies(weights, weight_copy):
+    """TMA copies a layer's chunks when its rows are 16-byte aligned (and TMA is on)."""
+    return ["tma" if weight_copy == "tma" and w.shape[1] % 4 == 0 and w.data_ptr() % 16 == 0
             else "cp.async" for w in weights]
 
 
 @pytest.fixture(params=["tma", "cp.async"])
 def weight_copy(request, monkeypatch):
     """The tiled kernel's weight chunks by the TMA unit wherever it can address
-    the layer (the default; 32- and 64-row tiles only), or all by cp.async."""
+    the layer (the default), or all by cp.async."""
     if request.param == "tma":
         monkeypatch.delenv("DDPM_OPS_CUDA_TMA", raising=False)
     else:
@@ -130,9 +130,7 @@ def test_every_cluster_size(monkeypatch, capfd, weight_copy, kernel, cluster_siz
         return
     assert kernel != "cluster", log
     assert tiled.groups()[:3] == (str(batch), kernel[len("tiled"):], str(cluster_size)), log
-    # 16-row tiles never take TMA chunks (measured slower, BENCHMARKS.md).
-    tma = weight_copy == "tma" and kernel != "tiled16"
-    assert tiled.group(4).split() == expected_chunk_copies(problem.weights, tma), log
+    assert tiled.group(4).split() == expected_chunk_copies(problem.weights, weight_copy), log
 
 
 def misaligned_copy(t):
@@ -157,11 +155,11 @@ def test_misaligned_weights_every_variant(variant, batch, hidden):
 def test_tma_and_cp_async_chunks_mixed(monkeypatch, capfd, misaligned_layer):
     """Layers whose rows TMA cannot address (odd widths, misaligned storage) take
     cp.async in the same weight stream as TMA layers, through the same ring."""
-    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "tiled32")
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "tiled16")
     monkeypatch.setenv("DDPM_OPS_CUDA_CLUSTER_SIZE", "2")
     monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     monkeypatch.delenv("DDPM_OPS_CUDA_TMA", raising=False)
-    problem = make_problem(100, 12, [512, 256], 3, device="cuda")
+    problem = make_problem(100, 12, [1024, 512], 3, device="cuda")
     if misaligned_layer is not None:
         problem.weights[misaligned_layer] = misaligned_copy(problem.weights[misaligned_layer])
     capfd.readouterr()
@@ -170,13 +168,13 @@ def test_tma_and_cp_async_chunks_mixed(monkeypatch, capfd, misaligned_layer):
     (log,) = launch_logs(capfd)
     copies = TILED_LOG.match(log).group(4).split()
     # Layer 0 reads dim + 1 = 13 columns: never TMA.
-    assert copies == expected_chunk_copies(problem.weights, True), log
+    assert copies == expected_chunk_copies(problem.weights, "tma"), log
     assert copies[0] == "cp.async" and "tma" in copies, log
 
 
-@pytest.mark.parametrize("kernel, tma", [("tiled16", False), ("tiled32", True), ("tiled64", True)])
-def test_default_weight_copies(monkeypatch, capfd, kernel, tma):
-    """The rule: TMA chunks for 32- and 64-row tiles, cp.async for 16-row tiles."""
+@pytest.mark.parametrize("kernel", ["tiled16", "tiled32", "tiled64"])
+def test_default_weight_copies(monkeypatch, capfd, kernel):
+    """By default every tile height takes TMA chunks where TMA can address the layer."""
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
     monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     monkeypatch.delenv("DDPM_OPS_CUDA_TMA", raising=False)
@@ -185,7 +183,7 @@ def test_default_weight_copies(monkeypatch, capfd, kernel, tma):
     out = ddpm_ops.fused_sample(*problem.args())
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
     (log,) = launch_logs(capfd)
-    assert TILED_LOG.match(log).group(4).split() == expected_chunk_copies(problem.weights, tma), log
+    assert TILED_LOG.match(log).group(4).split() == expected_chunk_copies(problem.weights, "tma"), log
 
 
 def out_of_range_problem():

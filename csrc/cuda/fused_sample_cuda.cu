@@ -155,13 +155,12 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// Whether the tiled kernel with 16 * mt-row tiles takes its weight chunks
-// from the TMA unit (for the layers it can address): wherever the kernel is
-// built for it (tma_capable: 32- and 64-row tiles, where TMA is 5-6% faster
-// than cp.async on the H200, seed shape, batch 4096 and 32768: fewer
-// instructions per chunk), unless DDPM_OPS_CUDA_TMA=0.
-bool use_tma(int mt) {
-  if (!cuda_kernels::tma_capable(mt) || tensor_map_encoder() == nullptr) return false;
+// Whether the tiled kernel takes its weight chunks from the TMA unit (for the
+// layers it can address): unless DDPM_OPS_CUDA_TMA=0. Measured on the H200
+// (BENCHMARKS.md), TMA is 5-12% faster than cp.async at every tile height
+// (fewer instructions per chunk, none of them on the compute warps).
+bool use_tma() {
+  if (tensor_map_encoder() == nullptr) return false;
   const char* forced = std::getenv("DDPM_OPS_CUDA_TMA");
   return forced == nullptr || std::strcmp(forced, "0") != 0;
 }
@@ -258,7 +257,7 @@ size_t plan_tiled_layout(const SampleArgs& a, int mt, int cs, bool try_split, bo
 
 // plan_tiled_layout, with the split last layer only where it fits in max_smem.
 size_t plan_tiled(const SampleArgs& a, int mt, int cs, size_t max_smem, TilePlan* plan) {
-  const bool tma = use_tma(mt);
+  const bool tma = use_tma();
   const size_t smem = plan_tiled_layout(a, mt, cs, true, tma, plan);
   return smem <= max_smem || !plan->split_last ? smem : plan_tiled_layout(a, mt, cs, false, tma, plan);
 }

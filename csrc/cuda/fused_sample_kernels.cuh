@@ -139,6 +139,12 @@ __device__ __forceinline__ void mbarrier_arrive_expect(uint32_t cluster_bar, uin
                "r"(bytes)
                : "memory");
 }
+// This thread's arrival on this CTA's mbarrier for a TMA copy it issues next,
+// announcing the copy's bytes. CTA scope: the copy lands in this CTA and only
+// this CTA waits for it, so no cluster-wide release is needed.
+__device__ __forceinline__ void mbarrier_expect_own_copy(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void st_async(uint32_t cluster_addr, float v, uint32_t cluster_bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
                    cluster_addr),
@@ -190,17 +196,28 @@ __device__ __forceinline__ void st_cluster(uint32_t cluster_addr, float4 v) {
                : "memory");
 }
 // Waits until the phase of `bar` with this parity has completed; acquire at
-// cluster scope makes the data other CTAs sent for it visible.
+// cluster scope makes the data other CTAs sent for it visible. kCluster =
+// false: a phase that only this CTA's own TMA copies complete (CTA scope).
+template <bool kCluster = true>
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = smem_address(bar);
   uint32_t done;
   do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
+    if (kCluster) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(addr), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(addr), "r"(parity)
+          : "memory");
+    }
   } while (!done);
 }
 
@@ -593,12 +610,6 @@ __host__ __device__ inline int stage_index(int n, int k) {
   return n * kTileStageLd + ((((k >> 2) ^ n) & 7) << 2) + (k & 3);
 }
 
-// Whether kernels with 16 * mt-row tiles can take weight chunks from the TMA
-// unit. 16-row tiles never do: measured on the H200, their chunks are slower
-// by TMA (BENCHMARKS.md), and merely carrying the TMA path (per-slot copy
-// kinds, mbarrier waits) cost them 3-8% (policy shape, batch 64 to 512).
-__host__ __device__ constexpr bool tma_capable(int mt) { return mt >= 2; }
-
 // One TMA descriptor per layer whose chunks the TMA unit copies
 // (TilePlan::tma): the weight matrix as a 2-D tensor (in, out), boxes of
 // kTileKChunk x the layer's pass width, zero-filled outside the matrix,
@@ -750,7 +761,6 @@ struct WeightStream {
 
 // Slot rows are the pass's output columns [n][k]: thread i copies one 16-byte
 // (or 4-byte) column group of every (threads / groups)-th row.
-template <bool kTma>
 __device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, WeightStream& ws) {
   const LayerArgs& la = a.layers[ws.layer];
   const LayerShare share = layer_share(a, p, ws.layer, rank);
@@ -758,7 +768,7 @@ __device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, Wei
   const int n_base = share.col_begin + ws.pass * pass_cols;
   const int rows_left = share.col_end - n_base;  // rows of W to copy, if < pass_cols
   ws.chunks_left = share.chunks;
-  ws.tma = kTma && p.tma[ws.layer];
+  ws.tma = p.tma[ws.layer];
   if (ws.tma) {
     // Columns past the share but inside W arrive too: their products are
     // not stored. Past W's edges the box is zero-filled.
@@ -791,14 +801,13 @@ __device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, Wei
 // the stream moves on. A TMA chunk is one copy issued by thread 0; every
 // thread still commits a (then empty) cp.async group, so that the groups
 // pending stay one per slot.
-template <bool kTma>
 __device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& p, const TileMaps& maps,
                                            int rank, float* stages, uint64_t* slot_bars, WeightStream& ws) {
   float* slot = stages + ws.fill * p.slot_floats;
-  if (kTma && ws.tma) {
+  if (ws.tma) {
     if (threadIdx.x == 0) {
       const uint32_t bar = smem_address(slot_bars + ws.fill);
-      mbarrier_arrive_expect(bar, tile_pass_cols(p, ws.layer) * kTileKChunk * sizeof(float));
+      mbarrier_expect_own_copy(bar, tile_pass_cols(p, ws.layer) * kTileKChunk * sizeof(float));
       tma_load_2d(smem_address(slot), &maps.weight[ws.layer], ws.box_k, ws.box_n, bar);
     }
     ws.tma_slots |= 1u << ws.fill;
@@ -814,7 +823,7 @@ __device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& 
       for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
         cp_async4(dst, i < inside ? src : ws.safe, i < inside);
     }
-    if (kTma) ws.tma_slots &= ~(1u << ws.fill);
+    ws.tma_slots &= ~(1u << ws.fill);
     ws.src += kTileKChunk;
     ws.k_left -= kTileKChunk;
   }
@@ -825,16 +834,15 @@ __device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& 
     ws.pass = 0;
     if (++ws.layer == a.num_layers) ws.layer = 0;
   }
-  begin_pass<kTma>(a, p, rank, ws);
+  begin_pass(a, p, rank, ws);
 }
 
 // Waits until the chunk in the read slot has landed: its TMA copy, or all
 // cp.async groups but the slots - 2 most recent (the slot read last is
 // refilled only afterwards).
-template <bool kTma>
 __device__ __forceinline__ void wait_for_chunk(int slots, uint64_t* slot_bars, WeightStream& ws) {
-  if (kTma && ((ws.tma_slots >> ws.read) & 1u)) {
-    mbarrier_wait(slot_bars + ws.read, (ws.phase >> ws.read) & 1u);
+  if ((ws.tma_slots >> ws.read) & 1u) {
+    mbarrier_wait<false>(slot_bars + ws.read, (ws.phase >> ws.read) & 1u);
     ws.phase ^= 1u << ws.read;
     return;
   }
@@ -974,9 +982,9 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
     // TMA copy's mbarrier, the barrier shows everyone's cp.async copies) and
     // every warp is done with the slot read last, which is refilled now: one
     // barrier per chunk.
-    wait_for_chunk<tma_capable(MT)>(t.p.slots, t.slot_bars, stream);
+    wait_for_chunk(t.p.slots, t.slot_bars, stream);
     __syncthreads();
-    load_chunk<tma_capable(MT)>(t.a, t.p, t.maps, t.rank, t.stages, t.slot_bars, stream);
+    load_chunk(t.a, t.p, t.maps, t.rank, t.stages, t.slot_bars, stream);
     const uint32_t ws =
         smem_address(t.stages + stream.read * t.p.slot_floats + warp * 8 * NT * kTileStageLd) + b_lane;
     if (warp_active) {
@@ -1118,12 +1126,16 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2 + kTileMaxSlots; ++b) mbarrier_init(bars + b, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    // The descriptors' first use then finds them cached.
+    for (int l = 0; l < L; ++l) {
+      if (p.tma[l]) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&maps.weight[l]) : "memory");
+    }
   }
   // Fill all slots but one (overlapping the setup below); each chunk then
   // refills one.
   WeightStream stream = {};
-  begin_pass<tma_capable(MT)>(a, p, rank, stream);
-  for (int s = 0; s + 1 < p.slots; ++s) load_chunk<tma_capable(MT)>(a, p, maps, rank, stages, slot_bars, stream);
+  begin_pass(a, p, rank, stream);
+  for (int s = 0; s + 1 < p.slots; ++s) load_chunk(a, p, maps, rank, stages, slot_bars, stream);
 
   // Zero both buffers: the products read up to the next chunk boundary past a
   // layer's width, where the staged weights are zero; the activations there
@@ -1224,7 +1236,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   // The prefetches past the end, unused, must land before exit.
   cp_async_wait<0>();
   for (int s = 0; s + 1 < p.slots; ++s) {
-    wait_for_chunk<tma_capable(MT)>(p.slots, slot_bars, stream);
+    wait_for_chunk(p.slots, slot_bars, stream);
     stream.read = (stream.read + 1) & (p.slots - 1);
   }
 
