@@ -281,15 +281,18 @@ struct TiledChoice {
 
 // The rule, read off every variant forced on the H200 (bench.py --variants,
 // BENCHMARKS.md):
-//   - from batch kTiledMinBatch, one CTA per tile: 64-row tiles once they
-//     fill every multiprocessor (fewest weight reads per row), else 32 rows;
-//   - otherwise, from batch kStreamedMinBatch, for a net whose weights the
-//     cluster kernel cannot keep on chip (it would read them from L2 at
-//     CUDA-core speed): 16-row tiles, each layer's columns split over the
-//     largest cluster (up to 16, any size) of which every tile's cluster is
-//     resident at once: a CTA's share of the weight stream, the bound at
-//     this size, shrinks with the cluster, and a second wave would double
-//     the time;
+//   - from batch kTiledMinBatch, 64-row tiles, one CTA each, once they fill
+//     7/8 of the multiprocessors (fewest weight reads per row; seed shape,
+//     batch 8192, 128 tiles on 132: 793 us against 893 in 16-row tiles);
+//   - otherwise, from batch kTiledMinBatch, or from batch kStreamedMinBatch
+//     for a net whose weights the cluster kernel cannot keep on chip (it
+//     would read them from L2 at CUDA-core speed): 16-row tiles, each
+//     layer's columns split over the largest cluster (up to 16, any size) of
+//     which every tile's cluster is resident at once: a CTA's share of the
+//     weight stream, the bound at these sizes, shrinks with the cluster, and
+//     a second wave would double the time. (Seed shape, 16-row tiles against
+//     32- and 64-row tiles: batch 1024 271 us in clusters of 2 against 480
+//     and 783, batch 6144 752 against 947 and 788.)
 //   - otherwise the cluster kernel.
 TiledChoice choose_tiled(const SampleArgs& a, const DeviceInfo& info, bool weights_on_chip) {
   TiledChoice choice;
@@ -310,15 +313,9 @@ TiledChoice choose_tiled(const SampleArgs& a, const DeviceInfo& info, bool weigh
       return choice;
     }
   }
-  if (a.batch >= kTiledMinBatch) {
-    for (int mt : {4, 2}) {
-      if (fits(mt) && (tiles(mt) >= info.sm_count || mt == 2)) {
-        choice.mt = mt;
-        break;
-      }
-    }
-  }
-  if (choice.mt == 0 && a.batch >= kStreamedMinBatch && !weights_on_chip && fits(1)) {
+  if (a.batch >= kTiledMinBatch && fits(4) && 8 * tiles(4) >= 7 * info.sm_count) choice.mt = 4;
+  const bool streamed = a.batch >= kStreamedMinBatch && !weights_on_chip;
+  if (choice.mt == 0 && (streamed || a.batch >= kTiledMinBatch) && fits(1)) {
     choice.mt = 1;
     for (int size = kMaxClusterSize; size > 1; --size) {
       if (tiles(1) <= info.max_clusters[size]) {
