@@ -197,8 +197,8 @@ def run_table(name, cfg, args, clock, device):
                                                    "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
                             for kernel in ("tiled16", "tiled32", "tiled64", "cluster")
                             for size in (1, 2, 4, 8, 16) + (() if kernel == "cluster" else (3, 6))}
-                # the tiled kernel's weight chunks all by cp.async (by default, 32- and
-                # 64-row tiles take them by TMA wherever it can address the layer)
+                # the tiled kernel's weight chunks all by cp.async (by default they
+                # come by TMA wherever it can address the layer)
                 variants["fused-cp.async"] = ({"DDPM_OPS_CUDA_TMA": "0"}, "fp32")
                 for key, (env, precision) in variants.items():
                     extras[key] = (lambda e, p: lambda: forced(e, lambda: fused(p)))(env, precision)

@@ -46,10 +46,9 @@ using cuda_kernels::TilePlan;
 // Up to this many rows per cluster, the last layer is computed whole on every
 // CTA (no exchange) when it fits; beyond, its compute outweighs one barrier.
 constexpr int kReplicateMaxRows = 4;
-// From this batch the tiled kernel (one CTA per tile) beats the cluster
-// kernel; from kStreamedMinBatch it does so with clusters, for nets whose
-// weights the cluster kernel cannot keep on chip (measured on the H200,
-// BENCHMARKS.md).
+// From this batch the tiled kernel beats the cluster kernel; from
+// kStreamedMinBatch it does so for nets whose weights the cluster kernel
+// cannot keep on chip (measured on the H200, BENCHMARKS.md; choose_tiled).
 constexpr int64_t kTiledMinBatch = 1024;
 constexpr int64_t kStreamedMinBatch = 64;
 
