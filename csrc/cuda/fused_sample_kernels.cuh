@@ -131,18 +131,22 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
                : "memory");
 }
 // One arrival on a cluster mbarrier, announcing `bytes` of st.async data that
-// this CTA sends for the same phase. Release: this thread's earlier accesses
-// (after a CTA barrier, the whole CTA's) happen before the phase completes.
+// this CTA sends for the same phase. Relaxed: at cluster scope a release
+// compiles to a GPU-wide memory barrier (MEMBAR.ALL.GPU), and nothing here
+// needs one. The data travel in the st.async stores, which complete on the
+// receiver's barrier themselves; and a CTA's reads of a buffer that others
+// will overwrite are done before it sends the slice computed from them,
+// which the writers wait for first (the kernels say so at each exchange).
 __device__ __forceinline__ void mbarrier_arrive_expect(uint32_t cluster_bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [%0], %1;\n" ::"r"(
+  asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cluster.b64 _, [%0], %1;\n" ::"r"(
                    cluster_bar),
                "r"(bytes)
                : "memory");
 }
-// This thread's arrival on this CTA's mbarrier for a TMA copy it issues next,
-// announcing the copy's bytes. CTA scope: the copy lands in this CTA and only
-// this CTA waits for it, so no cluster-wide release is needed.
-__device__ __forceinline__ void mbarrier_expect_own_copy(uint32_t bar, uint32_t bytes) {
+// This thread's arrival on this CTA's own mbarrier, announcing the bytes that
+// copies into this CTA will complete on it (its TMA copy, or the bulk copies
+// of the other CTAs). CTA scope: only this CTA waits on it.
+__device__ __forceinline__ void mbarrier_expect_local(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void st_async(uint32_t cluster_addr, float v, uint32_t cluster_bar) {
@@ -195,29 +199,21 @@ __device__ __forceinline__ void st_cluster(uint32_t cluster_addr, float4 v) {
                "f"(v.z), "f"(v.w)
                : "memory");
 }
-// Waits until the phase of `bar` with this parity has completed; acquire at
-// cluster scope makes the data other CTAs sent for it visible. kCluster =
-// false: a phase that only this CTA's own TMA copies complete (CTA scope).
-template <bool kCluster = true>
+// Waits until the phase of `bar` with this parity has completed. CTA scope:
+// every phase waited for here completes by data landing in this CTA's shared
+// memory (TMA copies, bulk copies and st.async from the cluster), which the
+// completion itself makes visible; a cluster-scope acquire would also
+// invalidate the L1 cache (CCTL.IVALL) at every wait, for no data of ours.
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = smem_address(bar);
   uint32_t done;
   do {
-    if (kCluster) {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(addr), "r"(parity)
-          : "memory");
-    } else {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(addr), "r"(parity)
-          : "memory");
-    }
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
   } while (!done);
 }
 
@@ -389,9 +385,11 @@ __device__ __forceinline__ void cluster_layer(const LayerSplit& sp, const float*
 // with st.async completing on their mbarrier `bar`; every CTA, this one
 // included, also arrives on each barrier once, announcing its bytes. A phase
 // thus completes when all slices have landed, with no cluster-wide barrier.
-// The caller has synchronized the CTA: the slice is written, and the reads of
-// the buffer this phase will overwrite elsewhere are done (the arrivals
-// release them).
+// The caller has synchronized the CTA: the slice is written. The buffers
+// alternate, so this phase overwrites a buffer in CTA d only after d has sent
+// a later slice, past a CTA barrier that follows its reads of that buffer,
+// and this CTA has waited for that slice: the writes follow d's reads along
+// that chain, with no fence (the arrivals are relaxed).
 __device__ __forceinline__ void push_slice(const LayerSplit& sp, const float* buf, int ld, int rows,
                                            int n0, int ns, uint64_t* bar, int cs_log2, int rank) {
   const int cs = 1 << cs_log2;
@@ -807,7 +805,7 @@ __device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& 
   if (ws.tma) {
     if (threadIdx.x == 0) {
       const uint32_t bar = smem_address(slot_bars + ws.fill);
-      mbarrier_expect_own_copy(bar, tile_pass_cols(p, ws.layer) * kTileKChunk * sizeof(float));
+      mbarrier_expect_local(bar, tile_pass_cols(p, ws.layer) * kTileKChunk * sizeof(float));
       tma_load_2d(smem_address(slot), &maps.weight[ws.layer], ws.box_k, ws.box_n, bar);
     }
     ws.tma_slots |= 1u << ws.fill;
@@ -842,7 +840,7 @@ __device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& 
 // refilled only afterwards).
 __device__ __forceinline__ void wait_for_chunk(int slots, uint64_t* slot_bars, WeightStream& ws) {
   if ((ws.tma_slots >> ws.read) & 1u) {
-    mbarrier_wait<false>(slot_bars + ws.read, (ws.phase >> ws.read) & 1u);
+    mbarrier_wait(slot_bars + ws.read, (ws.phase >> ws.read) & 1u);
     ws.phase ^= 1u << ws.read;
     return;
   }
@@ -911,7 +909,7 @@ __device__ __forceinline__ void exchange_shares(const TilePlan& p, const LayerAr
   if (threadIdx.x == 0) {
     uint32_t bytes = 0;
     for (int q = 0; q < cs; ++q) bytes += q == rank ? 0u : width(q) * kRows * sizeof(float);
-    mbarrier_arrive_expect(bar_local, bytes);
+    mbarrier_expect_local(bar_local, bytes);
   }
   mbarrier_wait(bar, parity);
 }
