@@ -359,24 +359,32 @@ bool cluster_weights_on_chip(const SampleArgs& a, const DeviceInfo& info) {
 }
 
 // log2 of the cluster size. The rule was read off every size forced on the
-// H200 (bench.py --variants, BENCHMARKS.md): for a net whose weights fit on
-// two CTAs (seed shape), 8 up to batch 8 (fewest per-layer costs), then 2 up
-// to 256 (most clusters side by side), then 4; for bigger nets (policy shape:
-// 4 MB of weights, read from L2 by every cluster), 16 at batch 1 (most
-// on-chip weights), 8 up to batch 8, 16 up to 32 (half the clusters, so half
-// the L2 traffic, for two rows each: batch 16, 127 -> 73 us), 8 up to 256,
-// then 4.
+// H200 (bench.py --variants, diag sweeps, BENCHMARKS.md). A row per cluster
+// is the fastest while the clusters are all resident at once, and the larger
+// the cluster the shorter each layer. For a net whose weights fit on two CTAs
+// (seed shape): the largest of 8, 4 that gives every row its own cluster
+// (H200: batch 15 and 33; seed batch 16: 63 us in clusters of 4 against 86
+// in clusters of 2), else 2 up to batch 256 (most clusters side by side),
+// then 4. For bigger nets (policy shape: 4 MB of weights, read from L2 by
+// every cluster): 16 while every row gets its own cluster of 16 (most
+// on-chip weights; H200: batch 7; batch 2: 41 us against 53 in clusters of
+// 8), else 8 up to batch 16 (batch 16: 63 us, against 70 in clusters of 16),
+// 16 up to 32 (half the clusters, so half the L2 traffic: batch 32, 118 us
+// against 130), 8 up to 256, then 4.
 // DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks) forces a size that launches
 // (a power of two: the kernel's exchange indexes CTAs by bit masks).
 // Falls back to the largest size below the choice that launches.
 int cluster_size_log2(const SampleArgs& a, const DeviceInfo& info) {
   const int forced = forced_cluster_size(info);
   if (forced > 0 && (forced & (forced - 1)) == 0) return __builtin_ctz(forced);
+  auto row_per_cluster = [&](int size) { return a.batch <= info.max_clusters[size]; };
   int want;
   if (cluster_weights_on_chip(a, info)) {
-    want = a.batch <= 8 ? 8 : (a.batch <= 256 ? 2 : 4);
+    want = row_per_cluster(8) ? 8 : (row_per_cluster(4) ? 4 : (a.batch <= 256 ? 2 : 4));
+  } else if (row_per_cluster(16)) {
+    want = 16;
   } else {
-    want = a.batch <= 1 ? 16 : (a.batch <= 8 ? 8 : (a.batch <= 32 ? 16 : (a.batch <= 256 ? 8 : 4)));
+    want = a.batch <= 16 ? 8 : (a.batch <= 32 ? 16 : (a.batch <= 256 ? 8 : 4));
   }
   int chosen = 0;
   for (int i = 0; (1 << i) <= want; ++i) {
@@ -437,10 +445,11 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
               info.max_smem, " bytes per block)");
   p.rows_per_tile = rows;
   // Output tile of one thread group: more rows per tile reuse each weight
-  // load over more rows.
+  // load over more rows (2 rows in 2x2 tiles take about as long as 1 row in
+  // 1x2 tiles: H200, policy batch 16 in clusters of 8, 120 -> 63 us).
   int rt = 4, ct = 4;
   void (*kernel)(SampleArgs, ClusterPlan) = cuda_kernels::cluster_sample_kernel<4, 4>;
-  if (rows <= 2) {
+  if (rows <= 1) {
     rt = 1, ct = 2;
     kernel = cuda_kernels::cluster_sample_kernel<1, 2>;
   } else if (rows <= 16) {
