@@ -69,9 +69,21 @@ def launch_logs(capfd):
     return [line for line in capfd.readouterr().err.splitlines() if line.startswith("ddpm_ops ")]
 
 
+def run_logged(monkeypatch, capfd, problem):
+    """Runs the op on problem with DDPM_OPS_CUDA_LOG set, checks it against
+    float64, and returns the one plan line the launch printed."""
+    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
+    capfd.readouterr()
+    out = ddpm_ops.fused_sample(*problem.args())
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+    (log,) = launch_logs(capfd)
+    return log
+
+
 TILED_LOG = re.compile(r"ddpm_ops tiled kernel: batch (\d+), (\d+) rows x \d+ tiles, cluster size (\d+),"
                        r".* weight chunks by:((?: \S+)+)$")
-CLUSTER_LOG = re.compile(r"ddpm_ops cluster kernel: batch (\d+), cluster size (\d+) ")
+CLUSTER_LOG = re.compile(r"ddpm_ops cluster kernel: batch (\d+), cluster size (\d+) "
+                         r"\((\d+) co-resident\), (\d+) rows x (\d+) clusters")
 
 
 def expected_chunk_copies(weights, weight_copy):
@@ -111,19 +123,15 @@ def test_every_cluster_size(monkeypatch, capfd, weight_copy, kernel, cluster_siz
                             num_steps):
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
     monkeypatch.setenv("DDPM_OPS_CUDA_CLUSTER_SIZE", str(cluster_size))
-    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     problem = make_problem(batch, dim, hidden, num_steps, device="cuda", total_timesteps=200)
-    capfd.readouterr()
-    out = ddpm_ops.fused_sample(*problem.args())
-    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+    log = run_logged(monkeypatch, capfd, problem)
     # The forced variant ran: the tiled kernel with these rows, cluster size
     # and weight copies, or (only where a 64-row tile cannot fit in shared
     # memory) the cluster kernel.
-    (log,) = launch_logs(capfd)
     tiled = TILED_LOG.match(log)
     if tiled is None:
         assert kernel in ("cluster", "tiled64"), log
-        logged_batch, logged_size = CLUSTER_LOG.match(log).groups()
+        logged_batch, logged_size = CLUSTER_LOG.match(log).groups()[:2]
         assert logged_batch == str(batch), log
         # The cluster kernel takes a forced size only if it is a power of two.
         assert cluster_size & (cluster_size - 1) != 0 or logged_size == str(cluster_size), log
@@ -157,15 +165,11 @@ def test_tma_and_cp_async_chunks_mixed(monkeypatch, capfd, misaligned_layer):
     cp.async in the same weight stream as TMA layers, through the same ring."""
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "tiled16")
     monkeypatch.setenv("DDPM_OPS_CUDA_CLUSTER_SIZE", "2")
-    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     monkeypatch.delenv("DDPM_OPS_CUDA_TMA", raising=False)
     problem = make_problem(100, 12, [1024, 512], 3, device="cuda")
     if misaligned_layer is not None:
         problem.weights[misaligned_layer] = misaligned_copy(problem.weights[misaligned_layer])
-    capfd.readouterr()
-    out = ddpm_ops.fused_sample(*problem.args())
-    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
-    (log,) = launch_logs(capfd)
+    log = run_logged(monkeypatch, capfd, problem)
     copies = TILED_LOG.match(log).group(4).split()
     # Layer 0 reads dim + 1 = 13 columns: never TMA.
     assert copies == expected_chunk_copies(problem.weights, "tma"), log
@@ -176,14 +180,26 @@ def test_tma_and_cp_async_chunks_mixed(monkeypatch, capfd, misaligned_layer):
 def test_default_weight_copies(monkeypatch, capfd, kernel):
     """By default every tile height takes TMA chunks where TMA can address the layer."""
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
-    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     monkeypatch.delenv("DDPM_OPS_CUDA_TMA", raising=False)
     problem = make_problem(200, 64, [256, 256], 2, device="cuda")
-    capfd.readouterr()
-    out = ddpm_ops.fused_sample(*problem.args())
-    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
-    (log,) = launch_logs(capfd)
+    log = run_logged(monkeypatch, capfd, problem)
     assert TILED_LOG.match(log).group(4).split() == expected_chunk_copies(problem.weights, "tma"), log
+
+
+@pytest.mark.parametrize("dim, hidden", [(64, [256, 256]), (12, [1024, 1024])])
+@pytest.mark.parametrize("batch", [1, 2, 5, 8, 16, 33])
+def test_small_batches_get_a_cluster_per_row(monkeypatch, capfd, batch, dim, hidden):
+    """The rule at small batch (measured fastest on the H200): every row in a
+    cluster of its own, of at least 4 CTAs, while the co-resident clusters
+    allow it; on GPUs with 100+ SMs they do up to batch 8."""
+    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
+    problem = make_problem(batch, dim, hidden, 3, device="cuda")
+    log = run_logged(monkeypatch, capfd, problem)
+    _, size, resident, rows, clusters = (int(v) for v in CLUSTER_LOG.match(log).groups())
+    assert clusters * rows >= batch > (clusters - 1) * rows, log
+    if batch <= 8 and torch.cuda.get_device_properties(problem.x.device).multi_processor_count >= 100:
+        assert size >= 4 and batch <= resident and rows == 1 and clusters == batch, log
 
 
 def out_of_range_problem():

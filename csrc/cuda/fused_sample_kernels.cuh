@@ -884,14 +884,17 @@ struct TilePass {
 // its share only after the next exchange, by which time every receiver has
 // waited for this one.
 template <int kRows>
-__device__ __forceinline__ void exchange_shares(const TilePlan& p, const LayerArgs& la, int l, int rank,
+__device__ __forceinline__ void exchange_shares(const SampleArgs& a, const TilePlan& p, int l, int rank,
                                                 float* buf, int ld, uint64_t* bar, uint32_t parity,
                                                 bool first_remote) {
   const int cs = p.cluster_size;
   const int share = p.cta_cols[l];
   // Padded to whole 16-byte copies; the columns past the layer's width hold
   // finite values (zero weights meet them), as everywhere in these buffers.
-  auto width = [&](int q) { return round_up4(max(0, min(la.out - q * share, share))); };
+  auto width = [&](int q) {
+    const LayerShare s = layer_share(a, p, l, q);
+    return round_up4(max(0, s.col_end - s.col_begin));
+  };
   fence_proxy_async();
   if (first_remote) cluster_wait();  // as in tile_pass
   __syncthreads();
@@ -1204,7 +1207,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
         cluster_wait();
       } else {
         const int b = (l & 1) ^ 1;  // the buffer tp.out is
-        exchange_shares<kRows>(p, tp.la, l, rank, b ? act1 : act0, ld, bars + b, (parity >> b) & 1u,
+        exchange_shares<kRows>(a, p, l, rank, b ? act1 : act0, ld, bars + b, (parity >> b) & 1u,
                                tp.first_remote);
         parity ^= 1u << b;
       }
