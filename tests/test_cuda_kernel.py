@@ -291,3 +291,110 @@ def test_inputs_untouched_and_zero_steps_copy():
     problem.num_steps = 0
     copy = ddpm_ops.fused_sample(*problem.args())
     assert torch.equal(copy, problem.x) and copy.data_ptr() != problem.x.data_ptr()
+
+
+WGMMA_LOG = re.compile(r"ddpm_ops wgmma kernel: batch (\d+), 64 rows x (\d+) tiles on (\d+) CTAs "
+                       r"of 2 warpgroups, hidden width (\d+)")
+
+
+def has_wgmma_kernel(device="cuda"):
+    """The bf16 wgmma kernel needs an sm_90 GPU (H100, H200)."""
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+@pytest.mark.parametrize("batch, dim, hidden, num_steps, padded_hidden", [
+    (1, 64, [256, 256], 16, 256),       # the seed shape: one tile, 63 rows of padding
+    (1000, 64, [256, 256], 16, 256),    # a partial last tile
+    (32768, 64, [256, 256], 16, 256),   # two tiles per SM on 132 SMs
+    (300, 12, [256], 5, 256),           # depth 2: the first layer feeds the output layer
+    (77, 1, [64, 64], 3, 64),
+    (130, 33, [100, 37], 4, 128),       # odd widths, padded with zero weights
+    (65, 63, [128, 128, 128, 128], 3, 128),  # hidden layers between the first and the last
+    (200, 40, [192, 150, 192], 6, 192),
+    (9, 64, [256, 200], 100, 256),
+])
+@pytest.mark.parametrize("t_dtype", [torch.int64, torch.int32])
+def test_bf16_wgmma_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, padded_hidden, t_dtype):
+    """precision="bf16" takes the wgmma kernel wherever the net fits it, and
+    stays within the fast paths' error bound against float64."""
+    if not has_wgmma_kernel():
+        pytest.skip("the wgmma kernel needs an sm_90 GPU")
+    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
+    problem = make_problem(batch, dim, hidden, num_steps, device="cuda", t_dtype=t_dtype,
+                           total_timesteps=max(200, num_steps))
+    capfd.readouterr()
+    out = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
+    (log,) = launch_logs(capfd)
+    match = WGMMA_LOG.match(log)
+    assert match is not None, log
+    tiles = (batch + 63) // 64
+    assert match.groups() == (str(batch), str(tiles), str(min(tiles, torch.cuda.get_device_properties(0)
+                                                                  .multi_processor_count)),
+                              str(padded_hidden)), log
+    assert out.shape == (batch, dim) and out.is_contiguous()
+    error = relative_error(out, reference64_cuda(problem))
+    assert error <= FAST_TOLERANCE
+    # bf16 operands, not fp32 ones: the error is that of 8-bit mantissas.
+    assert error > FP32_TOLERANCE / 100
+
+
+@pytest.mark.parametrize("dim, hidden", [
+    (65, [256]),             # dim beyond 64
+    (12, [1024, 1024]),      # hidden beyond 256
+    (64, []),                # no hidden layer
+    (64, [256, 256, 256]),   # 320 KB of bf16 weights: more than shared memory
+])
+def test_bf16_outside_the_wgmma_kernel_runs_tf32(monkeypatch, capfd, dim, hidden):
+    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
+    problem = make_problem(100, dim, hidden, 3, device="cuda")
+    capfd.readouterr()
+    out = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
+    (log,) = launch_logs(capfd)
+    assert not log.startswith("ddpm_ops wgmma kernel"), log
+    assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
+
+
+@pytest.mark.parametrize("forced", ["cluster", "tiled16"])
+def test_a_forced_kernel_overrides_the_wgmma_kernel(monkeypatch, capfd, forced):
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", forced)
+    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
+    problem = make_problem(64, 64, [256, 256], 3, device="cuda")
+    capfd.readouterr()
+    out = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
+    (log,) = launch_logs(capfd)
+    assert log.startswith("ddpm_ops cluster kernel" if forced == "cluster" else "ddpm_ops tiled kernel"), log
+    assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
+
+
+def test_bf16_wgmma_out_of_range_rows_are_nan():
+    problem, args = out_of_range_problem()
+    out = ddpm_ops.fused_sample(*args, precision="bf16")
+    bad = torch.zeros(200, dtype=torch.bool, device="cuda")
+    bad[[3, 77, 150, 180]] = True
+    assert torch.isnan(out[bad]).all()
+    good = ~bad
+    problem.x, problem.t_start = problem.x[good], problem.t_start[good]
+    assert relative_error(out[good], reference64_cuda(problem)) <= FAST_TOLERANCE
+
+
+def test_bf16_wgmma_misaligned_weights_and_graph_capture():
+    problem = make_problem(700, 64, [256, 256], 8, device="cuda")
+    problem.weights = [misaligned_copy(w) for w in problem.weights]
+    problem.biases = [misaligned_copy(b) for b in problem.biases]
+    eager = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
+    assert relative_error(eager, reference64_cuda(problem)) <= FAST_TOLERANCE
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
+    problem.x.copy_(torch.randn_like(problem.x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert relative_error(captured, reference64_cuda(problem)) <= FAST_TOLERANCE
+
+
+def test_bf16_wgmma_opcheck():
+    problem = make_problem(100, 64, [256, 256], 4, device="cuda", t_dtype=torch.int32)
+    args = problem.args()
+    torch.library.opcheck(torch.ops.ddpm.fused_sample.default, args, {"precision": "bf16"})

@@ -2,13 +2,17 @@
 // the two kernels of fused_sample_kernels.cuh, and their launch.
 //
 // Which kernel (a simple rule, from measurements on an H200; BENCHMARKS.md;
-// details at choose_tiled and cluster_size_log2):
+// details at use_wgmma, choose_tiled and cluster_size_log2):
+//   - for precision "bf16", the wgmma kernel of wgmma_kernel.cuh (bf16
+//     operands, fp32 accumulation, the whole net in shared memory) where the
+//     GPU is sm_90 and the net within its envelope (wgmma_hidden);
 //   - the tiled tensor-core kernel (3xTF32 for "fp32", one tf32 product for
 //     "tf32" and "bf16") from batch 1024, and from batch 64 for nets whose
 //     weights the cluster kernel cannot keep on chip, when its row tile fits
 //     in shared memory;
 //   - otherwise the cluster kernel (exact fp32 on CUDA cores).
-// DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64 forces one and
+// DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64|wgmma forces one
+// (wgmma only for "bf16", where the net fits it) and
 // DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (tests, benchmarks: 1 to 16
 // for the tiled kernel, a power of two for the cluster kernel);
 // DDPM_OPS_CUDA_TMA=0 makes the tiled kernel copy its weight chunks with
@@ -16,6 +20,7 @@
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
 #include "../fused_sample.h"
 #include "fused_sample_kernels.cuh"
+#include "wgmma_kernel.cuh"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -61,6 +66,7 @@ struct DeviceInfo {
   // does not launch. Clusters must fit in one GPC, so this is not simply
   // sm_count / size (H200: 15 clusters of 8, 7 of 16).
   int max_clusters[kMaxClusterSize + 1] = {};
+  bool wgmma = false;  // the wgmma kernel runs here: built for sm_90a, and the GPU is sm_90
 };
 
 // Raises a kernel's dynamic shared-memory limit (and, for cluster kernels,
@@ -113,6 +119,12 @@ const DeviceInfo& device_info(int device) {
   DeviceInfo info;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+#ifdef DDPM_OPS_SM90A  // setup.py: the extension's sm_90 code was built as sm_90a
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  info.wgmma = major == 9 && minor == 0;
+#endif
   // Every cluster instantiation uses the same block size and (at most) all of
   // the shared memory, so one of them answers for all.
   auto kernel = cuda_kernels::cluster_sample_kernel<1, 2>;
@@ -557,6 +569,48 @@ void launch_tiled(const SampleArgs& a, int cs, Precision precision, const Device
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+
+// The wgmma kernel's padded hidden width for this net (64, 128, 192 or 256),
+// or 0 where it cannot run it: it needs a hidden layer, dim <= 64, hidden
+// widths <= 256 and the bf16 net within shared memory (wgmma_kernel.cuh).
+int wgmma_hidden(const SampleArgs& a, const DeviceInfo& info) {
+  using cuda_kernels::kWgmmaCols;
+  if (!info.wgmma || a.num_layers < 2 || a.dim > cuda_kernels::kWgmmaDimPad) return 0;
+  int widest = 0;
+  for (int l = 0; l + 1 < a.num_layers; ++l) widest = std::max(widest, a.layers[l].out);
+  const int h = round_up(widest, kWgmmaCols);
+  const bool fits = cuda_kernels::wgmma_fits(h, a.num_layers) &&
+                    cuda_kernels::WgmmaLayout{h, a.num_layers}.bytes() <= info.max_smem;
+  return h <= 4 * kWgmmaCols && fits ? h : 0;
+}
+
+template <int H>
+void launch_wgmma(const SampleArgs& a, const DeviceInfo& info, int device, cudaStream_t stream) {
+  using cuda_kernels::kWgmmaRows;
+  const cuda_kernels::WgmmaLayout layout{H, a.num_layers};
+  const int64_t tiles = (static_cast<int64_t>(a.batch) + kWgmmaRows - 1) / kWgmmaRows;
+  const int grid = static_cast<int>(std::min<int64_t>(info.sm_count, tiles));
+  auto kernel = cuda_kernels::wgmma_sample_kernel<H>;
+  prepare_kernel(kernel, device, info.max_smem, false);
+  if (log_plans()) {
+    std::fprintf(stderr,
+                 "ddpm_ops wgmma kernel: batch %d, %d rows x %lld tiles on %d CTAs of %d warpgroups, "
+                 "hidden width %d, %d bytes shared memory\n",
+                 a.batch, kWgmmaRows, static_cast<long long>(tiles), grid, cuda_kernels::kWgmmaWarpgroups, H,
+                 layout.bytes());
+  }
+  kernel<<<grid, cuda_kernels::kWgmmaThreads, layout.bytes(), stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Whether this call runs the wgmma kernel (with hidden width *h): for "bf16"
+// wherever it can, unless DDPM_OPS_CUDA_KERNEL forces another kernel.
+bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info, int* h) {
+  *h = precision == Precision::kBFloat16 ? wgmma_hidden(a, info) : 0;
+  const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL");
+  return *h != 0 && (forced == nullptr || std::strcmp(forced, "wgmma") == 0);
+}
+
 }  // namespace
 
 at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
@@ -616,6 +670,23 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
   const int device = x.get_device();
   const DeviceInfo& info = device_info(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  int wgmma_h = 0;
+  if (use_wgmma(a, mode, info, &wgmma_h)) {
+    switch (wgmma_h) {
+      case 64:
+        launch_wgmma<64>(a, info, device, stream);
+        break;
+      case 128:
+        launch_wgmma<128>(a, info, device, stream);
+        break;
+      case 192:
+        launch_wgmma<192>(a, info, device, stream);
+        break;
+      default:
+        launch_wgmma<256>(a, info, device, stream);
+    }
+    return out;
+  }
   const TiledChoice tiled = choose_tiled(a, info, cluster_weights_on_chip(a, info));
   const int cs = tiled.cs;
   switch (tiled.mt) {
