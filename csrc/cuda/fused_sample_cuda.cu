@@ -597,9 +597,9 @@ void launch_wgmma(const SampleArgs& a, const DeviceInfo& info, int device, cudaS
                  "ddpm_ops wgmma kernel: batch %d, %d rows x %lld tiles on %d CTAs of %d warpgroups, "
                  "hidden width %d, %d bytes shared memory\n",
                  a.batch, kWgmmaRows, static_cast<long long>(tiles), grid, cuda_kernels::kWgmmaWarpgroups, H,
-                 layout.bytes());
+                 cuda_kernels::wgmma_request(layout, info.max_smem));
   }
-  kernel<<<grid, cuda_kernels::kWgmmaThreads, layout.bytes(), stream>>>(a);
+  kernel<<<grid, cuda_kernels::kWgmmaThreads, cuda_kernels::wgmma_request(layout, info.max_smem), stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -5,17 +5,20 @@
 // once, as bf16 in the 128-byte-swizzled K-major layout that wgmma reads its
 // B operand from, and then each of its two warpgroups carries 64-row tiles
 // through all steps with every activation in registers:
-//   - a layer is one m64n64k16 wgmma chain per 64 output columns, its A
-//     operand (the layer's input) taken from registers;
+//   - a layer is H / 64 independent m64n64k16 wgmma chains, interleaved so
+//     that the tensor cores overlap them, with the A operand (the layer's
+//     input) taken from registers;
 //   - the accumulator layout of m64nN is, pair for pair, the A-fragment
 //     layout of the next layer's m64k16 (as FlashAttention-3 does with P), so
 //     bias, SiLU and the bf16 rounding turn one layer's accumulators into the
 //     next one's operand with no shuffle and no shared-memory round trip;
-//   - x stays in fp32 registers in the last layer's accumulator layout, the
-//     time input is a rank-1 fp32 term in layer 0's epilogue, and the DDPM
-//     update runs in fp32: only the products see bf16 operands.
+//   - x stays in fp32 (in shared memory, so that the products have the
+//     registers), the time input is a rank-1 term in layer 0's epilogue, and
+//     the DDPM update runs in fp32: the products see bf16 operands.
 // Nothing is exchanged between threads after the weights are staged, so the
 // two warpgroups of an SM overlap one's epilogue with the other's products.
+// A lone warpgroup (one tile per SM: batch up to 64 x SMs) is bound by its
+// epilogue's instruction issue, one warp per scheduler.
 // Shape envelope (host: wgmma_hidden): at least 2 layers, dim <= 64 (padded
 // to 64), hidden widths <= H (padded with zero weights, which is exact), and
 // the bf16 net within the shared memory (seed shape: 192 KB).
@@ -46,14 +49,28 @@ struct WgmmaLayout {
   __host__ __device__ constexpr int weight_offset(int l) const {
     return l == 0 ? 0 : 2 * h * kWgmmaDimPad + 2 * (l - 1) * h * h;
   }
-  // fp32: num_layers biases of h (padded with zeros), then layer 0's time column.
-  __host__ __device__ constexpr int bias_offset() const { return weight_offset(num_layers - 1) + 2 * kWgmmaDimPad * h; }
-  __host__ __device__ constexpr int time_weight_offset() const { return bias_offset() + 4 * num_layers * h; }
-  __host__ __device__ constexpr int bytes() const { return time_weight_offset() + 4 * h + kWgmmaAlign; }
+  // x of each warpgroup's tile, fp32: 8 float4 per thread, thread-minor.
+  __host__ __device__ constexpr int x_offset() const { return weight_offset(num_layers - 1) + 2 * kWgmmaDimPad * h; }
+  // fp32 biases, layer l's at l * h (the last one's 64 wide), padded with zeros.
+  __host__ __device__ constexpr int bias_offset() const {
+    return x_offset() + kWgmmaWarpgroups * kWgmmaRows * kWgmmaDimPad * 4;
+  }
+  // Layer 0's time column, bf16 (an operand like the others; at the seed
+  // shape fp32 would not fit).
+  __host__ __device__ constexpr int time_weight_offset() const {
+    return bias_offset() + 4 * ((num_layers - 1) * h + kWgmmaDimPad);
+  }
+  __host__ __device__ constexpr int bytes() const { return time_weight_offset() + 2 * h; }
 };
 
 // Shared memory one CTA may have on sm_90, the only target of this kernel.
 constexpr int kSm90MaxSmem = 227 * 1024;
+// What a launch asks for: room to align the start too, where the limit allows
+// (the kernel traps if its alignment would not fit; the start of dynamic
+// shared memory is aligned in practice).
+__host__ __device__ constexpr int wgmma_request(const WgmmaLayout& lay, int max_smem) {
+  return lay.bytes() + kWgmmaAlign < max_smem ? lay.bytes() + kWgmmaAlign : max_smem;
+}
 __host__ __device__ constexpr bool wgmma_fits(int h, int num_layers) {
   return WgmmaLayout{h, num_layers}.bytes() <= kSm90MaxSmem;
 }
@@ -97,97 +114,90 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t* 
 #endif
 }
 
-// Issues acc += in (kDepth / 16 k-blocks of A fragments, starting at k-block
-// kb0 of the layer) times columns [64 c, 64 c + 64) of the layer whose
-// weights start at `weights` (`rows` weight rows, swizzled blocks of 64 deep).
-template <int kDepth>
-__device__ __forceinline__ void issue_columns(float (&acc)[32], const uint32_t* in, uint32_t weights, int rows,
-                                              int c, int kb0) {
+// Issues acc[j] += in (kDepth / 16 k-blocks of A fragments) times columns
+// [64 j, 64 (j + 1)) of the layer whose weights start at `weights` (`rows`
+// weight rows, swizzled blocks of 64 deep), for j < kChains. The chains are
+// independent and interleaved: a single n64 chain is latency-bound.
+template <int kDepth, int kChains>
+__device__ __forceinline__ void issue_layer(float (&acc)[kChains][32], const uint32_t* in, uint32_t weights,
+                                            int rows) {
   wgmma_fence();
 #pragma unroll
   for (int kb = 0; kb < kDepth / 16; ++kb) {
-    const int k = kb0 + kb;
-    const uint32_t at = weights + (k / 4) * rows * 128 + c * kWgmmaCols * 128 + (k % 4) * 32;
-    wgmma_m64n64k16(acc, in + 4 * kb, wgmma_descriptor(at), 1);
+#pragma unroll
+    for (int j = 0; j < kChains; ++j) {
+      const uint32_t at = weights + (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
+      wgmma_m64n64k16(acc[j], in + 4 * kb, wgmma_descriptor(at), 1);
+    }
   }
   wgmma_commit();
-}
-
-__device__ __forceinline__ void wait_columns(float (&acc)[32]) {
   wgmma_wait_all();
-  fence_accumulators(acc);
+#pragma unroll
+  for (int j = 0; j < kChains; ++j) fence_accumulators(acc[j]);
 }
 
 // A thread's place in its warpgroup's accumulators: element i of a 64-column
 // block is row g + 8 * ((i >> 1) & 1), column 8 * (i >> 2) + 2 * q + (i & 1).
 __device__ __forceinline__ int acc_col(int i, int q) { return 8 * (i >> 2) + 2 * q + (i & 1); }
 
-// Columns [64 c, 64 c + 64) of a hidden layer: out (16 A-fragment registers
-// of the next layer) <- bf16(silu(in * W^T + b [+ time * w_t])).
-template <int kDepth>
-__device__ __forceinline__ void hidden_columns(uint32_t* out, const uint32_t* in, uint32_t weights, int h, int c,
-                                               const float* bias, const float* time_weight, const float* tn,
-                                               int q) {
-  // The accumulators start at the bias (and time) term: no registers held
-  // for it across the products.
-  float acc[32];
+// A layer's bias and, for layer 0, its time column (shared memory, zero past
+// the layer's width).
+struct LayerBias {
+  const float* bias;
+  const __nv_bfloat162* time_weight;  // layer 0's, in column pairs; null elsewhere
+};
+
+// acc[j] <- the bias term of columns [64 j, 64 (j + 1)): the products then
+// accumulate onto it, so no register holds it across them. tn: the time
+// input of the thread's two rows.
+template <int kChains>
+__device__ __forceinline__ void start_layer(float (&acc)[kChains][32], const LayerBias& b, const float* tn, int q) {
 #pragma unroll
-  for (int i = 0; i < 32; i += 2) {
-    const int col = c * kWgmmaCols + acc_col(i, q);
-    const float2 b = *reinterpret_cast<const float2*>(bias + col);
-    acc[i] = b.x;
-    acc[i + 1] = b.y;
-    if (time_weight != nullptr) {
-      const float2 w = *reinterpret_cast<const float2*>(time_weight + col);
-      const float t = tn[(i >> 1) & 1];
-      acc[i] = fmaf(t, w.x, acc[i]);
-      acc[i + 1] = fmaf(t, w.y, acc[i + 1]);
+  for (int j = 0; j < kChains; ++j) {
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      const int col = j * kWgmmaCols + acc_col(i, q);  // even: a column pair
+      float2 v = *reinterpret_cast<const float2*>(b.bias + col);
+      if (b.time_weight != nullptr) {
+        const float2 w = __bfloat1622float2(b.time_weight[col / 2]);
+        const float t = tn[(i >> 1) & 1];
+        v = make_float2(fmaf(t, w.x, v.x), fmaf(t, w.y, v.y));
+      }
+      acc[j][i] = v.x;
+      acc[j][i + 1] = v.y;
     }
   }
-  issue_columns<kDepth>(acc, in, weights, h, c, 0);
-  wait_columns(acc);
-#pragma unroll
-  for (int i = 0; i < 32; i += 2) out[i / 2] = pack_bf16(silu(acc[i]), silu(acc[i + 1]));
 }
 
-// A hidden layer (kDepth deep, kH wide) whose outputs feed another hidden layer.
+// v * sigmoid(v) from the hardware's approximate exp2 and reciprocal (about
+// 1e-6 relative): the bf16 rounding that follows is 500 times coarser, and
+// the exact-rounding formula costs 3x the instructions, which this kernel's
+// epilogue is bound by. Large -v: 1 / inf = 0, so v * 0 = 0, as it should.
+__device__ __forceinline__ float silu_approx(float v) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(v * -1.4426950408889634f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
+  return v * r;
+}
+
+// A hidden layer (kDepth deep, kH wide): out (the next layer's A fragments)
+// <- bf16(silu(in W^T + b [+ time w_t])).
 template <int kH, int kDepth>
 __device__ __forceinline__ void hidden_layer(uint32_t (&out)[kH / 4], const uint32_t* in, uint32_t weights,
-                                             const float* bias, const float* time_weight, const float* tn,
-                                             int q) {
+                                             const LayerBias& bias, const float* tn, int q) {
+  constexpr int kChains = kH / kWgmmaCols;
+  float acc[kChains][32];
+  start_layer<kChains>(acc, bias, tn, q);
+  issue_layer<kDepth, kChains>(acc, in, weights, kH);
 #pragma unroll
-  for (int c = 0; c < kH / kWgmmaCols; ++c) {
-    hidden_columns<kDepth>(out + 16 * c, in, weights, kH, c, bias, time_weight, tn, q);
+  for (int j = 0; j < kChains; ++j) {
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) out[16 * j + i / 2] = pack_bf16(silu_approx(acc[j][i]), silu_approx(acc[j][i + 1]));
   }
 }
 
-// The last hidden layer and the output layer together: each 64 columns of
-// the hidden layer are multiplied into eps as soon as they exist, so its
-// outputs never all need registers at once (the input, one block of outputs,
-// eps and x fit beside each other at kH = 256).
-template <int kH, int kDepth>
-__device__ __forceinline__ void last_layers(float (&eps)[32], const uint32_t* in, uint32_t hidden_weights,
-                                            uint32_t last_weights, const float* bias, const float* time_weight,
-                                            const float* tn, const float* last_bias, int q) {
-#pragma unroll
-  for (int c = 0; c < kH / kWgmmaCols; ++c) {
-    uint32_t block[16];
-    hidden_columns<kDepth>(block, in, hidden_weights, kH, c, bias, time_weight, tn, q);
-    if (c == 0) {  // eps starts at the output layer's bias
-#pragma unroll
-      for (int i = 0; i < 32; i += 2) {
-        const float2 b = *reinterpret_cast<const float2*>(last_bias + acc_col(i, q));
-        eps[i] = b.x;
-        eps[i + 1] = b.y;
-      }
-    }
-    issue_columns<kWgmmaCols>(eps, block, last_weights, kWgmmaDimPad, 0, 4 * c);
-    wait_columns(eps);
-  }
-}
-
-// Copies the net into shared memory: bf16 weights in wgmma's layout, fp32
-// biases and layer 0's time column, zeros wherever the padding reaches.
+// Copies the net into shared memory: bf16 weights in wgmma's layout (layer
+// 0's time column apart), fp32 biases, zeros wherever the padding reaches.
 __device__ __forceinline__ void stage_net(const SampleArgs& a, const WgmmaLayout& lay, char* smem) {
   const int L = a.num_layers;
   for (int l = 0; l < L; ++l) {
@@ -195,57 +205,71 @@ __device__ __forceinline__ void stage_net(const SampleArgs& a, const WgmmaLayout
     const int rows = lay.rows(l), groups_per_row = lay.depth(l) / 8;
     const int used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) stays fp32
     char* base = smem + lay.weight_offset(l);
-    for (int i = threadIdx.x; i < rows * groups_per_row; i += kWgmmaThreads) {
-      const int n = i / groups_per_row, k8 = i - n * groups_per_row;
-      uint32_t packed[4];
+    // kStageBatch 16-byte stores (8 deep each) per thread at a time, with all
+    // their loads in flight first: staging is a chain of load latencies.
+    constexpr int kStageBatch = 4;
+    const int groups = rows * groups_per_row;
+    for (int i0 = threadIdx.x; i0 < groups; i0 += kStageBatch * kWgmmaThreads) {
+      float v[kStageBatch][8];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int k = 8 * k8 + 2 * e;
-        const float* w = la.weight + static_cast<size_t>(n) * la.in + k;
-        const bool row_ok = n < la.out;
-        packed[e] = pack_bf16(row_ok && k < used ? __ldg(w) : 0.f, row_ok && k + 1 < used ? __ldg(w + 1) : 0.f);
+      for (int b = 0; b < kStageBatch; ++b) {
+        const int i = i0 + b * kWgmmaThreads, n = i / groups_per_row, k0 = 8 * (i - n * groups_per_row);
+        const float* w = la.weight + static_cast<size_t>(n) * la.in + k0;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[b][e] = i < groups && n < la.out && k0 + e < used ? __ldg(w + e) : 0.f;
       }
-      // 16 bytes (8 deep) per store; the 16-byte chunks of a 128-byte row
-      // are permuted by the row's index within its 8-row group.
-      const int block = k8 / 8, chunk = k8 % 8;
-      *reinterpret_cast<uint4*>(base + block * rows * 128 + n * 128 + ((chunk ^ (n & 7)) * 16)) =
-          make_uint4(packed[0], packed[1], packed[2], packed[3]);
+#pragma unroll
+      for (int b = 0; b < kStageBatch; ++b) {
+        const int i = i0 + b * kWgmmaThreads, n = i / groups_per_row, k8 = i - n * groups_per_row;
+        if (i >= groups) break;
+        // The 16-byte chunks of a 128-byte row are permuted by the row's
+        // index within its 8-row group.
+        const int block = k8 / 8, chunk = k8 % 8;
+        *reinterpret_cast<uint4*>(base + block * rows * 128 + n * 128 + ((chunk ^ (n & 7)) * 16)) =
+            make_uint4(pack_bf16(v[b][0], v[b][1]), pack_bf16(v[b][2], v[b][3]), pack_bf16(v[b][4], v[b][5]),
+                       pack_bf16(v[b][6], v[b][7]));
+      }
     }
     float* bias = reinterpret_cast<float*>(smem + lay.bias_offset()) + l * lay.h;
-    for (int n = threadIdx.x; n < lay.h; n += kWgmmaThreads) bias[n] = n < la.out ? __ldg(la.bias + n) : 0.f;
+    for (int n = threadIdx.x; n < lay.rows(l); n += kWgmmaThreads) bias[n] = n < la.out ? __ldg(la.bias + n) : 0.f;
   }
-  float* time_weight = reinterpret_cast<float*>(smem + lay.time_weight_offset());
+  __nv_bfloat16* time_weight = reinterpret_cast<__nv_bfloat16*>(smem + lay.time_weight_offset());
   const LayerArgs& first = a.layers[0];
   for (int n = threadIdx.x; n < lay.h; n += kWgmmaThreads) {
-    time_weight[n] = n < first.out ? __ldg(first.weight + static_cast<size_t>(n) * first.in + a.dim) : 0.f;
+    time_weight[n] = __float2bfloat16_rn(n < first.out ? __ldg(first.weight + static_cast<size_t>(n) * first.in + a.dim)
+                                                       : 0.f);
   }
 }
 
-// All steps for the 64-row tile at row0 on this warpgroup.
+// All steps for the 64-row tile at row0 on this warpgroup; x_tile is its
+// shared x (the thread's element i in float4 i / 4, thread-minor: no bank
+// conflicts), kept out of registers so that the products can have them.
 template <int kH>
-__device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaLayout& lay, char* smem,
-                                               int row0) {
-  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+__device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaLayout& lay, const char* smem,
+                                               float4* x_tile, int row0) {
+  const uint32_t weights = smem_address(smem);
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4, tid = threadIdx.x % 128;
   const int g = lane / 4, q = lane % 4;
   const int L = a.num_layers, dim = a.dim;
-  const uint32_t weights = smem_address(smem);
-  const float* bias = reinterpret_cast<const float*>(smem + lay.bias_offset());
-  const float* time_weight = reinterpret_cast<const float*>(smem + lay.time_weight_offset());
+  auto bias_of = [&](int l) {
+    return LayerBias{reinterpret_cast<const float*>(smem + lay.bias_offset()) + l * kH,
+                     l == 0 ? reinterpret_cast<const __nv_bfloat162*>(smem + lay.time_weight_offset()) : nullptr};
+  };
 
   // Rows g and g + 8 of this warp's 16: the thread's two rows (h = 0, 1).
   const int my_row0 = row0 + 16 * warp + g;
   int t[2];
-  float xr[32];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     bool ok;
     t[h] = my_row0 + 8 * h < a.batch ? load_t_start(a, my_row0 + 8 * h, &ok) : 0;
   }
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
+  auto x_at = [&](int i) {
     const int r = my_row0 + 8 * ((i >> 1) & 1), col = acc_col(i, q);
-    xr[i] = r < a.batch && col < dim ? __ldg(a.x + static_cast<size_t>(r) * dim + col) : 0.f;
-  }
+    return r < a.batch && col < dim ? __ldg(a.x + static_cast<size_t>(r) * dim + col) : 0.f;
+  };
+#pragma unroll
+  for (int v = 0; v < 8; ++v) x_tile[v * 128 + tid] = make_float4(x_at(4 * v), x_at(4 * v + 1), x_at(4 * v + 2), x_at(4 * v + 3));
 
   for (int k = 0; k < a.num_steps; ++k) {
     // This step's coefficients: consumed after all layers, which hide the load.
@@ -260,32 +284,36 @@ __device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaL
                          static_cast<float>(t[1] - k) / a.total_timesteps};
     uint32_t x_frag[kWgmmaDimPad / 4];
 #pragma unroll
-    for (int i = 0; i < 32; i += 2) x_frag[i / 2] = pack_bf16(xr[i], xr[i + 1]);
-    const uint32_t last_weights = weights + lay.weight_offset(L - 1);
-    const float* last_bias = bias + (L - 1) * kH;
-    float eps[32];
-    if (L == 2) {
-      last_layers<kH, kWgmmaDimPad>(eps, x_frag, weights, last_weights, bias, time_weight, tn, last_bias, q);
-    } else {
-      uint32_t act[kH / 4];
-      hidden_layer<kH, kWgmmaDimPad>(act, x_frag, weights, bias, time_weight, tn, q);
-      // Hidden layers between the first and the last (compiled only where
-      // shared memory can hold them: they raise the register count).
-      if constexpr (wgmma_fits(kH, 4)) {
-        for (int l = 1; l + 2 < L; ++l) {
-          uint32_t next[kH / 4];
-          hidden_layer<kH, kH>(next, act, weights + lay.weight_offset(l), bias + l * kH, nullptr, nullptr, q);
-#pragma unroll
-          for (int i = 0; i < kH / 4; ++i) act[i] = next[i];
-        }
-      }
-      last_layers<kH, kH>(eps, act, weights + lay.weight_offset(L - 2), last_weights, bias + (L - 2) * kH,
-                          nullptr, nullptr, last_bias, q);
+    for (int v = 0; v < 8; ++v) {
+      const float4 x = x_tile[v * 128 + tid];
+      x_frag[2 * v] = pack_bf16(x.x, x.y);
+      x_frag[2 * v + 1] = pack_bf16(x.z, x.w);
     }
+    uint32_t act[kH / 4];
+    hidden_layer<kH, kWgmmaDimPad>(act, x_frag, weights, bias_of(0), tn, q);
+    // Hidden layers between the first and the last (compiled only where
+    // shared memory can hold them: the second activation array raises the
+    // register count).
+    if constexpr (wgmma_fits(kH, 4)) {
+      for (int l = 1; l + 1 < L; ++l) {
+        uint32_t next[kH / 4];
+        hidden_layer<kH, kH>(next, act, weights + lay.weight_offset(l), bias_of(l), tn, q);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int h = (i >> 1) & 1;
-      xr[i] = c1[h] * (xr[i] - c2[h] * eps[i]);
+        for (int i = 0; i < kH / 4; ++i) act[i] = next[i];
+      }
+    }
+    float eps[1][32];
+    start_layer<1>(eps, bias_of(L - 1), tn, q);
+    issue_layer<kH, 1>(eps, act, weights + lay.weight_offset(L - 1), kWgmmaDimPad);
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+      float4 x = x_tile[v * 128 + tid];
+      // (elements 4v, 4v + 1 are in the thread's first row, 4v + 2, 4v + 3 in its second)
+      x.x = c1[0] * (x.x - c2[0] * eps[0][4 * v]);
+      x.y = c1[0] * (x.y - c2[0] * eps[0][4 * v + 1]);
+      x.z = c1[1] * (x.z - c2[1] * eps[0][4 * v + 2]);
+      x.w = c1[1] * (x.w - c2[1] * eps[0][4 * v + 3]);
+      x_tile[v * 128 + tid] = x;
     }
   }
 
@@ -299,7 +327,8 @@ __device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaL
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int col = acc_col(i, q);
-      if (((i >> 1) & 1) == h && col < dim) a.out[static_cast<size_t>(r) * dim + col] = valid ? xr[i] : nan;
+      const float x = reinterpret_cast<const float*>(&x_tile[(i / 4) * 128 + tid])[i % 4];
+      if (((i >> 1) & 1) == h && col < dim) a.out[static_cast<size_t>(r) * dim + col] = valid ? x : nan;
     }
   }
 }
@@ -311,15 +340,22 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) wgmma_sample_kernel(const __
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ float4 smem_f4[];
   char* smem = reinterpret_cast<char*>(smem_f4);
-  smem += (kWgmmaAlign - (smem_address(smem) & (kWgmmaAlign - 1))) & (kWgmmaAlign - 1);
+  const uint32_t misalignment = smem_address(smem) & (kWgmmaAlign - 1);
+  smem += (kWgmmaAlign - misalignment) & (kWgmmaAlign - 1);
   const WgmmaLayout lay{kH, a.num_layers};
+  uint32_t requested;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(requested));
+  if (misalignment != 0 && lay.bytes() + kWgmmaAlign - misalignment > requested) __trap();
   stage_net(a, lay, smem);
   fence_proxy_async();  // the generic-proxy stores above, before wgmma reads them
   __syncthreads();
   const int tiles = (a.batch + kWgmmaRows - 1) / kWgmmaRows;
-  const int wg = threadIdx.x / 128;
+  // Warp-uniform as far as the compiler can tell (a plain threadIdx.x / 128
+  // makes the tile loop divergent to it, and it then serialises the wgmmas).
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  float4* x_tile = reinterpret_cast<float4*>(smem + lay.x_offset()) + wg * (kWgmmaRows * kWgmmaDimPad / 4);
   for (int tile = blockIdx.x + wg * gridDim.x; tile < tiles; tile += kWgmmaWarpgroups * gridDim.x) {
-    run_wgmma_tile<kH>(a, lay, smem, tile * kWgmmaRows);
+    run_wgmma_tile<kH>(a, lay, smem, x_tile, tile * kWgmmaRows);
   }
 #endif
 }
