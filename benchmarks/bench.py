@@ -200,6 +200,9 @@ def run_table(name, cfg, args, clock, device):
                 # the tiled kernel's weight chunks all by cp.async (by default they
                 # come by TMA wherever it can address the layer)
                 variants["fused-cp.async"] = ({"DDPM_OPS_CUDA_TMA": "0"}, "fp32")
+                # "bf16" on the wgmma kernel at every batch (by default only from
+                # batch 256), where the net fits it
+                variants["wgmma-bf16"] = ({"DDPM_OPS_CUDA_KERNEL": "wgmma"}, "bf16")
                 for key, (env, precision) in variants.items():
                     extras[key] = (lambda e, p: lambda: forced(e, lambda: fused(p)))(env, precision)
         trivial = lambda: x + 1  # noqa: E731
@@ -290,7 +293,7 @@ def main():
                         help="leave torch.compile out for batches above this (0: never)")
     parser.add_argument("--only-fused", action="store_true", help="time the fused op alone")
     parser.add_argument("--variants", action="store_true",
-                        help="also time each CUDA kernel variant forced (fp32 and tf32)")
+                        help="also time each CUDA kernel variant forced (fp32, and the wgmma kernel in bf16)")
     parser.add_argument("--budget", type=float, default=0.15, help="seconds of calls per measurement")
     parser.add_argument("--probe", action="store_true", help="fused op only, over steps and depth")
     parser.add_argument("--json", help="write all numbers here")

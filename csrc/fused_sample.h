@@ -24,8 +24,9 @@ void check_timesteps_in_range(const at::Tensor& t_start, int64_t num_steps,
 
 // How the matrix products are computed. kFloat32 keeps fp32 accuracy (fp32
 // FMAs, or a 3xTF32 split on CUDA's tensor cores at large batch); the others
-// are opt-in single-TF32 tensor-core paths (CUDA only; the CPU always computes
-// in fp32, which is at least as accurate).
+// are opt-in tensor-core paths on CUDA: single TF32 products, and for
+// kBFloat16 bf16 operands with fp32 accumulation where the wgmma kernel runs
+// (the CPU always computes in fp32, which is at least as accurate).
 enum class Precision { kFloat32, kTF32, kBFloat16 };
 Precision parse_precision(c10::string_view precision);
 

@@ -315,11 +315,12 @@ def has_wgmma_kernel(device="cuda"):
 ])
 @pytest.mark.parametrize("t_dtype", [torch.int64, torch.int32])
 def test_bf16_wgmma_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, padded_hidden, t_dtype):
-    """precision="bf16" takes the wgmma kernel wherever the net fits it, and
-    stays within the fast paths' error bound against float64."""
+    """The wgmma kernel (forced: below batch 256 "bf16" takes the cluster
+    kernel by default) computes every shape in its envelope within the fast
+    paths' error bound against float64."""
     if not has_wgmma_kernel():
         pytest.skip("the wgmma kernel needs an sm_90 GPU")
-    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "wgmma")
     monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     problem = make_problem(batch, dim, hidden, num_steps, device="cuda", t_dtype=t_dtype,
                            total_timesteps=max(200, num_steps))
@@ -345,10 +346,12 @@ def test_bf16_wgmma_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, pa
     (64, []),                # no hidden layer
     (64, [256, 256, 256]),   # 320 KB of bf16 weights: more than shared memory
 ])
-def test_bf16_outside_the_wgmma_kernel_runs_tf32(monkeypatch, capfd, dim, hidden):
-    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+def test_bf16_outside_the_wgmma_kernel_envelope(monkeypatch, capfd, dim, hidden):
+    """Nets the wgmma kernel cannot hold run "bf16" on the other kernels, even
+    where it is forced."""
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "wgmma")
     monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
-    problem = make_problem(100, dim, hidden, 3, device="cuda")
+    problem = make_problem(300, dim, hidden, 3, device="cuda")
     capfd.readouterr()
     out = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
     (log,) = launch_logs(capfd)
@@ -356,11 +359,28 @@ def test_bf16_outside_the_wgmma_kernel_runs_tf32(monkeypatch, capfd, dim, hidden
     assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
 
 
+@pytest.mark.parametrize("batch, expected", [(1, "cluster"), (255, "cluster"), (256, "wgmma"), (5000, "wgmma")])
+def test_bf16_rule(monkeypatch, capfd, batch, expected):
+    """By default "bf16" takes the wgmma kernel from batch 256 (measured faster
+    there on the H200) and the exact cluster kernel below."""
+    if not has_wgmma_kernel():
+        pytest.skip("the wgmma kernel needs an sm_90 GPU")
+    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
+    problem = make_problem(batch, 64, [256, 256], 3, device="cuda")
+    capfd.readouterr()
+    out = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
+    (log,) = launch_logs(capfd)
+    assert log.startswith(f"ddpm_ops {expected} kernel"), log
+    tolerance = FAST_TOLERANCE if expected == "wgmma" else FP32_TOLERANCE
+    assert relative_error(out, reference64_cuda(problem)) <= tolerance
+
+
 @pytest.mark.parametrize("forced", ["cluster", "tiled16"])
 def test_a_forced_kernel_overrides_the_wgmma_kernel(monkeypatch, capfd, forced):
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", forced)
     monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
-    problem = make_problem(64, 64, [256, 256], 3, device="cuda")
+    problem = make_problem(600, 64, [256, 256], 3, device="cuda")
     capfd.readouterr()
     out = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
     (log,) = launch_logs(capfd)
@@ -368,7 +388,8 @@ def test_a_forced_kernel_overrides_the_wgmma_kernel(monkeypatch, capfd, forced):
     assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
 
 
-def test_bf16_wgmma_out_of_range_rows_are_nan():
+def test_bf16_wgmma_out_of_range_rows_are_nan(monkeypatch):
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "wgmma")
     problem, args = out_of_range_problem()
     out = ddpm_ops.fused_sample(*args, precision="bf16")
     bad = torch.zeros(200, dtype=torch.bool, device="cuda")
@@ -394,7 +415,8 @@ def test_bf16_wgmma_misaligned_weights_and_graph_capture():
     assert relative_error(captured, reference64_cuda(problem)) <= FAST_TOLERANCE
 
 
-def test_bf16_wgmma_opcheck():
+def test_bf16_wgmma_opcheck(monkeypatch):
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "wgmma")
     problem = make_problem(100, 64, [256, 256], 4, device="cuda", t_dtype=torch.int32)
     args = problem.args()
     torch.library.opcheck(torch.ops.ddpm.fused_sample.default, args, {"precision": "bf16"})

@@ -3,9 +3,10 @@
 //
 // Which kernel (a simple rule, from measurements on an H200; BENCHMARKS.md;
 // details at use_wgmma, choose_tiled and cluster_size_log2):
-//   - for precision "bf16", the wgmma kernel of wgmma_kernel.cuh (bf16
-//     operands, fp32 accumulation, the whole net in shared memory) where the
-//     GPU is sm_90 and the net within its envelope (wgmma_hidden);
+//   - for precision "bf16", from batch kWgmmaMinBatch, the wgmma kernel of
+//     wgmma_kernel.cuh (bf16 operands, fp32 accumulation, the whole net in
+//     shared memory) where the GPU is sm_90 and the net within its envelope
+//     (wgmma_hidden);
 //   - the tiled tensor-core kernel (3xTF32 for "fp32", one tf32 product for
 //     "tf32" and "bf16") from batch 1024, and from batch 64 for nets whose
 //     weights the cluster kernel cannot keep on chip, when its row tile fits
@@ -56,6 +57,11 @@ constexpr int kReplicateMaxRows = 4;
 // cannot keep on chip (measured on the H200, BENCHMARKS.md; choose_tiled).
 constexpr int64_t kTiledMinBatch = 1024;
 constexpr int64_t kStreamedMinBatch = 64;
+
+// From this batch "bf16" takes the wgmma kernel (where it can): below it the
+// cluster kernel's exact fp32 is faster (H200, seed shape, gpu us: batch 128
+// 103 against 120, batch 256 156 against 117; BENCHMARKS.md).
+constexpr int64_t kWgmmaMinBatch = 256;
 
 constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
 
@@ -579,8 +585,7 @@ int wgmma_hidden(const SampleArgs& a, const DeviceInfo& info) {
   int widest = 0;
   for (int l = 0; l + 1 < a.num_layers; ++l) widest = std::max(widest, a.layers[l].out);
   const int h = round_up(widest, kWgmmaCols);
-  const bool fits = cuda_kernels::wgmma_fits(h, a.num_layers) &&
-                    cuda_kernels::WgmmaLayout{h, a.num_layers}.bytes() <= info.max_smem;
+  const bool fits = cuda_kernels::WgmmaLayout{h, a.num_layers}.bytes() <= info.max_smem;
   return h <= 4 * kWgmmaCols && fits ? h : 0;
 }
 
@@ -604,11 +609,13 @@ void launch_wgmma(const SampleArgs& a, const DeviceInfo& info, int device, cudaS
 }
 
 // Whether this call runs the wgmma kernel (with hidden width *h): for "bf16"
-// wherever it can, unless DDPM_OPS_CUDA_KERNEL forces another kernel.
+// from batch kWgmmaMinBatch wherever it can, at any batch where
+// DDPM_OPS_CUDA_KERNEL=wgmma forces it, never where it forces another kernel.
 bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info, int* h) {
   *h = precision == Precision::kBFloat16 ? wgmma_hidden(a, info) : 0;
   const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL");
-  return *h != 0 && (forced == nullptr || std::strcmp(forced, "wgmma") == 0);
+  if (forced != nullptr) return *h != 0 && std::strcmp(forced, "wgmma") == 0;
+  return *h != 0 && a.batch >= kWgmmaMinBatch;
 }
 
 }  // namespace

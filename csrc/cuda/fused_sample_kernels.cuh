@@ -1,5 +1,6 @@
 // Device code of ddpm::fused_sample on CUDA: two kernels, no torch headers
-// (so they compile-check standalone). fused_sample_cuda.cu picks one per call.
+// (so they compile-check standalone). fused_sample_cuda.cu picks one per call
+// (or the bf16 kernel of wgmma_kernel.cuh).
 //
 // cluster_sample_kernel (small and medium batch, exact fp32): a thread-block
 //   cluster of up to 16 CTAs runs a tile of rows through all steps. CTA r owns

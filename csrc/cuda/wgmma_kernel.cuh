@@ -17,8 +17,9 @@
 //     the DDPM update runs in fp32: the products see bf16 operands.
 // Nothing is exchanged between threads after the weights are staged, so the
 // two warpgroups of an SM overlap one's epilogue with the other's products.
-// A lone warpgroup (one tile per SM: batch up to 64 x SMs) is bound by its
-// epilogue's instruction issue, one warp per scheduler.
+// A lone warpgroup (one tile per SM: batch up to 64 x SMs) has one warp per
+// scheduler to issue its epilogue: at small batch the exact cluster kernel is
+// faster (the rule in fused_sample_cuda.cu).
 // Shape envelope (host: wgmma_hidden): at least 2 layers, dim <= 64 (padded
 // to 64), hidden widths <= H (padded with zero weights, which is exact), and
 // the bf16 net within the shared memory (seed shape: 192 KB).
@@ -63,16 +64,11 @@ struct WgmmaLayout {
   __host__ __device__ constexpr int bytes() const { return time_weight_offset() + 2 * h; }
 };
 
-// Shared memory one CTA may have on sm_90, the only target of this kernel.
-constexpr int kSm90MaxSmem = 227 * 1024;
 // What a launch asks for: room to align the start too, where the limit allows
 // (the kernel traps if its alignment would not fit; the start of dynamic
 // shared memory is aligned in practice).
 __host__ __device__ constexpr int wgmma_request(const WgmmaLayout& lay, int max_smem) {
   return lay.bytes() + kWgmmaAlign < max_smem ? lay.bytes() + kWgmmaAlign : max_smem;
-}
-__host__ __device__ constexpr bool wgmma_fits(int h, int num_layers) {
-  return WgmmaLayout{h, num_layers}.bytes() <= kSm90MaxSmem;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -203,7 +199,7 @@ __device__ __forceinline__ void stage_net(const SampleArgs& a, const WgmmaLayout
   for (int l = 0; l < L; ++l) {
     const LayerArgs& la = a.layers[l];
     const int rows = lay.rows(l), groups_per_row = lay.depth(l) / 8;
-    const int used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) stays fp32
+    const int used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) has its own place
     char* base = smem + lay.weight_offset(l);
     // kStageBatch 16-byte stores (8 deep each) per thread at a time, with all
     // their loads in flight first: staging is a chain of load latencies.
@@ -291,16 +287,11 @@ __device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaL
     }
     uint32_t act[kH / 4];
     hidden_layer<kH, kWgmmaDimPad>(act, x_frag, weights, bias_of(0), tn, q);
-    // Hidden layers between the first and the last (compiled only where
-    // shared memory can hold them: the second activation array raises the
-    // register count).
-    if constexpr (wgmma_fits(kH, 4)) {
-      for (int l = 1; l + 1 < L; ++l) {
-        uint32_t next[kH / 4];
-        hidden_layer<kH, kH>(next, act, weights + lay.weight_offset(l), bias_of(l), tn, q);
+    for (int l = 1; l + 1 < L; ++l) {
+      uint32_t next[kH / 4];
+      hidden_layer<kH, kH>(next, act, weights + lay.weight_offset(l), bias_of(l), tn, q);
 #pragma unroll
-        for (int i = 0; i < kH / 4; ++i) act[i] = next[i];
-      }
+      for (int i = 0; i < kH / 4; ++i) act[i] = next[i];
     }
     float eps[1][32];
     start_layer<1>(eps, bias_of(L - 1), tn, q);
