@@ -65,8 +65,8 @@ def fused_sample(
             instead of three wherever the tiled kernel runs (measured 0.7e-5 to
             2.5e-5 on an H200). ``"bf16"``: from batch 256, on an sm_90 GPU
             (H100, H200), for nets with dim <= 64, hidden widths <= 256, at
-            least one hidden layer and bf16 weights within shared memory (the
-            seed shape's 192 KB, so 3 Linear layers at width 256), bf16 operands
+            least one hidden layer and bf16 weights within shared memory (at
+            width 256 that is at most 3 Linear layers: 192 KB), bf16 operands
             with fp32 accumulation, x and the update in fp32 (measured 3e-5;
             batch 32768 of the seed shape about 10x faster than fp32);
             elsewhere ``"bf16"`` runs as ``"tf32"``. Everywhere else, and on

@@ -575,7 +575,6 @@ void launch_tiled(const SampleArgs& a, int cs, Precision precision, const Device
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-
 // The wgmma kernel's padded hidden width for this net (64, 128, 192 or 256),
 // or 0 where it cannot run it: it needs a hidden layer, dim <= 64, hidden
 // widths <= 256 and the bf16 net within shared memory (wgmma_kernel.cuh).
