@@ -69,14 +69,20 @@ def launch_logs(capfd):
     return [line for line in capfd.readouterr().err.splitlines() if line.startswith("ddpm_ops ")]
 
 
-def run_logged(monkeypatch, capfd, problem):
-    """Runs the op on problem with DDPM_OPS_CUDA_LOG set, checks it against
-    float64, and returns the one plan line the launch printed."""
+def logged_call(monkeypatch, capfd, problem, precision="fp32"):
+    """Runs the op on problem with DDPM_OPS_CUDA_LOG set; returns the one plan
+    line the launch printed and the output."""
     monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     capfd.readouterr()
-    out = ddpm_ops.fused_sample(*problem.args())
-    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+    out = ddpm_ops.fused_sample(*problem.args(), precision=precision)
     (log,) = launch_logs(capfd)
+    return log, out
+
+
+def run_logged(monkeypatch, capfd, problem):
+    """logged_call, checked against float64 at fp32 accuracy; returns the plan line."""
+    log, out = logged_call(monkeypatch, capfd, problem)
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
     return log
 
 
@@ -325,12 +331,9 @@ def test_bf16_wgmma_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, pa
     if not has_wgmma_kernel():
         pytest.skip("the wgmma kernel needs an sm_90 GPU")
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "wgmma")
-    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     problem = make_problem(batch, dim, hidden, num_steps, device="cuda", t_dtype=t_dtype,
                            total_timesteps=max(200, num_steps))
-    capfd.readouterr()
-    out = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
-    (log,) = launch_logs(capfd)
+    log, out = logged_call(monkeypatch, capfd, problem, "bf16")
     match = WGMMA_LOG.match(log)
     assert match is not None, log
     tiles = (batch + 63) // 64
@@ -354,11 +357,8 @@ def test_bf16_outside_the_wgmma_kernel_envelope(monkeypatch, capfd, dim, hidden)
     """Nets the wgmma kernel cannot hold run "bf16" on the other kernels, even
     where it is forced."""
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "wgmma")
-    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     problem = make_problem(300, dim, hidden, 3, device="cuda")
-    capfd.readouterr()
-    out = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
-    (log,) = launch_logs(capfd)
+    log, out = logged_call(monkeypatch, capfd, problem, "bf16")
     assert not log.startswith("ddpm_ops wgmma kernel"), log
     assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
 
@@ -370,11 +370,8 @@ def test_bf16_rule(monkeypatch, capfd, batch, expected):
     if not has_wgmma_kernel():
         pytest.skip("the wgmma kernel needs an sm_90 GPU")
     monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
-    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     problem = make_problem(batch, 64, [256, 256], 3, device="cuda")
-    capfd.readouterr()
-    out = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
-    (log,) = launch_logs(capfd)
+    log, out = logged_call(monkeypatch, capfd, problem, "bf16")
     assert log.startswith(f"ddpm_ops {expected} kernel"), log
     tolerance = FAST_TOLERANCE if expected == "wgmma" else FP32_TOLERANCE
     assert relative_error(out, reference64_cuda(problem)) <= tolerance
@@ -383,11 +380,8 @@ def test_bf16_rule(monkeypatch, capfd, batch, expected):
 @pytest.mark.parametrize("forced", ["cluster", "tiled16"])
 def test_a_forced_kernel_overrides_the_wgmma_kernel(monkeypatch, capfd, forced):
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", forced)
-    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     problem = make_problem(600, 64, [256, 256], 3, device="cuda")
-    capfd.readouterr()
-    out = ddpm_ops.fused_sample(*problem.args(), precision="bf16")
-    (log,) = launch_logs(capfd)
+    log, out = logged_call(monkeypatch, capfd, problem, "bf16")
     assert log.startswith("ddpm_ops cluster kernel" if forced == "cluster" else "ddpm_ops tiled kernel"), log
     assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
 

@@ -594,16 +594,16 @@ void launch_wgmma(const SampleArgs& a, const DeviceInfo& info, int device, cudaS
   const cuda_kernels::WgmmaLayout layout{H, a.num_layers};
   const int64_t tiles = (static_cast<int64_t>(a.batch) + kWgmmaRows - 1) / kWgmmaRows;
   const int grid = static_cast<int>(std::min<int64_t>(info.sm_count, tiles));
+  const int smem = cuda_kernels::wgmma_request(layout, info.max_smem);
   auto kernel = cuda_kernels::wgmma_sample_kernel<H>;
   prepare_kernel(kernel, device, info.max_smem, false);
   if (log_plans()) {
     std::fprintf(stderr,
                  "ddpm_ops wgmma kernel: batch %d, %d rows x %lld tiles on %d CTAs of %d warpgroups, "
                  "hidden width %d, %d bytes shared memory\n",
-                 a.batch, kWgmmaRows, static_cast<long long>(tiles), grid, cuda_kernels::kWgmmaWarpgroups, H,
-                 cuda_kernels::wgmma_request(layout, info.max_smem));
+                 a.batch, kWgmmaRows, static_cast<long long>(tiles), grid, cuda_kernels::kWgmmaWarpgroups, H, smem);
   }
-  kernel<<<grid, cuda_kernels::kWgmmaThreads, cuda_kernels::wgmma_request(layout, info.max_smem), stream>>>(a);
+  kernel<<<grid, cuda_kernels::kWgmmaThreads, smem, stream>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

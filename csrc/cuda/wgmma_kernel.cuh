@@ -313,7 +313,7 @@ __device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaL
   for (int h = 0; h < 2; ++h) {
     const int r = my_row0 + 8 * h;
     if (r >= a.batch) continue;
-    bool valid;
+    bool valid;  // read again: flags held across the steps would take registers the products need
     load_t_start(a, r, &valid);
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
