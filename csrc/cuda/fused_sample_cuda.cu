@@ -133,7 +133,7 @@ const DeviceInfo& device_info(int device) {
 #endif
   // Every cluster instantiation uses the same block size and (at most) all of
   // the shared memory, so one of them answers for all.
-  auto kernel = cuda_kernels::cluster_sample_kernel<1, 2>;
+  auto kernel = cuda_kernels::cluster_sample_kernel<1>;
   prepare_kernel(kernel, device, info.max_smem, true);
   for (int size = 1; size <= kMaxClusterSize; ++size) {
     const ClusterLaunch launch(1, size, cuda_kernels::kClusterThreads, info.max_smem, nullptr);
@@ -412,22 +412,24 @@ int cluster_size_log2(const SampleArgs& a, const DeviceInfo& info) {
 }
 
 // The work split of one layer with `cols` output columns per CTA over `rows`
-// rows, for the kernel instantiation with RT x CT output tiles (kVec: the
-// inner dimension is read as float4).
-cuda_kernels::LayerSplit make_split(int cols, int in, bool vec, int rows, int rt, int ct) {
-  using cuda_kernels::magic_divisor;
+// rows, for the kernel instantiation whose warp tiles have vr rows: the
+// narrowest column tile (2 to 16 columns, at most 32 outputs) that gives
+// every warp at most one tile, or the widest: a warp's tiles run one after
+// the other, each a dependent chain of loads, products and shuffles, so one
+// tile per warp is the shortest layer.
+cuda_kernels::LayerSplit make_split(int cols, int rows, int vr) {
+  using cuda_kernels::kClusterWarps;
   cuda_kernels::LayerSplit sp = {};
   sp.cols = cols;
-  sp.tiles_c = std::max(1, (cols + ct - 1) / ct);
-  sp.tiles_c_magic = magic_divisor(sp.tiles_c);
-  sp.ntiles = (rows + rt - 1) / rt * sp.tiles_c;
-  sp.quads_magic = magic_divisor(std::max(1, cols / 4));
-  // As many lanes per tile as the threads allow, but no more than the inner
-  // dimension has (float4) elements.
-  const int steps_k = vec ? cuda_kernels::round_up4(in) / 4 : in;
-  int g = 5;
-  while (g > 0 && ((sp.ntiles << g) > cuda_kernels::kClusterThreads || (1 << (g - 1)) >= steps_k)) --g;
-  sp.group_log2 = g;
+  const int row_tiles = (rows + vr - 1) / vr;
+  const int widest_log2 = vr == 4 ? 3 : 4;
+  int vc_log2 = 1;
+  auto tiles_c = [&](int log2) { return std::max(1, (cols + (1 << log2) - 1) >> log2); };
+  while (vc_log2 < widest_log2 && row_tiles * tiles_c(vc_log2) > kClusterWarps) ++vc_log2;
+  sp.vc_log2 = vc_log2;
+  sp.tiles_c = tiles_c(vc_log2);
+  sp.tiles_c_magic = cuda_kernels::magic_divisor(sp.tiles_c);
+  sp.ntiles = row_tiles * sp.tiles_c;
   return sp;
 }
 
@@ -462,18 +464,11 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
               " and the hidden widths need more shared memory per sample than the GPU has (",
               info.max_smem, " bytes per block)");
   p.rows_per_tile = rows;
-  // Output tile of one thread group: more rows per tile reuse each weight
-  // load over more rows (2 rows in 2x2 tiles take about as long as 1 row in
-  // 1x2 tiles: H200, policy batch 16 in clusters of 8, 120 -> 63 us).
-  int rt = 4, ct = 4;
-  void (*kernel)(SampleArgs, ClusterPlan) = cuda_kernels::cluster_sample_kernel<4, 4>;
-  if (rows <= 1) {
-    rt = 1, ct = 2;
-    kernel = cuda_kernels::cluster_sample_kernel<1, 2>;
-  } else if (rows <= 16) {
-    rt = 2, ct = 2;
-    kernel = cuda_kernels::cluster_sample_kernel<2, 2>;
-  }
+  // Rows of a warp's output tile: every weight load serves them all.
+  const int vr = rows <= 2 ? rows : 4;
+  void (*kernel)(SampleArgs, ClusterPlan) = vr == 1   ? cuda_kernels::cluster_sample_kernel<1>
+                                            : vr == 2 ? cuda_kernels::cluster_sample_kernel<2>
+                                                      : cuda_kernels::cluster_sample_kernel<4>;
   int offset = 0;
   auto take = [&](int floats) {  // 16-byte aligned regions
     const int at = offset;
@@ -506,7 +501,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
   if (replicate) {
     p.last_weight_offset = take(a.dim * last_in_ld);
     p.last_bias_offset = take(a.dim);
-    p.last_split = make_split(a.dim, a.layers[L - 1].in, true, rows, rt, ct);
+    p.last_split = make_split(a.dim, rows, vr);
   }
   // Weight slices that fit stay in shared memory; the rest are read from
   // global memory (L2).
@@ -525,10 +520,7 @@ void launch_cluster(const SampleArgs& a, const DeviceInfo& info, int device, cud
       p.weight_offset[l] = -1;
       p.bias_offset[l] = -1;
     }
-    // Same test as the kernel's for float4 reads of global weights.
-    const bool vec = on_chip || (a.layers[l].in % 4 == 0 &&
-                                 reinterpret_cast<uintptr_t>(a.layers[l].weight) % 16 == 0);
-    p.split[l] = make_split(s, a.layers[l].in, vec, rows, rt, ct);
+    p.split[l] = make_split(s, rows, vr);
   }
   const size_t smem = static_cast<size_t>(offset) * sizeof(float);
   const int64_t tiles = (static_cast<int64_t>(a.batch) + rows - 1) / rows;

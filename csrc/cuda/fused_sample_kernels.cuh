@@ -5,12 +5,13 @@
 // cluster_sample_kernel (small and medium batch, exact fp32): a thread-block
 //   cluster of up to 16 CTAs runs a tile of rows through all steps. CTA r owns
 //   a slice of every layer's output neurons and keeps that slice of the weights
-//   in shared memory for the whole call. Each layer's slice is pushed into
-//   every other CTA's shared memory with st.async, which completes on the
-//   receiver's mbarrier; a CTA waits only for the bytes it needs, so there is
-//   no cluster-wide barrier per layer. The latency of a layer is one split-K
-//   dot product per thread, a warp-shuffle reduction, one CTA barrier and one
-//   one-way trip through distributed shared memory.
+//   in shared memory for the whole call. Each warp reduces its outputs with a
+//   transposing shuffle butterfly and stores them straight into every CTA's
+//   shared memory with st.async, which completes on the receiver's mbarrier;
+//   a CTA waits only for the bytes it needs, so there is no cluster-wide
+//   barrier per layer, nor a CTA barrier. The latency of a layer is one
+//   split-K dot product per lane, 5 levels of shuffles and one one-way trip
+//   through distributed shared memory.
 // tiled_sample_kernel (large batch, and medium batch for nets too big for the
 //   cluster kernel's shared memory): a row tile of 16*MT rows stays in shared
 //   memory for all steps, weights stream from L2 through a ring of chunks
@@ -223,6 +224,7 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 // ---------------------------------------------------------------------------
 
 constexpr int kClusterThreads = 256;
+constexpr int kClusterWarps = kClusterThreads / 32;
 // Rows one cluster carries; one thread per row handles its coefficients.
 constexpr int kMaxClusterRows = 64;
 static_assert(kMaxClusterRows <= kClusterThreads, "one thread per row");
@@ -230,16 +232,16 @@ static_assert(kMaxClusterRows <= kClusterThreads, "one thread per row");
 // The exchanged buffers, each with one mbarrier per CTA (phases alternate).
 enum ExchangeBuffer { kHidden0 = 0, kHidden1 = 1, kEps0 = 2, kEps1 = 3, kExchangeBuffers = 4 };
 
-// How one layer's outputs are split over a CTA's threads, fixed for the whole
+// How one layer's outputs are split over a CTA's warps, fixed for the whole
 // call and computed on the host, so that the step loop spends its
-// instructions on the products rather than on integer division.
+// instructions on the products rather than on integer division. A warp
+// computes one tile of VR rows (the kernel's) x 2^vc_log2 columns at a time.
 struct LayerSplit {
   int cols;                // output columns per CTA (a multiple of 4 unless the whole layer)
-  int group_log2;          // log2 of the lanes that split one tile's inner dimension
-  int tiles_c;             // column tiles (CT columns each) per CTA
+  int vc_log2;             // log2 of the columns of a warp's tile (1 to 4)
+  int tiles_c;             // column tiles per CTA
   uint32_t tiles_c_magic;  // magic_divisor(tiles_c)
-  int ntiles;              // row tiles (of rows_per_tile) x tiles_c
-  uint32_t quads_magic;    // magic_divisor(cols / 4), for push_slice
+  int ntiles;              // row tiles x tiles_c
 };
 
 // n / d as one multiply-high, exact for n * d < 2^32 (every index here).
@@ -278,144 +280,147 @@ struct ClusterPlan {
 
 __host__ __device__ inline int round_up4(int v) { return (v + 3) & ~3; }
 // Output columns per CTA, a multiple of 4 so that every slice starts on a
-// 16-byte boundary and travels as float4.
+// 16-byte boundary (its weight rows are copied as float4).
 __host__ __device__ inline int slice_size(int out, int cluster_size) {
   return round_up4((out + cluster_size - 1) / cluster_size);
 }
 
-// One layer's slice on one CTA: out[r][n0 + c] = act(bias + in[r] . w[c]) for
-// rows r < rows, slice columns c < ns, in this CTA's shared memory.
-// Each output tile (RT rows x CT columns) is computed by 2^group_log2
-// consecutive lanes that split the inner dimension and reduce with shuffles;
-// the host makes the groups as large as the thread count allows, which keeps
-// small-batch layers short.
-// kVec: weight rows of stride round_up4(K), read as float4 along k (four
-// times fewer load instructions): the padded copy in shared memory, or global
-// weights when K % 4 == 0 and they are 16-byte aligned (a generic pointer
-// serves both); otherwise scalar reads of the global weights (row stride K).
-// kUnroll: inner iterations whose loads are issued together. Weights read
-// from L2 need many in flight (the loop is otherwise one L2 latency per
-// iteration); shared-memory reads need few.
-template <int RT, int CT, bool kVec, int kUnroll>
-__device__ __forceinline__ void cluster_layer(const LayerSplit& sp, const float* in, int in_ld,
-                                              const float* w, const float* bias, int K, int rows,
-                                              int ns, int n0, bool apply_silu, float* out,
-                                              int out_ld) {
-  if (ns <= 0) return;
-  const int g_log2 = sp.group_log2;
-  const int G = 1 << g_log2;
-  const int steps_k = kVec ? round_up4(K) >> 2 : K;
-  const int w_ld = kVec ? round_up4(K) : K;
-  const int lane_g = threadIdx.x & (G - 1);
-  const int groups = kClusterThreads >> g_log2;
-  const int warp_first_group = (threadIdx.x & ~31) >> g_log2;
-  // Whole warps iterate together (the shuffles need every lane); a group past
-  // the last tile computes a clamped duplicate and stores nothing.
-  for (int base = 0; base + warp_first_group < sp.ntiles; base += groups) {
-    const int tile = base + (threadIdx.x >> g_log2);
-    const bool tile_ok = tile < sp.ntiles;
-    const int tr = divide(tile_ok ? tile : 0, sp.tiles_c, sp.tiles_c_magic);
-    const int tc = (tile_ok ? tile : 0) - tr * sp.tiles_c;
-    const float* a_row[RT];
-    const float* w_row[CT];
+// Where a layer's outputs go: column n0 onwards of the rows of `out` (this
+// CTA's shared memory, row stride ld). With a barrier (`bar` != 0) every
+// output is sent to that place in all `cs` CTAs of the cluster, this one
+// included, by st.async completing on their mbarrier `bar`; without one it
+// is stored here only (the caller synchronizes the CTA).
+struct LayerSink {
+  uint32_t out;  // smem_address of column n0 of row 0
+  int ld;
+  uint32_t bar;
+  int cs;
+};
+
+// The transposing levels of cluster_layer's reduction, while a lane holds N
+// of the tile's V sums: at offset o = 16 N / V the lanes with bit o set keep
+// the upper half of their values and take their partner's share of it.
+// Recursive on N so that every index is a constant (the array stays in
+// registers).
+template <int V, int N>
+__device__ __forceinline__ void reduce_transposing(float (&v)[V], int lane) {
+  if constexpr (N > 1) {
+    constexpr int half = N / 2;
+    constexpr int o = 16 * N / V;
+    const bool upper = (lane & o) != 0;
 #pragma unroll
-    for (int i = 0; i < RT; ++i) a_row[i] = in + min(tr * RT + i, rows - 1) * in_ld;
-#pragma unroll
-    for (int j = 0; j < CT; ++j) w_row[j] = w + min(tc * CT + j, ns - 1) * w_ld;
-    float acc[RT][CT];
-#pragma unroll
-    for (int i = 0; i < RT; ++i)
-#pragma unroll
-      for (int j = 0; j < CT; ++j) acc[i][j] = 0.f;
-#pragma unroll kUnroll
-    for (int k = lane_g; k < steps_k; k += G) {
-      if (kVec) {
-        float4 a4[RT], b4[CT];
-#pragma unroll
-        for (int i = 0; i < RT; ++i) a4[i] = reinterpret_cast<const float4*>(a_row[i])[k];
-#pragma unroll
-        for (int j = 0; j < CT; ++j) b4[j] = reinterpret_cast<const float4*>(w_row[j])[k];
-#pragma unroll
-        for (int i = 0; i < RT; ++i)
-#pragma unroll
-          for (int j = 0; j < CT; ++j) {
-            acc[i][j] = fmaf(a4[i].x, b4[j].x, acc[i][j]);
-            acc[i][j] = fmaf(a4[i].y, b4[j].y, acc[i][j]);
-            acc[i][j] = fmaf(a4[i].z, b4[j].z, acc[i][j]);
-            acc[i][j] = fmaf(a4[i].w, b4[j].w, acc[i][j]);
-          }
-      } else {
-        float a1[RT], b1[CT];
-#pragma unroll
-        for (int i = 0; i < RT; ++i) a1[i] = a_row[i][k];
-#pragma unroll
-        for (int j = 0; j < CT; ++j) b1[j] = __ldg(w_row[j] + k);
-#pragma unroll
-        for (int i = 0; i < RT; ++i)
-#pragma unroll
-          for (int j = 0; j < CT; ++j) acc[i][j] = fmaf(a1[i], b1[j], acc[i][j]);
-      }
+    for (int q = 0; q < half; ++q) {
+      // By value: a conditional of two array elements would select their
+      // addresses and put the array in local memory.
+      const float lo = v[q], hi = v[q + half];
+      const float send = upper ? lo : hi;
+      const float keep = upper ? hi : lo;
+      v[q] = keep + __shfl_xor_sync(0xffffffffu, send, o);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      if (off < G) {  // warp-uniform
-#pragma unroll
-        for (int i = 0; i < RT; ++i)
-#pragma unroll
-          for (int j = 0; j < CT; ++j) acc[i][j] += __shfl_xor_sync(0xffffffffu, acc[i][j], off);
-      }
-    }
-    if (lane_g != 0 || !tile_ok) continue;
-#pragma unroll
-    for (int i = 0; i < RT; ++i) {
-#pragma unroll
-      for (int j = 0; j < CT; ++j) {
-        const int r = tr * RT + i;
-        const int c = tc * CT + j;
-        if (r >= rows || c >= ns) continue;
-        float v = acc[i][j] + bias[c];
-        if (apply_silu) v = silu(v);
-        out[r * out_ld + n0 + c] = v;
-      }
-    }
+    reduce_transposing<V, half>(v, lane);
   }
 }
 
-// Sends this CTA's slice of a layer's outputs (rows x ns floats at column n0
-// of buf, row stride ld) to the same place in every other CTA of the cluster,
-// with st.async completing on their mbarrier `bar`; every CTA, this one
-// included, also arrives on each barrier once, announcing its bytes. A phase
-// thus completes when all slices have landed, with no cluster-wide barrier.
-// The caller has synchronized the CTA: the slice is written. The buffers
-// alternate, so this phase overwrites a buffer in CTA d only after d has sent
-// a later slice, past a CTA barrier that follows its reads of that buffer,
-// and this CTA has waited for that slice: the writes follow d's reads along
-// that chain, with no fence (the arrivals are relaxed).
-__device__ __forceinline__ void push_slice(const LayerSplit& sp, const float* buf, int ld, int rows,
-                                           int n0, int ns, uint64_t* bar, int cs_log2, int rank) {
-  const int cs = 1 << cs_log2;
-  const uint32_t bar_local = smem_address(bar);
-  if (threadIdx.x < cs) {
-    const int d = threadIdx.x;
-    mbarrier_arrive_expect(cluster_address(bar_local, d),
-                           d == rank ? 0u : static_cast<uint32_t>(rows * ns * sizeof(float)));
-  }
-  const int quads = sp.cols >> 2;  // of the widest slice; this one has ns columns
-  const int units = (rows * quads) << cs_log2;
-  const uint32_t buf_local = smem_address(buf);
-  for (int i = threadIdx.x; i < units; i += kClusterThreads) {
-    const int d = i & (cs - 1);  // cluster sizes are powers of two
-    const int rq = i >> cs_log2;
-    const int r = divide(rq, quads, sp.quads_magic), q = rq - r * quads;
-    if (d == rank || 4 * q >= ns) continue;
-    const int at = r * ld + n0 + 4 * q;
-    const uint32_t dst = cluster_address(buf_local + at * sizeof(float), d);
-    const uint32_t dst_bar = cluster_address(bar_local, d);
-    if (4 * q + 4 <= ns) {
-      st_async(dst, *reinterpret_cast<const float4*>(buf + at), dst_bar);
-    } else {
-      for (int e = 0; e < ns - 4 * q; ++e) st_async(dst + e * sizeof(float), buf[at + e], dst_bar);
+// One layer's slice on one CTA: out[r][c] = act(bias[c] + in[r] . w[c]) for
+// rows r < rows, slice columns c < ns. Each warp takes tiles of VR rows x VC
+// columns; its 32 lanes split the inner dimension (float4 along k when kVec)
+// and then reduce the tile's VR * VC sums with a transposing butterfly: each
+// exchange level halves the values a lane holds, so the whole tile costs
+// V - 1 + log2(32 / V) shuffles, and lane l ends with output l / (32 / V),
+// replicated on 32 / V lanes, which share its stores into the cluster. No
+// CTA barrier: a warp sends its tile as soon as it is reduced.
+// kVec: weight rows of stride round_up4(K), read as float4 along k: the
+// padded copy in shared memory, or global weights when K % 4 == 0 and they
+// are 16-byte aligned (a generic pointer serves both); otherwise scalar reads
+// of the global weights (row stride K). kL2: the weights come from L2, whose
+// latency wants many loads in flight (several inner iterations at once);
+// shared memory needs few.
+template <int VR, int VC, bool kVec, bool kL2>
+__device__ __forceinline__ void cluster_layer(const LayerSplit& sp, const float* in, int in_ld, const float* w,
+                                              const float* bias, int K, int rows, int ns, bool apply_silu,
+                                              const LayerSink& sink) {
+  constexpr int V = VR * VC;
+  static_assert(V >= 2 && V <= 32 && (V & (V - 1)) == 0, "a tile is a power of two of at most 32 outputs");
+  constexpr int kReplicas = 32 / V;
+  constexpr int kUnroll = !kL2 ? 2 : (V >= 16 ? 2 : (V >= 8 ? 4 : 8));
+  const int steps_k = kVec ? round_up4(K) >> 2 : K;
+  const int w_ld = kVec ? round_up4(K) : K;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  for (int tile = warp; tile < sp.ntiles; tile += kClusterWarps) {  // warp-uniform
+    const int tr = divide(tile, sp.tiles_c, sp.tiles_c_magic);
+    const int tc = tile - tr * sp.tiles_c;
+    const float* a_row[VR];
+    const float* w_row[VC];
+#pragma unroll
+    for (int i = 0; i < VR; ++i) a_row[i] = in + min(tr * VR + i, rows - 1) * in_ld;
+#pragma unroll
+    for (int j = 0; j < VC; ++j) w_row[j] = w + min(tc * VC + j, ns - 1) * w_ld;
+    float v[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = 0.f;
+#pragma unroll kUnroll
+    for (int k = lane; k < steps_k; k += 32) {
+      if (kVec) {
+        float4 a4[VR];
+#pragma unroll
+        for (int i = 0; i < VR; ++i) a4[i] = reinterpret_cast<const float4*>(a_row[i])[k];
+#pragma unroll
+        for (int j = 0; j < VC; ++j) {
+          const float4 b4 = reinterpret_cast<const float4*>(w_row[j])[k];
+#pragma unroll
+          for (int i = 0; i < VR; ++i) {
+            float& acc = v[i * VC + j];
+            acc = fmaf(a4[i].x, b4.x, acc);
+            acc = fmaf(a4[i].y, b4.y, acc);
+            acc = fmaf(a4[i].z, b4.z, acc);
+            acc = fmaf(a4[i].w, b4.w, acc);
+          }
+        }
+      } else {
+        float a1[VR];
+#pragma unroll
+        for (int i = 0; i < VR; ++i) a1[i] = a_row[i][k];
+#pragma unroll
+        for (int j = 0; j < VC; ++j) {
+          const float b1 = __ldg(w_row[j] + k);
+#pragma unroll
+          for (int i = 0; i < VR; ++i) v[i * VC + j] = fmaf(a1[i], b1, v[i * VC + j]);
+        }
+      }
     }
+    reduce_transposing<V, V>(v, lane);
+#pragma unroll
+    for (int o = kReplicas / 2; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    const int e = lane / kReplicas;
+    const int replica = lane % kReplicas;
+    const int r = tr * VR + e / VC;
+    const int c = tc * VC + e % VC;
+    if (r >= rows || c >= ns) continue;
+    float out = v[0] + bias[c];
+    if (apply_silu) out = silu(out);
+    const uint32_t at = sink.out + static_cast<uint32_t>(r * sink.ld + c) * sizeof(float);
+    if (sink.bar == 0) {
+      if (replica == 0) *static_cast<float*>(__cvta_shared_to_generic(at)) = out;
+      continue;
+    }
+    for (int d = replica; d < sink.cs; d += kReplicas)
+      st_async(cluster_address(at, d), out, cluster_address(sink.bar, d));
+  }
+}
+
+// cluster_layer with the column tile the host chose for this layer (VR * VC
+// at most 32 outputs per tile).
+template <int VR, bool kVec, bool kL2>
+__device__ __forceinline__ void cluster_layer_tiled(const LayerSplit& sp, const float* in, int in_ld,
+                                                    const float* w, const float* bias, int K, int rows, int ns,
+                                                    bool apply_silu, const LayerSink& sink) {
+  switch (sp.vc_log2) {
+    case 1: return cluster_layer<VR, 2, kVec, kL2>(sp, in, in_ld, w, bias, K, rows, ns, apply_silu, sink);
+    case 2: return cluster_layer<VR, 4, kVec, kL2>(sp, in, in_ld, w, bias, K, rows, ns, apply_silu, sink);
+    case 3: return cluster_layer<VR, 8, kVec, kL2>(sp, in, in_ld, w, bias, K, rows, ns, apply_silu, sink);
+    default: return cluster_layer<VR, (VR <= 2 ? 16 : 8), kVec, kL2>(sp, in, in_ld, w, bias, K, rows, ns,
+                                                                       apply_silu, sink);
   }
 }
 
@@ -436,17 +441,15 @@ __device__ __forceinline__ void stage_padded_rows(float* dst, const float* src, 
   }
 }
 
-template <int RT, int CT>
+// VR: the rows of a warp's output tile (1, 2 or 4; the host picks it from the
+// rows per cluster).
+template <int VR>
 __global__ void __launch_bounds__(kClusterThreads, 1)
     cluster_sample_kernel(const __grid_constant__ SampleArgs a, const __grid_constant__ ClusterPlan p) {
-  // Loads of weights from L2 in flight per thread: 8 iterations, fewer for
-  // the largest tiles so the loaded values stay in registers.
-  constexpr int kGlobalUnroll = RT * CT >= 16 ? 4 : 8;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float4 smem_f4[];
   float* smem = reinterpret_cast<float*>(smem_f4);
   const int cs = p.cluster_size;
-  const int cs_log2 = __ffs(cs) - 1;
   const int rank = static_cast<int>(cluster.block_rank());
   const int row0 = static_cast<int>(blockIdx.x / cs) * p.rows_per_tile;
   const int rows = min(p.rows_per_tile, a.batch - row0);
@@ -484,7 +487,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
        i += kClusterThreads)
     in0[i] = 0.f;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < kExchangeBuffers; ++b) mbarrier_init(bars + b, cs);
+    // One arrival per phase, this CTA's own (exchange below); the senders'
+    // bytes complete it.
+    for (int b = 0; b < kExchangeBuffers; ++b) mbarrier_init(bars + b, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -513,7 +518,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
   };
   const bool replicated = p.last_weight_offset >= 0;
   for (int k = 0; k < a.num_steps; ++k) {
-    coefs.publish(a, t0, coef, k);  // read after the layers' barriers
+    coefs.publish(a, t0, coef, k);  // read in the update, past a CTA barrier
     const float* in = in0;
     int in_ld = in0_ld;
     int in_buffer = -1;  // exchanged buffer `in` arrives in, or -1: local
@@ -524,9 +529,9 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
       const bool last = l + 1 == L;
       if (last && replicated) {
         // The whole last layer on every CTA: saves one exchange a step.
-        cluster_layer<RT, CT, true, 2>(p.last_split, in, in_ld, smem + p.last_weight_offset,
-                                       smem + p.last_bias_offset, la.in, rows, la.out, 0, false, eps,
-                                       p.eps_ld);
+        const LayerSink sink = {smem_address(eps), p.eps_ld, 0u, 1};
+        cluster_layer_tiled<VR, true, false>(p.last_split, in, in_ld, smem + p.last_weight_offset,
+                                             smem + p.last_bias_offset, la.in, rows, la.out, false, sink);
         in_buffer = -1;
         break;
       }
@@ -538,28 +543,42 @@ __global__ void __launch_bounds__(kClusterThreads, 1)
       const int out_buffer = last ? kEps0 + (k & 1) : kHidden0 + hidden;
       float* out = last ? eps : smem + p.hidden_offset[hidden];
       const int out_ld = last ? p.eps_ld : p.hidden_ld;
+      // The exchange. Every CTA sends each of its outputs to every CTA (itself
+      // included) with st.async, completing on the receiver's barrier for
+      // out_buffer, whose one arrival per phase is its own: the announcement
+      // of all the phase's bytes, made here, before or after some of them
+      // land (the transaction count may dip below zero meanwhile). Its
+      // previous phase has completed: this CTA waited for it before the
+      // layer that read it (the previous layer, or the layer before the last
+      // layer of the previous step), so no byte of a later phase arrives
+      // early either: a sender starts on this layer only once it holds this
+      // CTA's outputs of the previous layer. The same chain makes the writes
+      // safe: a buffer is overwritten only after its owner has sent the
+      // outputs of the layer that read it, and a warp sends only after its
+      // reads (no fence: nothing here lives in global memory).
+      if (threadIdx.x == 0)
+        mbarrier_expect_local(smem_address(bars + out_buffer),
+                              static_cast<uint32_t>(rows * la.out * sizeof(float)));
+      const LayerSink sink = {smem_address(out + n0), out_ld, smem_address(bars + out_buffer), cs};
       const float* w_global = la.weight + static_cast<size_t>(n0) * la.in;
       if (p.weight_offset[l] >= 0) {
-        cluster_layer<RT, CT, true, 2>(sp, in, in_ld, smem + p.weight_offset[l],
-                                       smem + p.bias_offset[l], la.in, rows, ns, n0, !last, out, out_ld);
+        cluster_layer_tiled<VR, true, false>(sp, in, in_ld, smem + p.weight_offset[l], smem + p.bias_offset[l],
+                                             la.in, rows, ns, !last, sink);
       } else if (la.in % 4 == 0 && (reinterpret_cast<uintptr_t>(la.weight) & 15) == 0) {
-        cluster_layer<RT, CT, true, kGlobalUnroll>(sp, in, in_ld, w_global, la.bias + n0, la.in, rows,
-                                                   ns, n0, !last, out, out_ld);
+        cluster_layer_tiled<VR, true, true>(sp, in, in_ld, w_global, la.bias + n0, la.in, rows, ns, !last,
+                                            sink);
       } else {
-        cluster_layer<RT, CT, false, kGlobalUnroll>(sp, in, in_ld, w_global, la.bias + n0, la.in, rows,
-                                                    ns, n0, !last, out, out_ld);
+        cluster_layer_tiled<VR, false, true>(sp, in, in_ld, w_global, la.bias + n0, la.in, rows, ns, !last,
+                                             sink);
       }
-      __syncthreads();
-      push_slice(sp, out, out_ld, rows, n0, ns, bars + out_buffer, cs_log2, rank);
       in = out;
       in_ld = out_ld;
       in_buffer = out_buffer;
     }
-    if (in_buffer >= 0) {
-      wait_for(in_buffer);  // the sliced last layer's outputs
-    } else {
-      __syncthreads();  // the replicated last layer's outputs
-    }
+    if (in_buffer >= 0) wait_for(in_buffer);  // the sliced last layer's outputs
+    // The replicated last layer's outputs, and this step's coefficients: the
+    // layers have no CTA barrier of their own.
+    __syncthreads();
     // x <- c1 * (x - c2 * eps), redundantly on every CTA (cheaper than another
     // exchange), and the next step's layer-0 input.
     for (int i = threadIdx.x; i < rows * dim; i += kClusterThreads) {
@@ -1164,7 +1183,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   if (clustered) cluster_arrive();
 
   for (int k = 0; k < a.num_steps; ++k) {
-    coefs.publish(a, t0, coef, k);  // read after the layers' barriers
+    coefs.publish(a, t0, coef, k);  // read in the update, past a CTA barrier
     for (int l = 0; l < L; ++l) {
       const bool last = l + 1 == L;
       const bool partial = p.split_last && last;
