@@ -57,7 +57,7 @@ def fused_sample(
         precision: ``"fp32"`` (default): float32 accuracy, relative error at
             most 1e-5 against float64 (about 1.5e-7 measured): plain fp32 FMAs,
             except where CUDA runs its tiled tensor-core kernel (from batch
-            1024; from batch 64 for nets whose weights do not fit on chip,
+            768; from batch 128 for nets whose weights do not fit on chip,
             such as hidden width 1024), which carries fp32's precision with a
             3xTF32 split (three TF32 products per product).
             ``"tf32"`` and ``"bf16"`` opt into faster paths on CUDA, with

@@ -277,7 +277,7 @@ def test_runs_on_the_current_stream():
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
 @pytest.mark.parametrize("batch, dim, hidden, num_steps", [
     (32768, 64, [256, 256], 16),  # one CTA per 64-row tile
-    (64, 12, [1024, 1024], 5),    # weights too big for the cluster kernel: 16-row tiles in clusters
+    (128, 12, [1024, 1024], 5),   # weights too big for the cluster kernel: 16-row tiles in clusters
     (256, 12, [1024, 1024], 5),
 ])
 def test_fast_precisions_where_the_tiled_kernel_runs(precision, batch, dim, hidden, num_steps):

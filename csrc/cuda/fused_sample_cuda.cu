@@ -8,7 +8,7 @@
 //     shared memory) where the GPU is sm_90 and the net within its envelope
 //     (wgmma_hidden);
 //   - the tiled tensor-core kernel (3xTF32 for "fp32", one tf32 product for
-//     "tf32" and "bf16") from batch 1024, and from batch 64 for nets whose
+//     "tf32" and "bf16") from batch 768, and from batch 128 for nets whose
 //     weights the cluster kernel cannot keep on chip, when its row tile fits
 //     in shared memory;
 //   - otherwise the cluster kernel (exact fp32 on CUDA cores).
@@ -54,9 +54,12 @@ using cuda_kernels::TilePlan;
 constexpr int kReplicateMaxRows = 4;
 // From this batch the tiled kernel beats the cluster kernel; from
 // kStreamedMinBatch it does so for nets whose weights the cluster kernel
-// cannot keep on chip (measured on the H200, BENCHMARKS.md; choose_tiled).
-constexpr int64_t kTiledMinBatch = 1024;
-constexpr int64_t kStreamedMinBatch = 64;
+// cannot keep on chip (measured on the H200, graph-replayed gpu us: seed
+// batch 768, 16-row tiles in clusters of 2 258 against the cluster kernel's
+// 265, batch 512 259 against 161; policy batch 128 139 against 156, batch 64
+// 126 against 106; BENCHMARKS.md; choose_tiled).
+constexpr int64_t kTiledMinBatch = 768;
+constexpr int64_t kStreamedMinBatch = 128;
 
 // From this batch "bf16" takes the wgmma kernel (where it can): below it the
 // cluster kernel's exact fp32 is faster (H200, seed shape, gpu us: batch 128
@@ -382,13 +385,14 @@ bool cluster_weights_on_chip(const SampleArgs& a, const DeviceInfo& info) {
 // the cluster the shorter each layer. For a net whose weights fit on two CTAs
 // (seed shape): the largest of 8, 4 that gives every row its own cluster
 // (H200: batch 15 and 33; seed batch 16: 63 us in clusters of 4 against 86
-// in clusters of 2), else 2 up to batch 256 (most clusters side by side),
-// then 4. For bigger nets (policy shape: 4 MB of weights, read from L2 by
-// every cluster): 16 while every row gets its own cluster of 16 (most
-// on-chip weights; H200: batch 7; batch 2: 41 us against 53 in clusters of
-// 8), else 8 up to batch 16 (batch 16: 63 us, against 70 in clusters of 16),
-// 16 up to 32 (half the clusters, so half the L2 traffic: batch 32, 118 us
-// against 130), 8 up to 256, then 4.
+// in clusters of 2), else 2 up to batch 512 (most clusters side by side;
+// batch 512: 161 us against 202 in clusters of 4), then 4. For bigger nets
+// (policy shape: 4 MB of weights, read from L2 by every cluster): 16 while
+// every row gets its own cluster of 16 (most on-chip weights; H200: batch 7;
+// batch 2: 41 us against 53 in clusters of 8), else 8 up to batch 32 (batch
+// 32: 68 us against 76 in clusters of 16), 16 up to 64 (half the clusters,
+// so half the L2 traffic: batch 64, 106 us against 116), 8 up to 256, then
+// 4.
 // DDPM_OPS_CUDA_CLUSTER_SIZE (tests, benchmarks) forces a size that launches
 // (a power of two: the kernel's exchange indexes CTAs by bit masks).
 // Falls back to the largest size below the choice that launches.
@@ -398,11 +402,11 @@ int cluster_size_log2(const SampleArgs& a, const DeviceInfo& info) {
   auto row_per_cluster = [&](int size) { return a.batch <= info.max_clusters[size]; };
   int want;
   if (cluster_weights_on_chip(a, info)) {
-    want = row_per_cluster(8) ? 8 : (row_per_cluster(4) ? 4 : (a.batch <= 256 ? 2 : 4));
+    want = row_per_cluster(8) ? 8 : (row_per_cluster(4) ? 4 : (a.batch <= 512 ? 2 : 4));
   } else if (row_per_cluster(16)) {
     want = 16;
   } else {
-    want = a.batch <= 16 ? 8 : (a.batch <= 32 ? 16 : (a.batch <= 256 ? 8 : 4));
+    want = a.batch <= 32 ? 8 : (a.batch <= 64 ? 16 : (a.batch <= 256 ? 8 : 4));
   }
   int chosen = 0;
   for (int i = 0; (1 << i) <= want; ++i) {
