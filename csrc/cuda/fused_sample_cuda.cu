@@ -62,9 +62,9 @@ constexpr int64_t kTiledMinBatch = 768;
 constexpr int64_t kStreamedMinBatch = 128;
 
 // From this batch "bf16" takes the wgmma kernel (where it can): below it the
-// cluster kernel's exact fp32 is faster (H200, seed shape, gpu us: batch 128
-// 103 against 120, batch 256 156 against 117; BENCHMARKS.md).
-constexpr int64_t kWgmmaMinBatch = 256;
+// cluster kernel's exact fp32 is faster (H200, seed shape, graph-replayed gpu
+// us: batch 256 101 against 117, batch 384 161 against 117; BENCHMARKS.md).
+constexpr int64_t kWgmmaMinBatch = 384;
 
 constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
 
