@@ -63,7 +63,7 @@ def fused_sample(
             ``"tf32"`` and ``"bf16"`` opt into faster paths on CUDA, with
             relative error up to 5e-3 allowed. ``"tf32"``: one TF32 product
             instead of three wherever the tiled kernel runs (measured 0.7e-5 to
-            2.5e-5 on an H200). ``"bf16"``: from batch 384, on an sm_90 GPU
+            2.5e-5 on an H200). ``"bf16"``: from batch 265, on an sm_90 GPU
             (H100, H200), for nets with dim <= 64, hidden widths <= 256, at
             least one hidden layer and bf16 weights within shared memory (at
             width 256 that is at most 3 Linear layers: 192 KB), bf16 operands

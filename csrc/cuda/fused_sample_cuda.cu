@@ -62,9 +62,12 @@ constexpr int64_t kTiledMinBatch = 768;
 constexpr int64_t kStreamedMinBatch = 128;
 
 // From this batch "bf16" takes the wgmma kernel (where it can): below it the
-// cluster kernel's exact fp32 is faster (H200, seed shape, graph-replayed gpu
-// us: batch 256 101 against 117, batch 384 161 against 117; BENCHMARKS.md).
-constexpr int64_t kWgmmaMinBatch = 384;
+// cluster kernel's exact fp32 is faster. H200, seed shape, graph-replayed gpu
+// us: the wgmma kernel takes about 117 at any batch up to 64 x 132 rows; the
+// cluster kernel 101 at batch 256, where its 66 co-resident clusters of 2
+// carry 4 rows each and every CTA computes the whole last layer, but 160 at
+// 288, with 5 rows each and the last layer exchanged (BENCHMARKS.md).
+constexpr int64_t kWgmmaMinBatch = 265;
 
 constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
 
