@@ -429,7 +429,7 @@ cuda_kernels::LayerSplit make_split(int cols, int rows, int vr) {
   cuda_kernels::LayerSplit sp = {};
   sp.cols = cols;
   const int row_tiles = (rows + vr - 1) / vr;
-  const int widest_log2 = vr == 4 ? 3 : 4;
+  const int widest_log2 = cuda_kernels::cluster_widest_vc_log2(vr);
   int vc_log2 = 1;
   auto tiles_c = [&](int log2) { return std::max(1, (cols + (1 << log2) - 1) >> log2); };
   while (vc_log2 < widest_log2 && row_tiles * tiles_c(vc_log2) > kClusterWarps) ++vc_log2;

@@ -132,22 +132,10 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals)
                : "memory");
 }
-// One arrival on a cluster mbarrier, announcing `bytes` of st.async data that
-// this CTA sends for the same phase. Relaxed: at cluster scope a release
-// compiles to a GPU-wide memory barrier (MEMBAR.ALL.GPU), and nothing here
-// needs one. The data travel in the st.async stores, which complete on the
-// receiver's barrier themselves; and a CTA's reads of a buffer that others
-// will overwrite are done before it sends the slice computed from them,
-// which the writers wait for first (the kernels say so at each exchange).
-__device__ __forceinline__ void mbarrier_arrive_expect(uint32_t cluster_bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cluster.b64 _, [%0], %1;\n" ::"r"(
-                   cluster_bar),
-               "r"(bytes)
-               : "memory");
-}
 // This thread's arrival on this CTA's own mbarrier, announcing the bytes that
-// copies into this CTA will complete on it (its TMA copy, or the bulk copies
-// of the other CTAs). CTA scope: only this CTA waits on it.
+// copies into this CTA will complete on it (its TMA copy, the bulk copies of
+// the other CTAs, or the cluster's st.async stores). CTA scope: only this CTA
+// waits on it.
 __device__ __forceinline__ void mbarrier_expect_local(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -156,14 +144,6 @@ __device__ __forceinline__ void st_async(uint32_t cluster_addr, float v, uint32_
                    cluster_addr),
                "r"(__float_as_uint(v)), "r"(cluster_bar)
                : "memory");
-}
-__device__ __forceinline__ void st_async(uint32_t cluster_addr, float4 v, uint32_t cluster_bar) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
-          cluster_addr),
-      "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
-      "r"(__float_as_uint(v.w)), "r"(cluster_bar)
-      : "memory");
 }
 // dst (in the shared memory of a CTA of the cluster) <- `bytes` (a multiple
 // of 16) of this CTA's shared memory at src, by the bulk-copy engine; the
@@ -225,6 +205,10 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 
 constexpr int kClusterThreads = 256;
 constexpr int kClusterWarps = kClusterThreads / 32;
+// log2 of the widest column tile of a warp in the instantiation whose tiles
+// have vr rows: at most 32 outputs per tile (the host's split and the
+// kernel's dispatch both read it).
+__host__ __device__ constexpr int cluster_widest_vc_log2(int vr) { return vr == 4 ? 3 : 4; }
 // Rows one cluster carries; one thread per row handles its coefficients.
 constexpr int kMaxClusterRows = 64;
 static_assert(kMaxClusterRows <= kClusterThreads, "one thread per row");
@@ -409,18 +393,17 @@ __device__ __forceinline__ void cluster_layer(const LayerSplit& sp, const float*
   }
 }
 
-// cluster_layer with the column tile the host chose for this layer (VR * VC
-// at most 32 outputs per tile).
+// cluster_layer with the column tile the host chose for this layer.
 template <int VR, bool kVec, bool kL2>
 __device__ __forceinline__ void cluster_layer_tiled(const LayerSplit& sp, const float* in, int in_ld,
                                                     const float* w, const float* bias, int K, int rows, int ns,
                                                     bool apply_silu, const LayerSink& sink) {
+  constexpr int kWidest = 1 << cluster_widest_vc_log2(VR);
   switch (sp.vc_log2) {
     case 1: return cluster_layer<VR, 2, kVec, kL2>(sp, in, in_ld, w, bias, K, rows, ns, apply_silu, sink);
     case 2: return cluster_layer<VR, 4, kVec, kL2>(sp, in, in_ld, w, bias, K, rows, ns, apply_silu, sink);
     case 3: return cluster_layer<VR, 8, kVec, kL2>(sp, in, in_ld, w, bias, K, rows, ns, apply_silu, sink);
-    default: return cluster_layer<VR, (VR <= 2 ? 16 : 8), kVec, kL2>(sp, in, in_ld, w, bias, K, rows, ns,
-                                                                       apply_silu, sink);
+    default: return cluster_layer<VR, kWidest, kVec, kL2>(sp, in, in_ld, w, bias, K, rows, ns, apply_silu, sink);
   }
 }
 
