@@ -21,7 +21,7 @@
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
 #include "../fused_sample.h"
 #include "fused_sample_kernels.cuh"
-#include "wgmma_kernel.cuh"
+#include "split_kernel.cuh"  // and wgmma_kernel.cuh
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -68,6 +68,10 @@ constexpr int64_t kStreamedMinBatch = 128;
 // carry 4 rows each and every CTA computes the whole last layer, but 160 at
 // 288, with 5 rows each and the last layer exchanged (BENCHMARKS.md).
 constexpr int64_t kWgmmaMinBatch = 265;
+
+// From this batch every precision takes the split kernel (exact fp32 on
+// wgmma) where it can hold the net.
+constexpr int64_t kSplitMinBatch = 256;
 
 constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
 
@@ -606,6 +610,62 @@ void launch_wgmma(const SampleArgs& a, const DeviceInfo& info, int device, cudaS
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// The split kernel's shape for this net: kOwn columns of each hidden layer
+// per CTA in clusters of cs (own = 0 where it cannot run it). It needs the
+// bf16 kernel's envelope (a hidden layer, dim <= 64, hidden widths <= 256)
+// and both bf16 planes of a CTA's share, and the exchange buffer, within
+// shared memory; a cluster of 1 where the whole net fits one CTA.
+struct SplitShape {
+  int own = 0;
+  int cs = 0;
+};
+
+SplitShape split_shape(const SampleArgs& a, const DeviceInfo& info) {
+  if (!info.wgmma || a.num_layers < 2 || a.dim > cuda_kernels::kWgmmaDimPad) return {};
+  int widest = 0;
+  for (int l = 0; l + 1 < a.num_layers; ++l) widest = std::max(widest, a.layers[l].out);
+  for (const SplitShape shape : {SplitShape{64, 1}, SplitShape{128, 1}, SplitShape{64, 2}, SplitShape{128, 2}}) {
+    const cuda_kernels::SplitLayout layout{shape.own, shape.cs, a.num_layers};
+    if (layout.hidden() >= widest && layout.bytes() <= info.max_smem && info.max_clusters[shape.cs] > 0) {
+      return shape;
+    }
+  }
+  return {};
+}
+
+template <int kOwn, int kCs>
+void launch_split(const SampleArgs& a, const DeviceInfo& info, int device, cudaStream_t stream) {
+  using cuda_kernels::kWgmmaRows;
+  const cuda_kernels::SplitLayout layout{kOwn, kCs, a.num_layers};
+  const int64_t tiles = (static_cast<int64_t>(a.batch) + kWgmmaRows - 1) / kWgmmaRows;
+  const int64_t clusters = std::min<int64_t>(info.max_clusters[kCs], tiles);
+  const int smem = cuda_kernels::wgmma_request(layout, info.max_smem);
+  auto kernel = cuda_kernels::split_sample_kernel<kOwn, kCs>;
+  prepare_kernel(kernel, device, info.max_smem, true);
+  if (log_plans()) {
+    std::fprintf(stderr,
+                 "ddpm_ops split kernel: batch %d, %d rows x %lld tiles on %lld clusters of %d, "
+                 "hidden width %d, %d columns per CTA, %d bytes shared memory\n",
+                 a.batch, kWgmmaRows, static_cast<long long>(tiles), static_cast<long long>(clusters), kCs,
+                 layout.hidden(), kOwn, smem);
+  }
+  const ClusterLaunch launch(clusters, kCs, cuda_kernels::kSplitThreads, smem, stream);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Whether this call runs the split kernel (shape *shape): from batch
+// kSplitMinBatch wherever it can, whatever the precision (it is exact and,
+// there, faster than the tf32 products; "bf16" takes the wgmma kernel
+// first), at any batch where DDPM_OPS_CUDA_KERNEL=split forces it, never
+// where it forces another kernel.
+bool use_split(const SampleArgs& a, const DeviceInfo& info, SplitShape* shape) {
+  *shape = split_shape(a, info);
+  const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL");
+  if (forced != nullptr) return shape->own != 0 && std::strcmp(forced, "split") == 0;
+  return shape->own != 0 && a.batch >= kSplitMinBatch;
+}
+
 // Whether this call runs the wgmma kernel (with hidden width *h): for "bf16"
 // from batch kWgmmaMinBatch wherever it can, at any batch where
 // DDPM_OPS_CUDA_KERNEL=wgmma forces it, never where it forces another kernel.
@@ -689,6 +749,21 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
         break;
       default:
         launch_wgmma<256>(a, info, device, stream);
+    }
+    return out;
+  }
+  SplitShape split;
+  if (use_split(a, info, &split)) {
+    if (split.cs == 1) {
+      if (split.own == 64) {
+        launch_split<64, 1>(a, info, device, stream);
+      } else {
+        launch_split<128, 1>(a, info, device, stream);
+      }
+    } else if (split.own == 64) {
+      launch_split<64, 2>(a, info, device, stream);
+    } else {
+      launch_split<128, 2>(a, info, device, stream);
     }
     return out;
   }

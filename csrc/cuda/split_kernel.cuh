@@ -1,0 +1,429 @@
+// The exact fp32 tensor-core kernel of ddpm::fused_sample (large batch,
+// precisions "fp32" and "tf32"; Hopper's wgmma, compiled only for sm_90a).
+//
+// split_sample_kernel<kOwn, kCs>: the bf16 kernel's design (wgmma_kernel.cuh:
+// 64-row tiles carried through all steps with every activation in registers)
+// at fp32 accuracy. Every operand v is held as two bf16 numbers, big =
+// bf16(v) and small = bf16(v - big), and every product as three wgmmas:
+// big*big + small*big + big*small, accumulated in fp32. That leaves about
+// 2^-16 of each operand and the small*small term out, which the fp32
+// accumulation of 256-term sums and the fp32 update of x already exceed
+// (measured: the same error against float64 as the fp32 kernels, 1.5e-7 at
+// the seed shape).
+//
+// Both planes of the seed shape's weights take 384 KB, more than an SM holds,
+// so a cluster of kCs = 2 CTAs shares each tile (kCs = 1 where the whole net
+// fits one CTA). CTA r keeps, big and small:
+//   - columns [r kOwn, (r + 1) kOwn) of every hidden layer (kOwn = H / kCs),
+//     with the layer's inner dimension rotated so that its own half comes
+//     first: after a hidden layer a thread holds its half of the next layer's
+//     A fragments, and the partner thread (same index, other CTA) holds the
+//     other half, in the same registers, so the exchange is thread to thread
+//     (st.async into the partner's buffer, completing on its mbarrier; no
+//     shuffle, no layout change);
+//   - the inner half [r kOwn, (r + 1) kOwn) of the output layer, all of its
+//     columns: each CTA computes a partial eps from its own half of the last
+//     hidden layer, which therefore is never exchanged, and the two add their
+//     partial sums (commutative in fp32: both get the same eps bit for bit).
+//   So both CTAs keep the whole x in registers and update it identically;
+//   a step exchanges the outputs of the hidden layers but the last, and eps.
+// A layer first issues the products of its own half of the inner dimension,
+// then waits for the partner's half, so the exchange overlaps the tensor
+// cores. One buffer per CTA holds the partner's data: the split cluster
+// barrier (arrive once this CTA's threads have read it, wait before
+// writing into the partner's) keeps a send from overwriting data not yet read.
+// Shape envelope (host: split_shape): the bf16 kernel's (dim <= 64, hidden
+// widths <= 256, at least 2 layers) and both planes of the CTA's share, plus
+// the exchange buffer, within the shared memory (seed shape: 226 KB).
+#pragma once
+
+#include "wgmma_kernel.cuh"
+
+namespace ddpm_ops {
+namespace cuda_kernels {
+
+constexpr int kSplitThreads = 128;  // one warpgroup: the weights leave room for one tile's exchange only
+
+// Where everything sits in the (1024-byte aligned) shared memory of a CTA
+// keeping kOwn columns of each hidden layer in a cluster of cs; host and
+// device both use it. Each layer's weights are a big and a small plane in
+// the bf16 kernel's swizzled layout.
+struct SplitLayout {
+  int own;
+  int cs;
+  int num_layers;
+  __host__ __device__ constexpr int hidden() const { return own * cs; }
+  __host__ __device__ constexpr int rows(int l) const { return l + 1 == num_layers ? kWgmmaDimPad : own; }
+  __host__ __device__ constexpr int depth(int l) const {
+    return l == 0 ? kWgmmaDimPad : (l + 1 == num_layers ? own : hidden());
+  }
+  __host__ __device__ constexpr int plane_bytes(int l) const { return 2 * rows(l) * depth(l); }
+  // Layer l's big plane; its small plane follows it. (Layers 1 to L - 2 are
+  // all the same size.)
+  __host__ __device__ constexpr int weight_offset(int l) const {
+    return l == 0 ? 0 : 2 * plane_bytes(0) + 4 * (l - 1) * own * hidden();
+  }
+  // 32-bit words a thread receives per exchange: a hidden half (both planes
+  // of kOwn / 16 A fragments) or a partial eps (32 fp32 accumulators).
+  __host__ __device__ constexpr int exchange_words() const { return own / 2 > 32 ? own / 2 : 32; }
+  // The partner's data, thread-minor uint4s; none without a partner.
+  __host__ __device__ constexpr int buffer_offset() const {
+    return weight_offset(num_layers - 1) + 2 * plane_bytes(num_layers - 1);
+  }
+  // fp32 biases of this CTA's columns: layer l's at l * own, the last one's 64 wide.
+  __host__ __device__ constexpr int bias_offset() const {
+    return buffer_offset() + (cs > 1 ? 4 * exchange_words() * kSplitThreads : 0);
+  }
+  // Layer 0's time column (this CTA's columns), fp32.
+  __host__ __device__ constexpr int time_weight_offset() const {
+    return bias_offset() + 4 * ((num_layers - 1) * own + kWgmmaDimPad);
+  }
+  // One mbarrier per warp: its 32 threads' share of the buffer.
+  __host__ __device__ constexpr int barrier_offset() const { return time_weight_offset() + 4 * own; }
+  __host__ __device__ constexpr int bytes() const { return barrier_offset() + 8 * (kSplitThreads / 32); }
+};
+
+// A fragments (both planes) of the values a thread holds in accumulator
+// layout: pair i / 2 of v is word i / 2.
+template <int N>
+__device__ __forceinline__ void split_fragments(const float (&v)[N], uint32_t* big, uint32_t* small) {
+#pragma unroll
+  for (int i = 0; i < N; i += 2) split_bf16(v[i], v[i + 1], big + i / 2, small + i / 2);
+}
+
+// acc[j * kKSplit + kb % kKSplit] += (big, small) fragments kb in [kKb0, kKb1)
+// times the weights' columns [64 j, 64 (j + 1)), three products each. The
+// weights' planes start at w_big and w_small (`rows` rows, swizzled blocks
+// of 64 deep). kKSplit > 1 spreads one chain's products over independent
+// accumulators, which the caller adds.
+template <int kChains, int kKSplit, int kKb0, int kKb1>
+__device__ __forceinline__ void issue_split_products(float (&acc)[kChains * kKSplit][32], const uint32_t* big,
+                                                     const uint32_t* small, uint32_t w_big, uint32_t w_small,
+                                                     int rows) {
+  wgmma_fence();
+  // (No operand is chosen by a conditional: selecting between two register
+  // arrays takes their addresses, which puts them in local memory.)
+#pragma unroll
+  for (int kb = kKb0; kb < kKb1; ++kb) {
+#pragma unroll
+    for (int j = 0; j < kChains; ++j) {
+      const uint32_t at = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
+      wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], big + 4 * kb, wgmma_descriptor(w_big + at), 1);
+    }
+#pragma unroll
+    for (int j = 0; j < kChains; ++j) {
+      const uint32_t at = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
+      wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], small + 4 * kb, wgmma_descriptor(w_big + at), 1);
+    }
+#pragma unroll
+    for (int j = 0; j < kChains; ++j) {
+      const uint32_t at = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
+      wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], big + 4 * kb, wgmma_descriptor(w_small + at), 1);
+    }
+  }
+  wgmma_commit();
+}
+
+template <int N>
+__device__ __forceinline__ void wait_products(float (&acc)[N][32]) {
+  wgmma_wait_all();
+#pragma unroll
+  for (int j = 0; j < N; ++j) fence_accumulators(acc[j]);
+}
+
+__device__ __forceinline__ void st_async(uint32_t cluster_addr, uint4 v, uint32_t cluster_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
+                   cluster_addr),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(cluster_bar)
+               : "memory");
+}
+
+// The thread-to-thread exchange with the partner CTA (kCs = 2): send() puts
+// this thread's words into the partner's buffer, receive() takes the
+// partner's from this CTA's. Exchanges alternate send, receive; the cluster
+// barrier between a receive (arrive: this thread has read the buffer) and
+// the next send (wait: so has the partner thread) orders every buffer write
+// after the reads of the data before it.
+struct PartnerLink {
+  uint4* buffer = nullptr;      // this CTA's, thread-minor
+  uint64_t* bar = nullptr;      // this warp's mbarrier in this CTA
+  uint32_t remote_buffer = 0;   // the partner's buffer, this thread's first uint4
+  uint32_t remote_bar = 0;      // the partner's mbarrier of this warp
+  uint32_t parity = 0;
+  bool sent_before = false;
+
+  // Only in a cluster of 2 (rank ^ 1 is the partner).
+  __device__ void connect(char* smem, const SplitLayout& lay, int rank) {
+    const int tid = threadIdx.x, warp = tid / 32;
+    buffer = reinterpret_cast<uint4*>(smem + lay.buffer_offset());
+    bar = reinterpret_cast<uint64_t*>(smem + lay.barrier_offset()) + warp;
+    remote_buffer = cluster_address(smem_address(buffer + tid), rank ^ 1);
+    remote_bar = cluster_address(smem_address(bar), rank ^ 1);
+  }
+  template <int kWords>
+  __device__ __forceinline__ void send(const uint32_t* words) {
+    static_assert(kWords % 4 == 0, "whole uint4s");
+    if (sent_before) cluster_wait();
+    sent_before = true;
+#pragma unroll
+    for (int v = 0; v < kWords / 4; ++v) {
+      st_async(remote_buffer + 16 * v * kSplitThreads,
+               make_uint4(words[4 * v], words[4 * v + 1], words[4 * v + 2], words[4 * v + 3]), remote_bar);
+    }
+  }
+  template <int kWords>
+  __device__ __forceinline__ void receive(uint32_t* words) {
+    // This phase's only arrival announces the warp's bytes; the partner's
+    // stores may have landed before it (the count then goes below zero).
+    if (threadIdx.x % 32 == 0) mbarrier_expect_local(smem_address(bar), 32 * 4 * kWords);
+    mbarrier_wait(bar, parity);
+    parity ^= 1u;
+#pragma unroll
+    for (int v = 0; v < kWords / 4; ++v) {
+      const uint4 w = buffer[v * kSplitThreads + threadIdx.x];
+      words[4 * v] = w.x;
+      words[4 * v + 1] = w.y;
+      words[4 * v + 2] = w.z;
+      words[4 * v + 3] = w.w;
+    }
+    cluster_arrive();
+  }
+};
+
+// acc <- layer l's bias over the thread's elements of this CTA's columns (and
+// for layer 0 the time term).
+template <int kChains>
+__device__ __forceinline__ void start_split_layer(float (*acc)[32], const float* bias,
+                                                  const float* time_weight, const float* tn, int q) {
+#pragma unroll
+  for (int j = 0; j < kChains; ++j) {
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      const int col = j * kWgmmaCols + acc_col(i, q);
+      float2 v = *reinterpret_cast<const float2*>(bias + col);
+      if (time_weight != nullptr) {
+        const float2 w = *reinterpret_cast<const float2*>(time_weight + col);
+        const float t = tn[(i >> 1) & 1];
+        v = make_float2(fmaf(t, w.x, v.x), fmaf(t, w.y, v.y));
+      }
+      acc[j][i] = v.x;
+      acc[j][i + 1] = v.y;
+    }
+  }
+}
+
+// big/small <- both planes of silu(acc): this CTA's half of the next layer's
+// A fragments.
+template <int kChains>
+__device__ __forceinline__ void finish_hidden_layer(float (&acc)[kChains][32], uint32_t* big, uint32_t* small) {
+#pragma unroll
+  for (int j = 0; j < kChains; ++j) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[j][i] = silu_approx(acc[j][i]);
+    split_fragments(acc[j], big + 16 * j, small + 16 * j);
+  }
+}
+
+// Copies this CTA's share of the net into shared memory: both planes of its
+// weights (zero wherever the padding reaches), its biases and time column.
+template <int kOwn, int kCs>
+__device__ __forceinline__ void stage_split_net(const SampleArgs& a, const SplitLayout& lay, char* smem, int rank) {
+  const int L = a.num_layers;
+  constexpr int kH = kOwn * kCs;
+  float* bias = reinterpret_cast<float*>(smem + lay.bias_offset());
+  for (int l = 0; l < L; ++l) {
+    const LayerArgs& la = a.layers[l];
+    const bool last = l + 1 == L;
+    char* big = smem + lay.weight_offset(l);
+    // Hidden layers: this CTA's columns, the inner dimension rotated to start
+    // at its own half (layer 0's input, x, is whole on both CTAs). The last
+    // layer: every column, this CTA's inner half.
+    WeightTile tile;
+    tile.row0 = last ? 0 : rank * kOwn;
+    tile.rows = lay.rows(l);
+    tile.depth = lay.depth(l);
+    tile.k_shift = l == 0 ? 0 : rank * kOwn;
+    tile.k_wrap = l == 0 || last ? 1 << 30 : kH;
+    tile.used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) has its own place
+    stage_weight_tile(la, tile, big, big + lay.plane_bytes(l), kSplitThreads);
+    for (int n = threadIdx.x; n < tile.rows; n += kSplitThreads) {
+      // The output layer's bias goes into rank 0's partial sum only.
+      const int col = tile.row0 + n;
+      bias[l * kOwn + n] = col < la.out && (!last || rank == 0) ? __ldg(la.bias + col) : 0.f;
+    }
+  }
+  float* time_weight = reinterpret_cast<float*>(smem + lay.time_weight_offset());
+  const LayerArgs& first = a.layers[0];
+  for (int n = threadIdx.x; n < kOwn; n += kSplitThreads) {
+    const int col = rank * kOwn + n;
+    time_weight[n] = col < first.out ? __ldg(first.weight + static_cast<size_t>(col) * first.in + a.dim) : 0.f;
+  }
+}
+
+// All steps for the 64-row tile at row0 (shared by the kCs CTAs of the cluster).
+template <int kOwn, int kCs>
+__device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitLayout& lay, const char* smem,
+                                               PartnerLink& link, int rank, int row0) {
+  constexpr int kH = kOwn * kCs;
+  constexpr int kChains = kOwn / kWgmmaCols;
+  constexpr int kOwnWords = kOwn / 4;  // one plane of this CTA's half of a hidden layer's A fragments
+  const uint32_t base = smem_address(smem);
+  const float* bias = reinterpret_cast<const float*>(smem + lay.bias_offset());
+  const float* time_weight = reinterpret_cast<const float*>(smem + lay.time_weight_offset());
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, q = lane % 4;
+  const int L = a.num_layers, dim = a.dim;
+  auto big_plane = [&](int l) { return base + lay.weight_offset(l); };
+  auto small_plane = [&](int l) { return base + lay.weight_offset(l) + lay.plane_bytes(l); };
+
+  // Rows g and g + 8 of this warp's 16: the thread's two rows (h = 0, 1).
+  const int my_row0 = row0 + 16 * warp + g;
+  int t[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    bool ok;
+    t[h] = my_row0 + 8 * h < a.batch ? load_t_start(a, my_row0 + 8 * h, &ok) : 0;
+  }
+  float x[32];  // the whole x of the thread's rows, in accumulator layout
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int r = my_row0 + 8 * ((i >> 1) & 1), col = acc_col(i, q);
+    x[i] = r < a.batch && col < dim ? __ldg(a.x + static_cast<size_t>(r) * dim + col) : 0.f;
+  }
+
+  for (int k = 0; k < a.num_steps; ++k) {
+    // This step's coefficients: consumed after all layers, which hide the load.
+    float c1[2], c2[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int ti = clamp_index(t[h] - k, a.table_length);
+      c1[h] = __ldg(a.sqrt_recip_alphas + ti);
+      c2[h] = __ldg(a.coef_eps + ti);
+    }
+    const float tn[2] = {static_cast<float>(t[0] - k) / a.total_timesteps,
+                         static_cast<float>(t[1] - k) / a.total_timesteps};
+    // Hidden activations, this CTA's half first (both planes).
+    uint32_t big[kH / 4], small[kH / 4];
+    {
+      uint32_t x_big[kWgmmaDimPad / 4], x_small[kWgmmaDimPad / 4];
+      split_fragments(x, x_big, x_small);
+      float acc[kChains][32];
+      start_split_layer<kChains>(acc, bias, time_weight, tn, q);
+      issue_split_products<kChains, 1, 0, kWgmmaDimPad / 16>(acc, x_big, x_small, big_plane(0), small_plane(0),
+                                                             kOwn);
+      wait_products(acc);
+      finish_hidden_layer<kChains>(acc, big, small);
+    }
+    for (int l = 1; l + 1 < L; ++l) {
+      if constexpr (kCs > 1) {
+        uint32_t words[2 * kOwnWords];
+#pragma unroll
+        for (int i = 0; i < kOwnWords; ++i) {
+          words[i] = big[i];
+          words[kOwnWords + i] = small[i];
+        }
+        link.send<2 * kOwnWords>(words);
+      }
+      float acc[kChains][32];
+      start_split_layer<kChains>(acc, bias + l * kOwn, nullptr, tn, q);
+      issue_split_products<kChains, 1, 0, kOwn / 16>(acc, big, small, big_plane(l), small_plane(l), kOwn);
+      if constexpr (kCs > 1) {
+        uint32_t words[2 * kOwnWords];
+        link.receive<2 * kOwnWords>(words);
+#pragma unroll
+        for (int i = 0; i < kOwnWords; ++i) {
+          big[kOwnWords + i] = words[i];
+          small[kOwnWords + i] = words[kOwnWords + i];
+        }
+        issue_split_products<kChains, 1, kOwn / 16, kH / 16>(acc, big, small, big_plane(l), small_plane(l), kOwn);
+      }
+      wait_products(acc);
+      finish_hidden_layer<kChains>(acc, big, small);
+    }
+    // The output layer over this CTA's inner half: a partial eps.
+    float part[2][32];
+    start_split_layer<1>(part, bias + (L - 1) * kOwn, nullptr, tn, q);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) part[1][i] = 0.f;
+    issue_split_products<1, 2, 0, kOwn / 16>(part, big, small, big_plane(L - 1), small_plane(L - 1),
+                                             kWgmmaDimPad);
+    wait_products(part);
+    float eps[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) eps[i] = part[0][i] + part[1][i];
+    if constexpr (kCs > 1) {
+      uint32_t words[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) words[i] = __float_as_uint(eps[i]);
+      link.send<32>(words);
+      link.receive<32>(words);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) eps[i] += __uint_as_float(words[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int h = (i >> 1) & 1;
+      x[i] = c1[h] * (x[i] - c2[h] * eps[i]);
+    }
+  }
+
+  const float nan = __int_as_float(0x7fc00000);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = my_row0 + 8 * h;
+    if (r >= a.batch) continue;
+    bool valid;
+    load_t_start(a, r, &valid);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      // Each CTA stores its half of the columns.
+      const int col = acc_col(i, q);
+      if (((i >> 1) & 1) == h && col < dim && (i >> 2) * kCs / 8 == rank) {
+        a.out[static_cast<size_t>(r) * dim + col] = valid ? x[i] : nan;
+      }
+    }
+  }
+}
+
+// Grid: clusters of kCs CTAs (one per SM); tile i goes to cluster i mod the
+// clusters' count.
+template <int kOwn, int kCs>
+__global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __grid_constant__ SampleArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ float4 smem_f4[];
+  char* smem = reinterpret_cast<char*>(smem_f4);
+  const uint32_t misalignment = smem_address(smem) & (kWgmmaAlign - 1);
+  smem += (kWgmmaAlign - misalignment) & (kWgmmaAlign - 1);
+  const SplitLayout lay{kOwn, kCs, a.num_layers};
+  uint32_t requested;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(requested));
+  if (misalignment != 0 && lay.bytes() + kWgmmaAlign - misalignment > requested) __trap();
+  const int rank = kCs > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
+  stage_split_net<kOwn, kCs>(a, lay, smem, rank);
+  fence_proxy_async();  // the generic-proxy stores above, before wgmma reads them
+  PartnerLink link;
+  if constexpr (kCs > 1) {
+    link.connect(smem, lay, rank);
+    if (threadIdx.x % 32 == 0) {
+      mbarrier_init(link.bar, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // Both CTAs running, with their mbarriers initialized, before anyone sends.
+    cluster_arrive();
+    cluster_wait();
+  } else {
+    __syncthreads();
+  }
+  const int tiles = (a.batch + kWgmmaRows - 1) / kWgmmaRows;
+  const int clusters = gridDim.x / kCs;
+  for (int tile = blockIdx.x / kCs; tile < tiles; tile += clusters) {
+    run_split_tile<kOwn, kCs>(a, lay, smem, link, rank, tile * kWgmmaRows);
+  }
+  // The last receive's arrival: neither CTA exits while the other may still
+  // write into it.
+  if constexpr (kCs > 1) cluster_wait();
+#endif
+}
+
+}  // namespace cuda_kernels
+}  // namespace ddpm_ops
