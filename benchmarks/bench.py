@@ -200,9 +200,11 @@ def run_table(name, cfg, args, clock, device):
                 # the tiled kernel's weight chunks all by cp.async (by default they
                 # come by TMA wherever it can address the layer)
                 variants["fused-cp.async"] = ({"DDPM_OPS_CUDA_TMA": "0"}, "fp32")
-                # "bf16" on the wgmma kernel at every batch (by default only from
-                # batch 256), where the net fits it
+                # "bf16" on the wgmma kernel, and "fp32" on the split kernel, at
+                # every batch (by default both only from batch 265), where the
+                # net fits them
                 variants["wgmma-bf16"] = ({"DDPM_OPS_CUDA_KERNEL": "wgmma"}, "bf16")
+                variants["split"] = ({"DDPM_OPS_CUDA_KERNEL": "split"}, "fp32")
                 for key, (env, precision) in variants.items():
                     extras[key] = (lambda e, p: lambda: forced(e, lambda: fused(p)))(env, precision)
         trivial = lambda: x + 1  # noqa: E731

@@ -2,18 +2,23 @@
 // the two kernels of fused_sample_kernels.cuh, and their launch.
 //
 // Which kernel (a simple rule, from measurements on an H200; BENCHMARKS.md;
-// details at use_wgmma, choose_tiled and cluster_size_log2):
+// details at use_wgmma, use_split, choose_tiled and cluster_size_log2):
 //   - for precision "bf16", from batch kWgmmaMinBatch, the wgmma kernel of
 //     wgmma_kernel.cuh (bf16 operands, fp32 accumulation, the whole net in
 //     shared memory) where the GPU is sm_90 and the net within its envelope
 //     (wgmma_hidden);
+//   - from batch kSplitMinBatch, in any precision, the split kernel of
+//     split_kernel.cuh (exact fp32 from bf16x3 products on wgmma, the net
+//     split over a cluster of 2) where the GPU is sm_90 and the net within
+//     its envelope (split_shape);
 //   - the tiled tensor-core kernel (3xTF32 for "fp32", one tf32 product for
 //     "tf32" and "bf16") from batch 768, and from batch 128 for nets whose
 //     weights the cluster kernel cannot keep on chip, when its row tile fits
 //     in shared memory;
 //   - otherwise the cluster kernel (exact fp32 on CUDA cores).
-// DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64|wgmma forces one
-// (wgmma only for "bf16", where the net fits it) and
+// DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64|wgmma|split forces one
+// (wgmma only for "bf16"; wgmma and split where the net fits them, else the
+// rule decides) and
 // DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (tests, benchmarks: 1 to 16
 // for the tiled kernel, a power of two for the cluster kernel);
 // DDPM_OPS_CUDA_TMA=0 makes the tiled kernel copy its weight chunks with
@@ -70,8 +75,14 @@ constexpr int64_t kStreamedMinBatch = 128;
 constexpr int64_t kWgmmaMinBatch = 265;
 
 // From this batch every precision takes the split kernel (exact fp32 on
-// wgmma) where it can hold the net.
-constexpr int64_t kSplitMinBatch = 256;
+// wgmma) where it can hold the net; below it the cluster kernel is faster.
+// H200, seed shape, graph-replayed gpu us: the split kernel takes about 125
+// at any batch up to 64 x 66 rows (one tile per cluster of 2), the cluster
+// kernel 101.5 at batch 256 but 163 at 384 (from batch 265 its clusters
+// carry 5 rows; see kWgmmaMinBatch). Smaller nets cross over later (dim 12,
+// hidden 256, 5 steps: 36.7 against 49.1 at batch 256, 89 against 51 at
+// 1024; BENCHMARKS.md).
+constexpr int64_t kSplitMinBatch = 265;
 
 constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
 
@@ -655,10 +666,10 @@ void launch_split(const SampleArgs& a, const DeviceInfo& info, int device, cudaS
 }
 
 // Whether this call runs the split kernel (shape *shape): from batch
-// kSplitMinBatch wherever it can, whatever the precision (it is exact and,
-// there, faster than the tf32 products; "bf16" takes the wgmma kernel
-// first), at any batch where DDPM_OPS_CUDA_KERNEL=split forces it, never
-// where it forces another kernel.
+// kSplitMinBatch wherever it can, whatever the precision (it is exact, and
+// faster there than the tiled kernel's tf32 products; "bf16" takes the
+// wgmma kernel first), at any batch where DDPM_OPS_CUDA_KERNEL=split forces
+// it, never where it forces another kernel.
 bool use_split(const SampleArgs& a, const DeviceInfo& info, SplitShape* shape) {
   *shape = split_shape(a, info);
   const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL");
