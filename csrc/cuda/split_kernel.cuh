@@ -245,7 +245,7 @@ __device__ __forceinline__ void stage_split_net(const SampleArgs& a, const Split
     tile.k_shift = l == 0 ? 0 : rank * kOwn;
     tile.k_wrap = l == 0 || last ? 1 << 30 : kH;
     tile.used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) has its own place
-    stage_weight_tile(la, tile, big, big + lay.plane_bytes(l), kSplitThreads);
+    stage_weight_tile<true>(la, tile, big, big + lay.plane_bytes(l), kSplitThreads);
     for (int n = threadIdx.x; n < tile.rows; n += kSplitThreads) {
       // The output layer's bias goes into rank 0's partial sum only.
       const int col = tile.row0 + n;

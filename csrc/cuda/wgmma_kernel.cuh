@@ -214,8 +214,10 @@ struct WeightTile {
   int used;
 };
 
-// Copies tile t of layer la into shared memory as bf16 at big, and, unless
-// small is null, what bf16 leaves of each weight (w - bf16(w)) at small.
+// Copies tile t of layer la into shared memory as bf16 at big, and with
+// kSplit what bf16 leaves of each weight (w - bf16(w)) at small. Without it
+// the tile is neither rotated nor offset (the bf16 kernel's whole layers).
+template <bool kSplit>
 __device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const WeightTile& t, char* big, char* small,
                                                   int threads) {
   const int groups_per_row = t.depth / 8;
@@ -229,8 +231,8 @@ __device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const Wei
     for (int b = 0; b < kStageBatch; ++b) {
       const int i = i0 + b * threads, n = i / groups_per_row, kk = 8 * (i - n * groups_per_row);
       // Rotations move whole 8-column groups (k_shift and k_wrap are multiples of 8).
-      const int k0 = kk + t.k_shift - (kk + t.k_shift >= t.k_wrap ? t.k_wrap : 0);
-      const int row = t.row0 + n;
+      const int k0 = kSplit ? kk + t.k_shift - (kk + t.k_shift >= t.k_wrap ? t.k_wrap : 0) : kk;
+      const int row = kSplit ? t.row0 + n : n;
       const float* w = la.weight + static_cast<size_t>(row) * la.in + k0;
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[b][e] = i < groups && row < la.out && k0 + e < t.used ? __ldg(w + e) : 0.f;
@@ -244,9 +246,15 @@ __device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const Wei
       const int at = (k8 / 8) * t.rows * 128 + n * 128 + (((k8 % 8) ^ (n & 7)) * 16);
       uint32_t hi[4], lo[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) split_bf16(v[b][2 * e], v[b][2 * e + 1], hi + e, lo + e);
+      for (int e = 0; e < 4; ++e) {
+        if (kSplit) {
+          split_bf16(v[b][2 * e], v[b][2 * e + 1], hi + e, lo + e);
+        } else {
+          hi[e] = pack_bf16(v[b][2 * e], v[b][2 * e + 1]);
+        }
+      }
       *reinterpret_cast<uint4*>(big + at) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      if (small != nullptr) *reinterpret_cast<uint4*>(small + at) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      if (kSplit) *reinterpret_cast<uint4*>(small + at) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }
   }
 }
@@ -261,7 +269,7 @@ __device__ __forceinline__ void stage_net(const SampleArgs& a, const WgmmaLayout
     tile.rows = lay.rows(l);
     tile.depth = lay.depth(l);
     tile.used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) has its own place
-    stage_weight_tile(la, tile, smem + lay.weight_offset(l), nullptr, kWgmmaThreads);
+    stage_weight_tile<false>(la, tile, smem + lay.weight_offset(l), nullptr, kWgmmaThreads);
     float* bias = reinterpret_cast<float*>(smem + lay.bias_offset()) + l * lay.h;
     for (int n = threadIdx.x; n < lay.rows(l); n += kWgmmaThreads) bias[n] = n < la.out ? __ldg(la.bias + n) : 0.f;
   }
