@@ -1,5 +1,6 @@
-// The exact fp32 tensor-core kernel of ddpm::fused_sample (large batch,
-// precisions "fp32" and "tf32"; Hopper's wgmma, compiled only for sm_90a).
+// The exact fp32 tensor-core kernel of ddpm::fused_sample (from batch 265 in
+// every precision, "bf16" excepted where its own kernel runs; Hopper's wgmma,
+// compiled only for sm_90a).
 //
 // split_sample_kernel<kOwn, kCs>: the bf16 kernel's design (wgmma_kernel.cuh:
 // 64-row tiles carried through all steps with every activation in registers)
@@ -9,7 +10,8 @@
 // 2^-16 of each operand and the small*small term out, which the fp32
 // accumulation of 256-term sums and the fp32 update of x already exceed
 // (measured: the same error against float64 as the fp32 kernels, 1.5e-7 at
-// the seed shape).
+// the seed shape). SiLU is the bf16 kernel's ex2.approx / rcp.approx form: a
+// few ulp, like the cluster kernel's expf and fast division.
 //
 // Both planes of the seed shape's weights take 384 KB, more than an SM holds,
 // so a cluster of kCs = 2 CTAs shares each tile (kCs = 1 where the whole net
@@ -30,8 +32,9 @@
 // A layer first issues the products of its own half of the inner dimension,
 // then waits for the partner's half, so the exchange overlaps the tensor
 // cores. One buffer per CTA holds the partner's data: the split cluster
-// barrier (arrive once this CTA's threads have read it, wait before
-// writing into the partner's) keeps a send from overwriting data not yet read.
+// barrier (arrive once this CTA's threads have used it, wait before writing
+// into the partner's; PartnerLink) keeps a send from overwriting data not
+// yet read.
 // Shape envelope (host: split_shape): the bf16 kernel's (dim <= 64, hidden
 // widths <= 256, at least 2 layers) and both planes of the CTA's share, plus
 // the exchange buffer, within the shared memory (seed shape: 226 KB).
@@ -83,6 +86,66 @@ struct SplitLayout {
   __host__ __device__ constexpr int bytes() const { return barrier_offset() + 8 * (kSplitThreads / 32); }
 };
 
+// bf16 of the column pair (lo, hi), and bf16 of what that leaves of it: the
+// big and small planes.
+__device__ __forceinline__ void split_bf16(float lo, float hi, uint32_t* big, uint32_t* small) {
+  *big = pack_bf16(lo, hi);
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(big));
+  *small = pack_bf16(lo - b.x, hi - b.y);
+}
+
+// Which part of a layer's weights a CTA keeps, in the swizzled K-major
+// layout wgmma reads: its row n is weight row row0 + n (n < rows), its inner
+// index kk < depth is weight column kk + k_shift, less k_wrap from k_wrap
+// on (a rotation); zero past the layer's rows and from column `used` on.
+struct WeightTile {
+  int row0 = 0;
+  int rows;
+  int depth;
+  int k_shift = 0;
+  int k_wrap = 1 << 30;
+  int used;
+};
+
+// Copies tile t of layer la into shared memory: bf16(w) at big, bf16(w -
+// bf16(w)) at small, in the bf16 kernel's layout (its stage_net). That loop
+// is kept apart, though it is this one without rotation and small plane:
+// sharing this function changed the bf16 kernel's register allocation and
+// cost it 15% at batch 32768 (285 -> 329 us on the H200).
+__device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const WeightTile& t, char* big, char* small) {
+  const int groups_per_row = t.depth / 8;
+  // kStageBatch 16-byte stores (8 deep each) per thread at a time, with all
+  // their loads in flight first: staging is a chain of load latencies.
+  constexpr int kStageBatch = 4;
+  const int groups = t.rows * groups_per_row;
+  for (int i0 = threadIdx.x; i0 < groups; i0 += kStageBatch * kSplitThreads) {
+    float v[kStageBatch][8];
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = i0 + b * kSplitThreads, n = i / groups_per_row, kk = 8 * (i - n * groups_per_row);
+      // Rotations move whole 8-column groups (k_shift and k_wrap are multiples of 8).
+      const int k0 = kk + t.k_shift - (kk + t.k_shift >= t.k_wrap ? t.k_wrap : 0);
+      const int row = t.row0 + n;
+      const float* w = la.weight + static_cast<size_t>(row) * la.in + k0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[b][e] = i < groups && row < la.out && k0 + e < t.used ? __ldg(w + e) : 0.f;
+    }
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = i0 + b * kSplitThreads, n = i / groups_per_row, k8 = i - n * groups_per_row;
+      if (i >= groups) break;
+      // The 16-byte chunks of a 128-byte row are permuted by the row's
+      // index within its 8-row group.
+      const int at = (k8 / 8) * t.rows * 128 + n * 128 + (((k8 % 8) ^ (n & 7)) * 16);
+      uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) split_bf16(v[b][2 * e], v[b][2 * e + 1], hi + e, lo + e);
+      *reinterpret_cast<uint4*>(big + at) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      *reinterpret_cast<uint4*>(small + at) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+  }
+}
+
 // A fragments (both planes) of the values a thread holds in accumulator
 // layout: pair i / 2 of v is word i / 2.
 template <int N>
@@ -100,26 +163,25 @@ template <int kChains, int kKSplit, int kKb0, int kKb1>
 __device__ __forceinline__ void issue_split_products(float (&acc)[kChains * kKSplit][32], const uint32_t* big,
                                                      const uint32_t* small, uint32_t w_big, uint32_t w_small,
                                                      int rows) {
+  // A descriptor's start address is its low 14 bits, in 16-byte units, and
+  // shared memory ends below 2^18 bytes: the offset of each product's tile
+  // adds to the low word without a carry (one add instead of building it).
+  const uint64_t big_desc = wgmma_descriptor(w_big), small_desc = wgmma_descriptor(w_small);
+  auto at = [&](uint64_t desc, int kb, int j) {
+    const uint32_t offset = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
+    return (desc & ~0xFFFFFFFFull) | static_cast<uint32_t>(static_cast<uint32_t>(desc) + (offset >> 4));
+  };
   wgmma_fence();
   // (No operand is chosen by a conditional: selecting between two register
   // arrays takes their addresses, which puts them in local memory.)
 #pragma unroll
   for (int kb = kKb0; kb < kKb1; ++kb) {
 #pragma unroll
-    for (int j = 0; j < kChains; ++j) {
-      const uint32_t at = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
-      wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], big + 4 * kb, wgmma_descriptor(w_big + at), 1);
-    }
+    for (int j = 0; j < kChains; ++j) wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], big + 4 * kb, at(big_desc, kb, j), 1);
 #pragma unroll
-    for (int j = 0; j < kChains; ++j) {
-      const uint32_t at = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
-      wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], small + 4 * kb, wgmma_descriptor(w_big + at), 1);
-    }
+    for (int j = 0; j < kChains; ++j) wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], small + 4 * kb, at(big_desc, kb, j), 1);
 #pragma unroll
-    for (int j = 0; j < kChains; ++j) {
-      const uint32_t at = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
-      wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], big + 4 * kb, wgmma_descriptor(w_small + at), 1);
-    }
+    for (int j = 0; j < kChains; ++j) wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], big + 4 * kb, at(small_desc, kb, j), 1);
   }
   wgmma_commit();
 }
@@ -138,12 +200,20 @@ __device__ __forceinline__ void st_async(uint32_t cluster_addr, uint4 v, uint32_
                : "memory");
 }
 
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+
 // The thread-to-thread exchange with the partner CTA (kCs = 2): send() puts
 // this thread's words into the partner's buffer, receive() takes the
-// partner's from this CTA's. Exchanges alternate send, receive; the cluster
-// barrier between a receive (arrive: this thread has read the buffer) and
-// the next send (wait: so has the partner thread) orders every buffer write
-// after the reads of the data before it.
+// partner's from this CTA's. A thread alternates them, and between a receive
+// and the next send the split cluster barrier keeps every buffer write after
+// the reads of the data before it: release() arrives (this thread is done
+// with the buffer), the next send waits (so is every thread of the cluster).
+// The arrival is relaxed (a release one costs a GPU-wide memory barrier):
+// release() runs only once a completed instruction has used the loaded
+// words (a waited-for wgmma that read them, or stores of what they gave),
+// so the loads have been performed.
 struct PartnerLink {
   uint4* buffer = nullptr;      // this CTA's, thread-minor
   uint64_t* bar = nullptr;      // this warp's mbarrier in this CTA
@@ -151,6 +221,7 @@ struct PartnerLink {
   uint32_t remote_bar = 0;      // the partner's mbarrier of this warp
   uint32_t parity = 0;
   bool sent_before = false;
+  bool unreleased = false;      // a receive not yet released
 
   // Only in a cluster of 2 (rank ^ 1 is the partner).
   __device__ void connect(char* smem, const SplitLayout& lay, int rank) {
@@ -160,19 +231,21 @@ struct PartnerLink {
     remote_buffer = cluster_address(smem_address(buffer + tid), rank ^ 1);
     remote_bar = cluster_address(smem_address(bar), rank ^ 1);
   }
+  // Sends kWords words: kWords / 2 from each of a and b.
   template <int kWords>
-  __device__ __forceinline__ void send(const uint32_t* words) {
-    static_assert(kWords % 4 == 0, "whole uint4s");
+  __device__ __forceinline__ void send(const uint32_t* a, const uint32_t* b) {
+    static_assert(kWords % 8 == 0, "whole uint4s from each half");
     if (sent_before) cluster_wait();
     sent_before = true;
 #pragma unroll
     for (int v = 0; v < kWords / 4; ++v) {
-      st_async(remote_buffer + 16 * v * kSplitThreads,
-               make_uint4(words[4 * v], words[4 * v + 1], words[4 * v + 2], words[4 * v + 3]), remote_bar);
+      const uint32_t* w = v < kWords / 8 ? a + 4 * v : b + 4 * (v - kWords / 8);
+      st_async(remote_buffer + 16 * v * kSplitThreads, make_uint4(w[0], w[1], w[2], w[3]), remote_bar);
     }
   }
+  // Receives kWords words: kWords / 2 into each of a and b.
   template <int kWords>
-  __device__ __forceinline__ void receive(uint32_t* words) {
+  __device__ __forceinline__ void receive(uint32_t* a, uint32_t* b) {
     // This phase's only arrival announces the warp's bytes; the partner's
     // stores may have landed before it (the count then goes below zero).
     if (threadIdx.x % 32 == 0) mbarrier_expect_local(smem_address(bar), 32 * 4 * kWords);
@@ -181,12 +254,17 @@ struct PartnerLink {
 #pragma unroll
     for (int v = 0; v < kWords / 4; ++v) {
       const uint4 w = buffer[v * kSplitThreads + threadIdx.x];
-      words[4 * v] = w.x;
-      words[4 * v + 1] = w.y;
-      words[4 * v + 2] = w.z;
-      words[4 * v + 3] = w.w;
+      uint32_t* to = v < kWords / 8 ? a + 4 * v : b + 4 * (v - kWords / 8);
+      to[0] = w.x;
+      to[1] = w.y;
+      to[2] = w.z;
+      to[3] = w.w;
     }
-    cluster_arrive();
+    unreleased = true;
+  }
+  __device__ __forceinline__ void release() {
+    if (unreleased) cluster_arrive_relaxed();
+    unreleased = false;
   }
 };
 
@@ -245,7 +323,7 @@ __device__ __forceinline__ void stage_split_net(const SampleArgs& a, const Split
     tile.k_shift = l == 0 ? 0 : rank * kOwn;
     tile.k_wrap = l == 0 || last ? 1 << 30 : kH;
     tile.used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) has its own place
-    stage_weight_tile<true>(la, tile, big, big + lay.plane_bytes(l), kSplitThreads);
+    stage_weight_tile(la, tile, big, big + lay.plane_bytes(l));
     for (int n = threadIdx.x; n < tile.rows; n += kSplitThreads) {
       // The output layer's bias goes into rank 0's partial sum only.
       const int col = tile.row0 + n;
@@ -312,32 +390,20 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
       issue_split_products<kChains, 1, 0, kWgmmaDimPad / 16>(acc, x_big, x_small, big_plane(0), small_plane(0),
                                                              kOwn);
       wait_products(acc);
+      link.release();  // the last receive (eps) gave x, which these products read
       finish_hidden_layer<kChains>(acc, big, small);
     }
     for (int l = 1; l + 1 < L; ++l) {
-      if constexpr (kCs > 1) {
-        uint32_t words[2 * kOwnWords];
-#pragma unroll
-        for (int i = 0; i < kOwnWords; ++i) {
-          words[i] = big[i];
-          words[kOwnWords + i] = small[i];
-        }
-        link.send<2 * kOwnWords>(words);
-      }
+      if constexpr (kCs > 1) link.send<2 * kOwnWords>(big, small);
       float acc[kChains][32];
       start_split_layer<kChains>(acc, bias + l * kOwn, nullptr, tn, q);
       issue_split_products<kChains, 1, 0, kOwn / 16>(acc, big, small, big_plane(l), small_plane(l), kOwn);
       if constexpr (kCs > 1) {
-        uint32_t words[2 * kOwnWords];
-        link.receive<2 * kOwnWords>(words);
-#pragma unroll
-        for (int i = 0; i < kOwnWords; ++i) {
-          big[kOwnWords + i] = words[i];
-          small[kOwnWords + i] = words[kOwnWords + i];
-        }
+        link.receive<2 * kOwnWords>(big + kOwnWords, small + kOwnWords);
         issue_split_products<kChains, 1, kOwn / 16, kH / 16>(acc, big, small, big_plane(l), small_plane(l), kOwn);
       }
       wait_products(acc);
+      link.release();
       finish_hidden_layer<kChains>(acc, big, small);
     }
     // The output layer over this CTA's inner half: a partial eps.
@@ -355,8 +421,8 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
       uint32_t words[32];
 #pragma unroll
       for (int i = 0; i < 32; ++i) words[i] = __float_as_uint(eps[i]);
-      link.send<32>(words);
-      link.receive<32>(words);
+      link.send<32>(words, words + 16);
+      link.receive<32>(words, words + 16);
 #pragma unroll
       for (int i = 0; i < 32; ++i) eps[i] += __uint_as_float(words[i]);
     }
@@ -419,9 +485,12 @@ __global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __
   for (int tile = blockIdx.x / kCs; tile < tiles; tile += clusters) {
     run_split_tile<kOwn, kCs>(a, lay, smem, link, rank, tile * kWgmmaRows);
   }
-  // The last receive's arrival: neither CTA exits while the other may still
-  // write into it.
-  if constexpr (kCs > 1) cluster_wait();
+  // The last receive's arrival (its words gave the stored x), and its wait:
+  // neither CTA exits while the other may still write into it.
+  if constexpr (kCs > 1) {
+    link.release();
+    cluster_wait();
+  }
 #endif
 }
 

@@ -77,14 +77,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// bf16 of the column pair (lo, hi), and bf16 of what that leaves of it: the
-// big and small planes of split_kernel.cuh's exact products.
-__device__ __forceinline__ void split_bf16(float lo, float hi, uint32_t* big, uint32_t* small) {
-  *big = pack_bf16(lo, hi);
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(big));
-  *small = pack_bf16(lo - b.x, hi - b.y);
-}
-
 // Shared-memory matrix descriptor of a K-major, 128-byte-swizzled bf16 tile:
 // 8-row groups 1024 bytes apart (the leading offset is unused in this mode).
 __device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t smem_addr) {
@@ -201,75 +193,40 @@ __device__ __forceinline__ void hidden_layer(uint32_t (&out)[kH / 4], const uint
   }
 }
 
-// Which part of a layer's weights a CTA keeps, in the swizzled K-major
-// layout wgmma reads: its row n is weight row row0 + n (n < rows), its inner
-// index kk < depth is weight column kk + k_shift, less k_wrap from k_wrap
-// on (a rotation); zero past the layer's rows and from column `used` on.
-struct WeightTile {
-  int row0 = 0;
-  int rows;
-  int depth;
-  int k_shift = 0;
-  int k_wrap = 1 << 30;
-  int used;
-};
-
-// Copies tile t of layer la into shared memory as bf16 at big, and with
-// kSplit what bf16 leaves of each weight (w - bf16(w)) at small. Without it
-// the tile is neither rotated nor offset (the bf16 kernel's whole layers).
-template <bool kSplit>
-__device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const WeightTile& t, char* big, char* small,
-                                                  int threads) {
-  const int groups_per_row = t.depth / 8;
-  // kStageBatch 16-byte stores (8 deep each) per thread at a time, with all
-  // their loads in flight first: staging is a chain of load latencies.
-  constexpr int kStageBatch = 4;
-  const int groups = t.rows * groups_per_row;
-  for (int i0 = threadIdx.x; i0 < groups; i0 += kStageBatch * threads) {
-    float v[kStageBatch][8];
-#pragma unroll
-    for (int b = 0; b < kStageBatch; ++b) {
-      const int i = i0 + b * threads, n = i / groups_per_row, kk = 8 * (i - n * groups_per_row);
-      // Rotations move whole 8-column groups (k_shift and k_wrap are multiples of 8).
-      const int k0 = kSplit ? kk + t.k_shift - (kk + t.k_shift >= t.k_wrap ? t.k_wrap : 0) : kk;
-      const int row = kSplit ? t.row0 + n : n;
-      const float* w = la.weight + static_cast<size_t>(row) * la.in + k0;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[b][e] = i < groups && row < la.out && k0 + e < t.used ? __ldg(w + e) : 0.f;
-    }
-#pragma unroll
-    for (int b = 0; b < kStageBatch; ++b) {
-      const int i = i0 + b * threads, n = i / groups_per_row, k8 = i - n * groups_per_row;
-      if (i >= groups) break;
-      // The 16-byte chunks of a 128-byte row are permuted by the row's
-      // index within its 8-row group.
-      const int at = (k8 / 8) * t.rows * 128 + n * 128 + (((k8 % 8) ^ (n & 7)) * 16);
-      uint32_t hi[4], lo[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (kSplit) {
-          split_bf16(v[b][2 * e], v[b][2 * e + 1], hi + e, lo + e);
-        } else {
-          hi[e] = pack_bf16(v[b][2 * e], v[b][2 * e + 1]);
-        }
-      }
-      *reinterpret_cast<uint4*>(big + at) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      if (kSplit) *reinterpret_cast<uint4*>(small + at) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    }
-  }
-}
-
 // Copies the net into shared memory: bf16 weights in wgmma's layout (layer
 // 0's time column apart), fp32 biases, zeros wherever the padding reaches.
 __device__ __forceinline__ void stage_net(const SampleArgs& a, const WgmmaLayout& lay, char* smem) {
   const int L = a.num_layers;
   for (int l = 0; l < L; ++l) {
     const LayerArgs& la = a.layers[l];
-    WeightTile tile;
-    tile.rows = lay.rows(l);
-    tile.depth = lay.depth(l);
-    tile.used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) has its own place
-    stage_weight_tile<false>(la, tile, smem + lay.weight_offset(l), nullptr, kWgmmaThreads);
+    const int rows = lay.rows(l), groups_per_row = lay.depth(l) / 8;
+    const int used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) has its own place
+    char* base = smem + lay.weight_offset(l);
+    // kStageBatch 16-byte stores (8 deep each) per thread at a time, with all
+    // their loads in flight first: staging is a chain of load latencies.
+    constexpr int kStageBatch = 4;
+    const int groups = rows * groups_per_row;
+    for (int i0 = threadIdx.x; i0 < groups; i0 += kStageBatch * kWgmmaThreads) {
+      float v[kStageBatch][8];
+#pragma unroll
+      for (int b = 0; b < kStageBatch; ++b) {
+        const int i = i0 + b * kWgmmaThreads, n = i / groups_per_row, k0 = 8 * (i - n * groups_per_row);
+        const float* w = la.weight + static_cast<size_t>(n) * la.in + k0;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[b][e] = i < groups && n < la.out && k0 + e < used ? __ldg(w + e) : 0.f;
+      }
+#pragma unroll
+      for (int b = 0; b < kStageBatch; ++b) {
+        const int i = i0 + b * kWgmmaThreads, n = i / groups_per_row, k8 = i - n * groups_per_row;
+        if (i >= groups) break;
+        // The 16-byte chunks of a 128-byte row are permuted by the row's
+        // index within its 8-row group.
+        const int block = k8 / 8, chunk = k8 % 8;
+        *reinterpret_cast<uint4*>(base + block * rows * 128 + n * 128 + ((chunk ^ (n & 7)) * 16)) =
+            make_uint4(pack_bf16(v[b][0], v[b][1]), pack_bf16(v[b][2], v[b][3]), pack_bf16(v[b][4], v[b][5]),
+                       pack_bf16(v[b][6], v[b][7]));
+      }
+    }
     float* bias = reinterpret_cast<float*>(smem + lay.bias_offset()) + l * lay.h;
     for (int n = threadIdx.x; n < lay.rows(l); n += kWgmmaThreads) bias[n] = n < la.out ? __ldg(la.bias + n) : 0.f;
   }
