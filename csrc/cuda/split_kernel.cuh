@@ -32,7 +32,7 @@
 // A layer first issues the products of its own half of the inner dimension,
 // then waits for the partner's half, so the exchange overlaps the tensor
 // cores. One buffer per CTA holds the partner's data: the split cluster
-// barrier (arrive once this CTA's threads have used it, wait before writing
+// barrier (arrive once this CTA's threads have read it, wait before writing
 // into the partner's; PartnerLink) keeps a send from overwriting data not
 // yet read.
 // Shape envelope (host: split_shape): the bf16 kernel's (dim <= 64, hidden
@@ -163,25 +163,26 @@ template <int kChains, int kKSplit, int kKb0, int kKb1>
 __device__ __forceinline__ void issue_split_products(float (&acc)[kChains * kKSplit][32], const uint32_t* big,
                                                      const uint32_t* small, uint32_t w_big, uint32_t w_small,
                                                      int rows) {
-  // A descriptor's start address is its low 14 bits, in 16-byte units, and
-  // shared memory ends below 2^18 bytes: the offset of each product's tile
-  // adds to the low word without a carry (one add instead of building it).
-  const uint64_t big_desc = wgmma_descriptor(w_big), small_desc = wgmma_descriptor(w_small);
-  auto at = [&](uint64_t desc, int kb, int j) {
-    const uint32_t offset = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
-    return (desc & ~0xFFFFFFFFull) | static_cast<uint32_t>(static_cast<uint32_t>(desc) + (offset >> 4));
-  };
   wgmma_fence();
   // (No operand is chosen by a conditional: selecting between two register
   // arrays takes their addresses, which puts them in local memory.)
 #pragma unroll
   for (int kb = kKb0; kb < kKb1; ++kb) {
 #pragma unroll
-    for (int j = 0; j < kChains; ++j) wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], big + 4 * kb, at(big_desc, kb, j), 1);
+    for (int j = 0; j < kChains; ++j) {
+      const uint32_t at = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
+      wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], big + 4 * kb, wgmma_descriptor(w_big + at), 1);
+    }
 #pragma unroll
-    for (int j = 0; j < kChains; ++j) wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], small + 4 * kb, at(big_desc, kb, j), 1);
+    for (int j = 0; j < kChains; ++j) {
+      const uint32_t at = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
+      wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], small + 4 * kb, wgmma_descriptor(w_big + at), 1);
+    }
 #pragma unroll
-    for (int j = 0; j < kChains; ++j) wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], big + 4 * kb, at(small_desc, kb, j), 1);
+    for (int j = 0; j < kChains; ++j) {
+      const uint32_t at = (kb / 4) * rows * 128 + j * kWgmmaCols * 128 + (kb % 4) * 32;
+      wgmma_m64n64k16(acc[j * kKSplit + kb % kKSplit], big + 4 * kb, wgmma_descriptor(w_small + at), 1);
+    }
   }
   wgmma_commit();
 }
@@ -200,20 +201,12 @@ __device__ __forceinline__ void st_async(uint32_t cluster_addr, uint4 v, uint32_
                : "memory");
 }
 
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-
 // The thread-to-thread exchange with the partner CTA (kCs = 2): send() puts
 // this thread's words into the partner's buffer, receive() takes the
-// partner's from this CTA's. A thread alternates them, and between a receive
-// and the next send the split cluster barrier keeps every buffer write after
-// the reads of the data before it: release() arrives (this thread is done
-// with the buffer), the next send waits (so is every thread of the cluster).
-// The arrival is relaxed (a release one costs a GPU-wide memory barrier):
-// release() runs only once a completed instruction has used the loaded
-// words (a waited-for wgmma that read them, or stores of what they gave),
-// so the loads have been performed.
+// partner's from this CTA's. Exchanges alternate send, receive; the cluster
+// barrier between a receive (arrive: this thread has read the buffer) and
+// the next send (wait: so has the partner thread) orders every buffer write
+// after the reads of the data before it.
 struct PartnerLink {
   uint4* buffer = nullptr;      // this CTA's, thread-minor
   uint64_t* bar = nullptr;      // this warp's mbarrier in this CTA
@@ -221,7 +214,6 @@ struct PartnerLink {
   uint32_t remote_bar = 0;      // the partner's mbarrier of this warp
   uint32_t parity = 0;
   bool sent_before = false;
-  bool unreleased = false;      // a receive not yet released
 
   // Only in a cluster of 2 (rank ^ 1 is the partner).
   __device__ void connect(char* smem, const SplitLayout& lay, int rank) {
@@ -231,21 +223,19 @@ struct PartnerLink {
     remote_buffer = cluster_address(smem_address(buffer + tid), rank ^ 1);
     remote_bar = cluster_address(smem_address(bar), rank ^ 1);
   }
-  // Sends kWords words: kWords / 2 from each of a and b.
   template <int kWords>
-  __device__ __forceinline__ void send(const uint32_t* a, const uint32_t* b) {
-    static_assert(kWords % 8 == 0, "whole uint4s from each half");
+  __device__ __forceinline__ void send(const uint32_t* words) {
+    static_assert(kWords % 4 == 0, "whole uint4s");
     if (sent_before) cluster_wait();
     sent_before = true;
 #pragma unroll
     for (int v = 0; v < kWords / 4; ++v) {
-      const uint32_t* w = v < kWords / 8 ? a + 4 * v : b + 4 * (v - kWords / 8);
-      st_async(remote_buffer + 16 * v * kSplitThreads, make_uint4(w[0], w[1], w[2], w[3]), remote_bar);
+      st_async(remote_buffer + 16 * v * kSplitThreads,
+               make_uint4(words[4 * v], words[4 * v + 1], words[4 * v + 2], words[4 * v + 3]), remote_bar);
     }
   }
-  // Receives kWords words: kWords / 2 into each of a and b.
   template <int kWords>
-  __device__ __forceinline__ void receive(uint32_t* a, uint32_t* b) {
+  __device__ __forceinline__ void receive(uint32_t* words) {
     // This phase's only arrival announces the warp's bytes; the partner's
     // stores may have landed before it (the count then goes below zero).
     if (threadIdx.x % 32 == 0) mbarrier_expect_local(smem_address(bar), 32 * 4 * kWords);
@@ -254,17 +244,12 @@ struct PartnerLink {
 #pragma unroll
     for (int v = 0; v < kWords / 4; ++v) {
       const uint4 w = buffer[v * kSplitThreads + threadIdx.x];
-      uint32_t* to = v < kWords / 8 ? a + 4 * v : b + 4 * (v - kWords / 8);
-      to[0] = w.x;
-      to[1] = w.y;
-      to[2] = w.z;
-      to[3] = w.w;
+      words[4 * v] = w.x;
+      words[4 * v + 1] = w.y;
+      words[4 * v + 2] = w.z;
+      words[4 * v + 3] = w.w;
     }
-    unreleased = true;
-  }
-  __device__ __forceinline__ void release() {
-    if (unreleased) cluster_arrive_relaxed();
-    unreleased = false;
+    cluster_arrive();
   }
 };
 
@@ -390,20 +375,32 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
       issue_split_products<kChains, 1, 0, kWgmmaDimPad / 16>(acc, x_big, x_small, big_plane(0), small_plane(0),
                                                              kOwn);
       wait_products(acc);
-      link.release();  // the last receive (eps) gave x, which these products read
       finish_hidden_layer<kChains>(acc, big, small);
     }
     for (int l = 1; l + 1 < L; ++l) {
-      if constexpr (kCs > 1) link.send<2 * kOwnWords>(big, small);
+      if constexpr (kCs > 1) {
+        uint32_t words[2 * kOwnWords];
+#pragma unroll
+        for (int i = 0; i < kOwnWords; ++i) {
+          words[i] = big[i];
+          words[kOwnWords + i] = small[i];
+        }
+        link.send<2 * kOwnWords>(words);
+      }
       float acc[kChains][32];
       start_split_layer<kChains>(acc, bias + l * kOwn, nullptr, tn, q);
       issue_split_products<kChains, 1, 0, kOwn / 16>(acc, big, small, big_plane(l), small_plane(l), kOwn);
       if constexpr (kCs > 1) {
-        link.receive<2 * kOwnWords>(big + kOwnWords, small + kOwnWords);
+        uint32_t words[2 * kOwnWords];
+        link.receive<2 * kOwnWords>(words);
+#pragma unroll
+        for (int i = 0; i < kOwnWords; ++i) {
+          big[kOwnWords + i] = words[i];
+          small[kOwnWords + i] = words[kOwnWords + i];
+        }
         issue_split_products<kChains, 1, kOwn / 16, kH / 16>(acc, big, small, big_plane(l), small_plane(l), kOwn);
       }
       wait_products(acc);
-      link.release();
       finish_hidden_layer<kChains>(acc, big, small);
     }
     // The output layer over this CTA's inner half: a partial eps.
@@ -421,8 +418,8 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
       uint32_t words[32];
 #pragma unroll
       for (int i = 0; i < 32; ++i) words[i] = __float_as_uint(eps[i]);
-      link.send<32>(words, words + 16);
-      link.receive<32>(words, words + 16);
+      link.send<32>(words);
+      link.receive<32>(words);
 #pragma unroll
       for (int i = 0; i < 32; ++i) eps[i] += __uint_as_float(words[i]);
     }
@@ -485,12 +482,9 @@ __global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __
   for (int tile = blockIdx.x / kCs; tile < tiles; tile += clusters) {
     run_split_tile<kOwn, kCs>(a, lay, smem, link, rank, tile * kWgmmaRows);
   }
-  // The last receive's arrival (its words gave the stored x), and its wait:
-  // neither CTA exits while the other may still write into it.
-  if constexpr (kCs > 1) {
-    link.release();
-    cluster_wait();
-  }
+  // The last receive's arrival: neither CTA exits while the other may still
+  // write into it.
+  if constexpr (kCs > 1) cluster_wait();
 #endif
 }
 
