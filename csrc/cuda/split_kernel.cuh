@@ -339,14 +339,9 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
   auto big_plane = [&](int l) { return base + lay.weight_offset(l); };
   auto small_plane = [&](int l) { return base + lay.weight_offset(l) + lay.plane_bytes(l); };
 
-  // Rows g and g + 8 of this warp's 16: the thread's two rows (h = 0, 1).
   const int my_row0 = row0 + 16 * warp + g;
   int t[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    bool ok;
-    t[h] = my_row0 + 8 * h < a.batch ? load_t_start(a, my_row0 + 8 * h, &ok) : 0;
-  }
+  load_row_pair(a, my_row0, t);
   float x[32];  // the whole x of the thread's rows, in accumulator layout
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
@@ -355,16 +350,9 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
   }
 
   for (int k = 0; k < a.num_steps; ++k) {
-    // This step's coefficients: consumed after all layers, which hide the load.
-    float c1[2], c2[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int ti = clamp_index(t[h] - k, a.table_length);
-      c1[h] = __ldg(a.sqrt_recip_alphas + ti);
-      c2[h] = __ldg(a.coef_eps + ti);
-    }
-    const float tn[2] = {static_cast<float>(t[0] - k) / a.total_timesteps,
-                         static_cast<float>(t[1] - k) / a.total_timesteps};
+    const StepCoefficients coef(a, t, k);
+    const float c1[2] = {coef.c1[0], coef.c1[1]}, c2[2] = {coef.c2[0], coef.c2[1]};
+    const float tn[2] = {coef.tn[0], coef.tn[1]};
     // Hidden activations, this CTA's half first (both planes).
     uint32_t big[kH / 4], small[kH / 4];
     {

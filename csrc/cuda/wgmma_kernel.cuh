@@ -137,6 +137,33 @@ __device__ __forceinline__ void issue_layer(float (&acc)[kChains][32], const uin
 // block is row g + 8 * ((i >> 1) & 1), column 8 * (i >> 2) + 2 * q + (i & 1).
 __device__ __forceinline__ int acc_col(int i, int q) { return 8 * (i >> 2) + 2 * q + (i & 1); }
 
+// The first timesteps of a thread's two rows of a warpgroup's 64-row tile
+// (rows g and g + 8 of its warp's 16, h = 0, 1; 0 past the batch).
+__device__ __forceinline__ void load_row_pair(const SampleArgs& a, int first, int (&t)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    bool ok;
+    t[h] = first + 8 * h < a.batch ? load_t_start(a, first + 8 * h, &ok) : 0;
+  }
+}
+
+// Step k's coefficients of those rows: consumed after all layers, which hide
+// the load. (The kernels copy them into local arrays: read through pointers
+// into this struct, the bf16 kernel compiled to different code.)
+struct StepCoefficients {
+  float c1[2], c2[2], tn[2];
+  __device__ __forceinline__ StepCoefficients(const SampleArgs& a, const int (&t)[2], int k) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int ti = clamp_index(t[h] - k, a.table_length);
+      c1[h] = __ldg(a.sqrt_recip_alphas + ti);
+      c2[h] = __ldg(a.coef_eps + ti);
+    }
+    tn[0] = static_cast<float>(t[0] - k) / a.total_timesteps;
+    tn[1] = static_cast<float>(t[1] - k) / a.total_timesteps;
+  }
+};
+
 // A layer's bias and, for layer 0, its time column (shared memory, zero past
 // the layer's width).
 struct LayerBias {
@@ -253,14 +280,9 @@ __device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaL
                      l == 0 ? reinterpret_cast<const __nv_bfloat162*>(smem + lay.time_weight_offset()) : nullptr};
   };
 
-  // Rows g and g + 8 of this warp's 16: the thread's two rows (h = 0, 1).
   const int my_row0 = row0 + 16 * warp + g;
   int t[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    bool ok;
-    t[h] = my_row0 + 8 * h < a.batch ? load_t_start(a, my_row0 + 8 * h, &ok) : 0;
-  }
+  load_row_pair(a, my_row0, t);
   auto x_at = [&](int i) {
     const int r = my_row0 + 8 * ((i >> 1) & 1), col = acc_col(i, q);
     return r < a.batch && col < dim ? __ldg(a.x + static_cast<size_t>(r) * dim + col) : 0.f;
@@ -269,16 +291,9 @@ __device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaL
   for (int v = 0; v < 8; ++v) x_tile[v * 128 + tid] = make_float4(x_at(4 * v), x_at(4 * v + 1), x_at(4 * v + 2), x_at(4 * v + 3));
 
   for (int k = 0; k < a.num_steps; ++k) {
-    // This step's coefficients: consumed after all layers, which hide the load.
-    float c1[2], c2[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int ti = clamp_index(t[h] - k, a.table_length);
-      c1[h] = __ldg(a.sqrt_recip_alphas + ti);
-      c2[h] = __ldg(a.coef_eps + ti);
-    }
-    const float tn[2] = {static_cast<float>(t[0] - k) / a.total_timesteps,
-                         static_cast<float>(t[1] - k) / a.total_timesteps};
+    const StepCoefficients coef(a, t, k);
+    const float c1[2] = {coef.c1[0], coef.c1[1]}, c2[2] = {coef.c2[0], coef.c2[1]};
+    const float tn[2] = {coef.tn[0], coef.tn[1]};
     uint32_t x_frag[kWgmmaDimPad / 4];
 #pragma unroll
     for (int v = 0; v < 8; ++v) {
