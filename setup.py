@@ -4,7 +4,7 @@ The CUDA kernel is compiled when torch was built with CUDA and nvcc is found;
 otherwise (or with DDPM_OPS_FORCE_CPU=1) the extension holds the CPU kernel
 alone. TORCH_CUDA_ARCH_LIST picks the GPU targets (9.0 for H100/H200); 9.0
 is built as 9.0a (sm_90a runs on the same GPUs and has wgmma, which the bf16
-kernel needs).
+and split kernels need).
 """
 import glob
 import os

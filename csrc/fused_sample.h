@@ -23,10 +23,12 @@ void check_timesteps_in_range(const at::Tensor& t_start, int64_t num_steps,
                               int64_t table_length);
 
 // How the matrix products are computed. kFloat32 keeps fp32 accuracy (fp32
-// FMAs, or a 3xTF32 split on CUDA's tensor cores at large batch); the others
-// are opt-in tensor-core paths on CUDA: single TF32 products, and for
-// kBFloat16 bf16 operands with fp32 accumulation where the wgmma kernel runs
-// (the CPU always computes in fp32, which is at least as accurate).
+// FMAs, or on CUDA's tensor cores at large batch a bf16x3 split (the split
+// kernel) or a 3xTF32 split (the tiled kernel)); the others are opt-in
+// tensor-core paths on CUDA: single TF32 products where the tiled kernel
+// runs, and for kBFloat16 bf16 operands with fp32 accumulation where the
+// wgmma kernel runs (the split kernel, where it runs, is exact in every
+// precision; the CPU always computes in fp32, which is at least as accurate).
 enum class Precision { kFloat32, kTF32, kBFloat16 };
 Precision parse_precision(c10::string_view precision);
 
