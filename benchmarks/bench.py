@@ -204,7 +204,9 @@ def run_table(name, cfg, args, clock, device):
                 # every batch (by default both only from batch 265), where the
                 # net fits them
                 variants["wgmma-bf16"] = ({"DDPM_OPS_CUDA_KERNEL": "wgmma"}, "bf16")
-                variants["split"] = ({"DDPM_OPS_CUDA_KERNEL": "split"}, "fp32")
+                for size in (1, 2, 4):  # (a size that cannot hold the net is ignored)
+                    variants[f"split-c{size}"] = ({"DDPM_OPS_CUDA_KERNEL": "split",
+                                                   "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
                 for key, (env, precision) in variants.items():
                     extras[key] = (lambda e, p: lambda: forced(e, lambda: fused(p)))(env, precision)
         trivial = lambda: x + 1  # noqa: E731

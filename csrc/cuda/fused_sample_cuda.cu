@@ -9,8 +9,8 @@
 //     (wgmma_hidden);
 //   - from batch kSplitMinBatch, in any precision, the split kernel of
 //     split_kernel.cuh (exact fp32 from bf16x3 products on wgmma, the net
-//     split over a cluster of 2) where the GPU is sm_90 and the net within
-//     its envelope (split_shape);
+//     split over a cluster of 1, 2 or 4) where the GPU is sm_90 and the net
+//     within its envelope (split_shape);
 //   - the tiled tensor-core kernel (3xTF32 for "fp32", one tf32 product for
 //     "tf32" and "bf16") from batch 768, and from batch 128 for nets whose
 //     weights the cluster kernel cannot keep on chip, when its row tile fits
@@ -20,7 +20,8 @@
 // (wgmma only for "bf16"; wgmma and split where the net fits them, else the
 // rule decides) and
 // DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (tests, benchmarks: 1 to 16
-// for the tiled kernel, a power of two for the cluster kernel);
+// for the tiled kernel, a power of two for the cluster kernel, 1, 2 or 4
+// for the split kernel);
 // DDPM_OPS_CUDA_TMA=0 makes the tiled kernel copy its weight chunks with
 // cp.async only (tests, benchmarks; details at use_tma);
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
@@ -621,11 +622,17 @@ void launch_wgmma(const SampleArgs& a, const DeviceInfo& info, int device, cudaS
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The split kernel's shape for this net: kOwn columns of each hidden layer
-// per CTA in clusters of cs (own = 0 where it cannot run it). It needs the
-// bf16 kernel's envelope (a hidden layer, dim <= 64, hidden widths <= 256)
-// and both bf16 planes of a CTA's share, and the exchange buffer, within
-// shared memory; a cluster of 1 where the whole net fits one CTA.
+// The split kernel's shape for this call: kOwn columns of each hidden layer
+// per CTA in clusters of cs (own = 0 where it cannot run the net). It needs
+// the bf16 kernel's envelope (a hidden layer, dim <= 64, hidden widths <=
+// 256) and both bf16 planes of a CTA's share, and the exchange buffer, within
+// shared memory. Of the shapes that hold the net it takes the one with the
+// least work per CTA, waves of tiles times own (a step's time is about
+// proportional to own), the smaller cluster on a tie: clusters of 4 while
+// the tiles leave SMs idle in clusters of 2, a cluster of 1 where the whole
+// net fits one CTA and the tiles fill the GPU. DDPM_OPS_CUDA_CLUSTER_SIZE
+// forces the cluster size where a shape of that size holds the net (and is
+// ignored elsewhere).
 struct SplitShape {
   int own = 0;
   int cs = 0;
@@ -635,13 +642,28 @@ SplitShape split_shape(const SampleArgs& a, const DeviceInfo& info) {
   if (!info.wgmma || a.num_layers < 2 || a.dim > cuda_kernels::kWgmmaDimPad) return {};
   int widest = 0;
   for (int l = 0; l + 1 < a.num_layers; ++l) widest = std::max(widest, a.layers[l].out);
-  for (const SplitShape shape : {SplitShape{64, 1}, SplitShape{128, 1}, SplitShape{64, 2}, SplitShape{128, 2}}) {
-    const cuda_kernels::SplitLayout layout{shape.own, shape.cs, a.num_layers};
-    if (layout.hidden() >= widest && layout.bytes() <= info.max_smem && info.max_clusters[shape.cs] > 0) {
-      return shape;
+  const int64_t tiles = (static_cast<int64_t>(a.batch) + cuda_kernels::kWgmmaRows - 1) / cuda_kernels::kWgmmaRows;
+  // The best shape in clusters of `only` (0: any size).
+  auto best_shape = [&](int only) {
+    SplitShape best;
+    int64_t best_work = 0;
+    for (const SplitShape shape :
+         {SplitShape{64, 1}, SplitShape{128, 1}, SplitShape{64, 2}, SplitShape{128, 2}, SplitShape{64, 4}}) {
+      const cuda_kernels::SplitLayout layout{shape.own, shape.cs, a.num_layers};
+      const int clusters = info.max_clusters[shape.cs];
+      if (layout.hidden() < widest || layout.bytes() > info.max_smem || clusters == 0) continue;
+      if (only != 0 && shape.cs != only) continue;
+      const int64_t work = (tiles + clusters - 1) / clusters * shape.own;
+      if (best.own == 0 || work < best_work) {
+        best = shape;
+        best_work = work;
+      }
     }
-  }
-  return {};
+    return best;
+  };
+  const int forced_cs = forced_cluster_size(info);
+  const SplitShape forced = forced_cs != 0 ? best_shape(forced_cs) : SplitShape{};
+  return forced.own != 0 ? forced : best_shape(0);
 }
 
 template <int kOwn, int kCs>
@@ -771,10 +793,14 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
       } else {
         launch_split<128, 1>(a, info, device, stream);
       }
-    } else if (split.own == 64) {
-      launch_split<64, 2>(a, info, device, stream);
+    } else if (split.cs == 2) {
+      if (split.own == 64) {
+        launch_split<64, 2>(a, info, device, stream);
+      } else {
+        launch_split<128, 2>(a, info, device, stream);
+      }
     } else {
-      launch_split<128, 2>(a, info, device, stream);
+      launch_split<64, 4>(a, info, device, stream);
     }
     return out;
   }

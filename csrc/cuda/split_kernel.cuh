@@ -14,30 +14,34 @@
 // few ulp, like the cluster kernel's expf and fast division.
 //
 // Both planes of the seed shape's weights take 384 KB, more than an SM holds,
-// so a cluster of kCs = 2 CTAs shares each tile (kCs = 1 where the whole net
-// fits one CTA). CTA r keeps, big and small:
+// so a cluster of kCs = 2 or 4 CTAs shares each tile (kCs = 1 where the
+// whole net fits one CTA; 4 where the tiles leave SMs idle with 2: each CTA
+// then has half the work of a step). CTA r keeps, big and small:
 //   - columns [r kOwn, (r + 1) kOwn) of every hidden layer (kOwn = H / kCs),
-//     with the layer's inner dimension rotated so that its own half comes
-//     first: after a hidden layer a thread holds its half of the next layer's
-//     A fragments, and the partner thread (same index, other CTA) holds the
-//     other half, in the same registers, so the exchange is thread to thread
-//     (st.async into the partner's buffer, completing on its mbarrier; no
-//     shuffle, no layout change);
-//   - the inner half [r kOwn, (r + 1) kOwn) of the output layer, all of its
-//     columns: each CTA computes a partial eps from its own half of the last
-//     hidden layer, which therefore is never exchanged, and the two add their
-//     partial sums (commutative in fp32: both get the same eps bit for bit).
-//   So both CTAs keep the whole x in registers and update it identically;
+//     with the layer's inner dimension permuted in blocks of kOwn: block b
+//     holds CTA r ^ b's columns, so its own come first. After a hidden layer
+//     a thread holds its block of the next layer's A fragments, and the
+//     partner threads (same index, CTAs r ^ p) hold blocks p, in the same
+//     registers, so the exchange is thread to thread (st.async into each
+//     partner's buffer, completing on its mbarrier; no shuffle, no layout
+//     change);
+//   - the inner block [r kOwn, (r + 1) kOwn) of the output layer, all of its
+//     columns: each CTA computes a partial eps from its own block of the last
+//     hidden layer, which therefore is never exchanged, and the CTAs add
+//     their partial sums in pairs, (p_r + p_r^1) + (p_r^2 + p_r^3): fp32
+//     addition is commutative, so every CTA gets the same eps bit for bit.
+//   So every CTA keeps the whole x in registers and updates it identically;
 //   a step exchanges the outputs of the hidden layers but the last, and eps.
-// A layer first issues the products of its own half of the inner dimension,
-// then waits for the partner's half, so the exchange overlaps the tensor
-// cores. One buffer per CTA holds the partner's data: the split cluster
-// barrier (arrive once this CTA's threads have read it, wait before writing
-// into the partner's; PartnerLink) keeps a send from overwriting data not
-// yet read.
+// A layer first issues the products of its own block of the inner
+// dimension, then waits for the partners' blocks, so the exchange overlaps
+// the tensor cores. A CTA's buffer has one slot per partner (slot p - 1 holds
+// CTA r ^ p's data): the split cluster barrier (arrive once this CTA's
+// threads have read it, wait before writing into the partners'; ClusterLink)
+// keeps a send from overwriting data not yet read.
 // Shape envelope (host: split_shape): the bf16 kernel's (dim <= 64, hidden
 // widths <= 256, at least 2 layers) and both planes of the CTA's share, plus
-// the exchange buffer, within the shared memory (seed shape: 226 KB).
+// the exchange buffer, within the shared memory (seed shape: 226 KB in
+// clusters of 2, 142 KB in clusters of 4).
 #pragma once
 
 #include "wgmma_kernel.cuh"
@@ -66,17 +70,18 @@ struct SplitLayout {
   __host__ __device__ constexpr int weight_offset(int l) const {
     return l == 0 ? 0 : 2 * plane_bytes(0) + 4 * (l - 1) * own * hidden();
   }
-  // 32-bit words a thread receives per exchange: a hidden half (both planes
-  // of kOwn / 16 A fragments) or a partial eps (32 fp32 accumulators).
+  // 32-bit words a thread receives from one partner per exchange: a hidden
+  // block (both planes of kOwn / 16 A fragments) or a partial eps (32 fp32
+  // accumulators).
   __host__ __device__ constexpr int exchange_words() const { return own / 2 > 32 ? own / 2 : 32; }
-  // The partner's data, thread-minor uint4s; none without a partner.
+  // Bytes of one partner's slot in the buffer (thread-minor uint4s).
+  __host__ __device__ constexpr int slot_bytes() const { return 4 * exchange_words() * kSplitThreads; }
+  // The partners' data, cs - 1 slots; none without a partner.
   __host__ __device__ constexpr int buffer_offset() const {
     return weight_offset(num_layers - 1) + 2 * plane_bytes(num_layers - 1);
   }
   // fp32 biases of this CTA's columns: layer l's at l * own, the last one's 64 wide.
-  __host__ __device__ constexpr int bias_offset() const {
-    return buffer_offset() + (cs > 1 ? 4 * exchange_words() * kSplitThreads : 0);
-  }
+  __host__ __device__ constexpr int bias_offset() const { return buffer_offset() + (cs - 1) * slot_bytes(); }
   // Layer 0's time column (this CTA's columns), fp32.
   __host__ __device__ constexpr int time_weight_offset() const {
     return bias_offset() + 4 * ((num_layers - 1) * own + kWgmmaDimPad);
@@ -96,14 +101,15 @@ __device__ __forceinline__ void split_bf16(float lo, float hi, uint32_t* big, ui
 
 // Which part of a layer's weights a CTA keeps, in the swizzled K-major
 // layout wgmma reads: its row n is weight row row0 + n (n < rows), its inner
-// index kk < depth is weight column kk + k_shift, less k_wrap from k_wrap
-// on (a rotation); zero past the layer's rows and from column `used` on.
+// index kk < depth is weight column kk with its block of k_block columns
+// permuted, (kk / k_block ^ k_xor) k_block + kk % k_block; zero past the
+// layer's rows and from column `used` on.
 struct WeightTile {
   int row0 = 0;
   int rows;
   int depth;
-  int k_shift = 0;
-  int k_wrap = 1 << 30;
+  int k_block = 1 << 30;
+  int k_xor = 0;
   int used;
 };
 
@@ -123,8 +129,8 @@ __device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const Wei
 #pragma unroll
     for (int b = 0; b < kStageBatch; ++b) {
       const int i = i0 + b * kSplitThreads, n = i / groups_per_row, kk = 8 * (i - n * groups_per_row);
-      // Rotations move whole 8-column groups (k_shift and k_wrap are multiples of 8).
-      const int k0 = kk + t.k_shift - (kk + t.k_shift >= t.k_wrap ? t.k_wrap : 0);
+      // The permutation moves whole 8-column groups (k_block is a multiple of 8).
+      const int k0 = (kk / t.k_block ^ t.k_xor) * t.k_block + kk % t.k_block;
       const int row = t.row0 + n;
       const float* w = la.weight + static_cast<size_t>(row) * la.in + k0;
 #pragma unroll
@@ -201,27 +207,34 @@ __device__ __forceinline__ void st_async(uint32_t cluster_addr, uint4 v, uint32_
                : "memory");
 }
 
-// The thread-to-thread exchange with the partner CTA (kCs = 2): send() puts
-// this thread's words into the partner's buffer, receive() takes the
-// partner's from this CTA's. Exchanges alternate send, receive; the cluster
-// barrier between a receive (arrive: this thread has read the buffer) and
-// the next send (wait: so has the partner thread) orders every buffer write
-// after the reads of the data before it.
-struct PartnerLink {
-  uint4* buffer = nullptr;      // this CTA's, thread-minor
-  uint64_t* bar = nullptr;      // this warp's mbarrier in this CTA
-  uint32_t remote_buffer = 0;   // the partner's buffer, this thread's first uint4
-  uint32_t remote_bar = 0;      // the partner's mbarrier of this warp
+// The thread-to-thread exchange with the partner CTAs r ^ p, p = 1 ..
+// kCs - 1: send() puts this thread's words into slot p - 1 of each partner's
+// buffer, receive() takes the partners' from this CTA's slots (slot p - 1:
+// CTA r ^ p's words). Exchanges alternate send, receive; the cluster barrier
+// between a receive (arrive: this thread has read the buffer) and the next
+// send (wait: so have the partner threads) orders every buffer write after
+// the reads of the data before it.
+template <int kCs>
+struct ClusterLink {
+  static constexpr int kPartners = kCs - 1;
+  uint4* buffer = nullptr;                 // this CTA's, thread-minor
+  uint64_t* bar = nullptr;                 // this warp's mbarrier in this CTA
+  uint32_t remote_buffer[kPartners] = {};  // partner r ^ (p + 1)'s slot p, this thread's first uint4
+  uint32_t remote_bar[kPartners] = {};     // partner r ^ (p + 1)'s mbarrier of this warp
+  int slot_uint4s = 0;                     // a slot's stride in `buffer`
   uint32_t parity = 0;
   bool sent_before = false;
 
-  // Only in a cluster of 2 (rank ^ 1 is the partner).
   __device__ void connect(char* smem, const SplitLayout& lay, int rank) {
     const int tid = threadIdx.x, warp = tid / 32;
     buffer = reinterpret_cast<uint4*>(smem + lay.buffer_offset());
     bar = reinterpret_cast<uint64_t*>(smem + lay.barrier_offset()) + warp;
-    remote_buffer = cluster_address(smem_address(buffer + tid), rank ^ 1);
-    remote_bar = cluster_address(smem_address(bar), rank ^ 1);
+    slot_uint4s = lay.slot_bytes() / 16;
+#pragma unroll
+    for (int p = 0; p < kPartners; ++p) {
+      remote_buffer[p] = cluster_address(smem_address(buffer + p * slot_uint4s + tid), rank ^ (p + 1));
+      remote_bar[p] = cluster_address(smem_address(bar), rank ^ (p + 1));
+    }
   }
   template <int kWords>
   __device__ __forceinline__ void send(const uint32_t* words) {
@@ -229,25 +242,32 @@ struct PartnerLink {
     if (sent_before) cluster_wait();
     sent_before = true;
 #pragma unroll
-    for (int v = 0; v < kWords / 4; ++v) {
-      st_async(remote_buffer + 16 * v * kSplitThreads,
-               make_uint4(words[4 * v], words[4 * v + 1], words[4 * v + 2], words[4 * v + 3]), remote_bar);
+    for (int p = 0; p < kPartners; ++p) {
+#pragma unroll
+      for (int v = 0; v < kWords / 4; ++v) {
+        st_async(remote_buffer[p] + 16 * v * kSplitThreads,
+                 make_uint4(words[4 * v], words[4 * v + 1], words[4 * v + 2], words[4 * v + 3]), remote_bar[p]);
+      }
     }
   }
+  // words[p * kWords + i]: word i of partner r ^ (p + 1).
   template <int kWords>
   __device__ __forceinline__ void receive(uint32_t* words) {
-    // This phase's only arrival announces the warp's bytes; the partner's
+    // This phase's only arrival announces the warp's bytes; the partners'
     // stores may have landed before it (the count then goes below zero).
-    if (threadIdx.x % 32 == 0) mbarrier_expect_local(smem_address(bar), 32 * 4 * kWords);
+    if (threadIdx.x % 32 == 0) mbarrier_expect_local(smem_address(bar), kPartners * 32 * 4 * kWords);
     mbarrier_wait(bar, parity);
     parity ^= 1u;
 #pragma unroll
-    for (int v = 0; v < kWords / 4; ++v) {
-      const uint4 w = buffer[v * kSplitThreads + threadIdx.x];
-      words[4 * v] = w.x;
-      words[4 * v + 1] = w.y;
-      words[4 * v + 2] = w.z;
-      words[4 * v + 3] = w.w;
+    for (int p = 0; p < kPartners; ++p) {
+#pragma unroll
+      for (int v = 0; v < kWords / 4; ++v) {
+        const uint4 w = buffer[p * slot_uint4s + v * kSplitThreads + threadIdx.x];
+        words[p * kWords + 4 * v] = w.x;
+        words[p * kWords + 4 * v + 1] = w.y;
+        words[p * kWords + 4 * v + 2] = w.z;
+        words[p * kWords + 4 * v + 3] = w.w;
+      }
     }
     cluster_arrive();
   }
@@ -292,21 +312,22 @@ __device__ __forceinline__ void finish_hidden_layer(float (&acc)[kChains][32], u
 template <int kOwn, int kCs>
 __device__ __forceinline__ void stage_split_net(const SampleArgs& a, const SplitLayout& lay, char* smem, int rank) {
   const int L = a.num_layers;
-  constexpr int kH = kOwn * kCs;
   float* bias = reinterpret_cast<float*>(smem + lay.bias_offset());
   for (int l = 0; l < L; ++l) {
     const LayerArgs& la = a.layers[l];
     const bool last = l + 1 == L;
     char* big = smem + lay.weight_offset(l);
-    // Hidden layers: this CTA's columns, the inner dimension rotated to start
-    // at its own half (layer 0's input, x, is whole on both CTAs). The last
-    // layer: every column, this CTA's inner half.
+    // Hidden layers: this CTA's columns, the inner dimension's blocks
+    // permuted to start at its own (layer 0's input, x, is whole on every
+    // CTA). The last layer: every column, this CTA's inner block.
     WeightTile tile;
     tile.row0 = last ? 0 : rank * kOwn;
     tile.rows = lay.rows(l);
     tile.depth = lay.depth(l);
-    tile.k_shift = l == 0 ? 0 : rank * kOwn;
-    tile.k_wrap = l == 0 || last ? 1 << 30 : kH;
+    if (l > 0) {
+      tile.k_block = kOwn;
+      tile.k_xor = rank;
+    }
     tile.used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) has its own place
     stage_weight_tile(la, tile, big, big + lay.plane_bytes(l));
     for (int n = threadIdx.x; n < tile.rows; n += kSplitThreads) {
@@ -326,10 +347,11 @@ __device__ __forceinline__ void stage_split_net(const SampleArgs& a, const Split
 // All steps for the 64-row tile at row0 (shared by the kCs CTAs of the cluster).
 template <int kOwn, int kCs>
 __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitLayout& lay, const char* smem,
-                                               PartnerLink& link, int rank, int row0) {
+                                               ClusterLink<kCs>& link, int rank, int row0) {
   constexpr int kH = kOwn * kCs;
   constexpr int kChains = kOwn / kWgmmaCols;
-  constexpr int kOwnWords = kOwn / 4;  // one plane of this CTA's half of a hidden layer's A fragments
+  constexpr int kOwnWords = kOwn / 4;  // one plane of this CTA's block of a hidden layer's A fragments
+  constexpr int kPartners = kCs - 1;
   const uint32_t base = smem_address(smem);
   const float* bias = reinterpret_cast<const float*>(smem + lay.bias_offset());
   const float* time_weight = reinterpret_cast<const float*>(smem + lay.time_weight_offset());
@@ -353,7 +375,7 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
     const StepCoefficients coef(a, t, k);
     const float c1[2] = {coef.c1[0], coef.c1[1]}, c2[2] = {coef.c2[0], coef.c2[1]};
     const float tn[2] = {coef.tn[0], coef.tn[1]};
-    // Hidden activations, this CTA's half first (both planes).
+    // Hidden activations, block p from CTA rank ^ p (both planes).
     uint32_t big[kH / 4], small[kH / 4];
     {
       uint32_t x_big[kWgmmaDimPad / 4], x_small[kWgmmaDimPad / 4];
@@ -379,19 +401,22 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
       start_split_layer<kChains>(acc, bias + l * kOwn, nullptr, tn, q);
       issue_split_products<kChains, 1, 0, kOwn / 16>(acc, big, small, big_plane(l), small_plane(l), kOwn);
       if constexpr (kCs > 1) {
-        uint32_t words[2 * kOwnWords];
+        uint32_t words[kPartners * 2 * kOwnWords];
         link.receive<2 * kOwnWords>(words);
 #pragma unroll
-        for (int i = 0; i < kOwnWords; ++i) {
-          big[kOwnWords + i] = words[i];
-          small[kOwnWords + i] = words[kOwnWords + i];
+        for (int p = 0; p < kPartners; ++p) {
+#pragma unroll
+          for (int i = 0; i < kOwnWords; ++i) {
+            big[(p + 1) * kOwnWords + i] = words[2 * p * kOwnWords + i];
+            small[(p + 1) * kOwnWords + i] = words[(2 * p + 1) * kOwnWords + i];
+          }
         }
         issue_split_products<kChains, 1, kOwn / 16, kH / 16>(acc, big, small, big_plane(l), small_plane(l), kOwn);
       }
       wait_products(acc);
       finish_hidden_layer<kChains>(acc, big, small);
     }
-    // The output layer over this CTA's inner half: a partial eps.
+    // The output layer over this CTA's inner block: a partial eps.
     float part[2][32];
     start_split_layer<1>(part, bias + (L - 1) * kOwn, nullptr, tn, q);
 #pragma unroll
@@ -403,13 +428,17 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
 #pragma unroll
     for (int i = 0; i < 32; ++i) eps[i] = part[0][i] + part[1][i];
     if constexpr (kCs > 1) {
-      uint32_t words[32];
+      uint32_t words[kPartners * 32];
 #pragma unroll
       for (int i = 0; i < 32; ++i) words[i] = __float_as_uint(eps[i]);
       link.send<32>(words);
       link.receive<32>(words);
+      // In pairs, (own + r ^ 1) + (r ^ 2 + r ^ 3): the same sum on every CTA.
 #pragma unroll
-      for (int i = 0; i < 32; ++i) eps[i] += __uint_as_float(words[i]);
+      for (int i = 0; i < 32; ++i) {
+        eps[i] += __uint_as_float(words[i]);
+        if constexpr (kCs == 4) eps[i] += __uint_as_float(words[32 + i]) + __uint_as_float(words[64 + i]);
+      }
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
@@ -427,7 +456,7 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
     load_t_start(a, r, &valid);
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      // Each CTA stores its half of the columns.
+      // Each CTA stores its 1 / kCs of the columns.
       const int col = acc_col(i, q);
       if (((i >> 1) & 1) == h && col < dim && (i >> 2) * kCs / 8 == rank) {
         a.out[static_cast<size_t>(r) * dim + col] = valid ? x[i] : nan;
@@ -440,6 +469,7 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
 // clusters' count.
 template <int kOwn, int kCs>
 __global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __grid_constant__ SampleArgs a) {
+  static_assert(kCs == 1 || kCs == 2 || kCs == 4, "the partners r ^ p and the paired eps sum need 1, 2 or 4");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ float4 smem_f4[];
   char* smem = reinterpret_cast<char*>(smem_f4);
@@ -452,14 +482,14 @@ __global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __
   const int rank = kCs > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
   stage_split_net<kOwn, kCs>(a, lay, smem, rank);
   fence_proxy_async();  // the generic-proxy stores above, before wgmma reads them
-  PartnerLink link;
+  ClusterLink<kCs> link;
   if constexpr (kCs > 1) {
     link.connect(smem, lay, rank);
     if (threadIdx.x % 32 == 0) {
       mbarrier_init(link.bar, 1);
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    // Both CTAs running, with their mbarriers initialized, before anyone sends.
+    // Every CTA running, with its mbarriers initialized, before anyone sends.
     cluster_arrive();
     cluster_wait();
   } else {
@@ -470,8 +500,8 @@ __global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __
   for (int tile = blockIdx.x / kCs; tile < tiles; tile += clusters) {
     run_split_tile<kOwn, kCs>(a, lay, smem, link, rank, tile * kWgmmaRows);
   }
-  // The last receive's arrival: neither CTA exits while the other may still
-  // write into it.
+  // The last receive's arrival: no CTA exits while another may still write
+  // into it.
   if constexpr (kCs > 1) cluster_wait();
 #endif
 }
