@@ -122,10 +122,8 @@ __device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const Wei
   const int groups_per_row = t.depth / 8;
   // kStageBatch 16-byte stores (8 deep each) per thread at a time, with all
   // their loads in flight first: staging is a chain of load latencies.
-  constexpr int kStageBatch = 8;
+  constexpr int kStageBatch = 4;
   const int groups = t.rows * groups_per_row;
-  // Whole groups as two float4 loads where the rows are 16-byte aligned.
-  const bool aligned = reinterpret_cast<uintptr_t>(la.weight) % 16 == 0 && la.in % 4 == 0;
   for (int i0 = threadIdx.x; i0 < groups; i0 += kStageBatch * kSplitThreads) {
     float v[kStageBatch][8];
 #pragma unroll
@@ -135,14 +133,8 @@ __device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const Wei
       const int k0 = (kk / t.k_block ^ t.k_xor) * t.k_block + kk % t.k_block;
       const int row = t.row0 + n;
       const float* w = la.weight + static_cast<size_t>(row) * la.in + k0;
-      if (aligned && i < groups && row < la.out && k0 + 8 <= t.used) {
-        const float4 lo = __ldg(reinterpret_cast<const float4*>(w)), hi = __ldg(reinterpret_cast<const float4*>(w) + 1);
-        v[b][0] = lo.x, v[b][1] = lo.y, v[b][2] = lo.z, v[b][3] = lo.w;
-        v[b][4] = hi.x, v[b][5] = hi.y, v[b][6] = hi.z, v[b][7] = hi.w;
-      } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[b][e] = i < groups && row < la.out && k0 + e < t.used ? __ldg(w + e) : 0.f;
-      }
+      for (int e = 0; e < 8; ++e) v[b][e] = i < groups && row < la.out && k0 + e < t.used ? __ldg(w + e) : 0.f;
     }
 #pragma unroll
     for (int b = 0; b < kStageBatch; ++b) {
