@@ -666,21 +666,28 @@ SplitShape split_shape(const SampleArgs& a, const DeviceInfo& info) {
   return forced.own != 0 ? forced : best_shape(0);
 }
 
+// Two exchange buffers where they fit (no cluster barrier per exchange;
+// ClusterLink), else one.
 template <int kOwn, int kCs>
 void launch_split(const SampleArgs& a, const DeviceInfo& info, int device, cudaStream_t stream) {
   using cuda_kernels::kWgmmaRows;
-  const cuda_kernels::SplitLayout layout{kOwn, kCs, a.num_layers};
+  const cuda_kernels::SplitLayout double_buffered{kOwn, kCs, a.num_layers, 2};
+  const bool two = kCs > 1 && double_buffered.bytes() <= info.max_smem;
+  const cuda_kernels::SplitLayout layout{kOwn, kCs, a.num_layers, two ? 2 : 1};
   const int64_t tiles = (static_cast<int64_t>(a.batch) + kWgmmaRows - 1) / kWgmmaRows;
   const int64_t clusters = std::min<int64_t>(info.max_clusters[kCs], tiles);
   const int smem = cuda_kernels::wgmma_request(layout, info.max_smem);
-  auto kernel = cuda_kernels::split_sample_kernel<kOwn, kCs>;
+  auto kernel = cuda_kernels::split_sample_kernel<kOwn, kCs, 1>;
+  if constexpr (kCs > 1) {
+    if (two) kernel = cuda_kernels::split_sample_kernel<kOwn, kCs, 2>;
+  }
   prepare_kernel(kernel, device, info.max_smem, true);
   if (log_plans()) {
     std::fprintf(stderr,
                  "ddpm_ops split kernel: batch %d, %d rows x %lld tiles on %lld clusters of %d, "
-                 "hidden width %d, %d columns per CTA, %d bytes shared memory\n",
+                 "hidden width %d, %d columns per CTA, %d bytes shared memory, %d exchange buffers\n",
                  a.batch, kWgmmaRows, static_cast<long long>(tiles), static_cast<long long>(clusters), kCs,
-                 layout.hidden(), kOwn, smem);
+                 layout.hidden(), kOwn, smem, layout.buffers);
   }
   const ClusterLaunch launch(clusters, kCs, cuda_kernels::kSplitThreads, smem, stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a));

@@ -59,6 +59,7 @@ struct SplitLayout {
   int own;
   int cs;
   int num_layers;
+  int buffers = 1;  // exchange buffers, used in turn (ClusterLink)
   __host__ __device__ constexpr int hidden() const { return own * cs; }
   __host__ __device__ constexpr int rows(int l) const { return l + 1 == num_layers ? kWgmmaDimPad : own; }
   __host__ __device__ constexpr int depth(int l) const {
@@ -76,19 +77,20 @@ struct SplitLayout {
   __host__ __device__ constexpr int exchange_words() const { return own / 2 > 32 ? own / 2 : 32; }
   // Bytes of one partner's slot in the buffer (thread-minor uint4s).
   __host__ __device__ constexpr int slot_bytes() const { return 4 * exchange_words() * kSplitThreads; }
-  // The partners' data, cs - 1 slots; none without a partner.
+  // The partners' data, cs - 1 slots a buffer; none without a partner.
   __host__ __device__ constexpr int buffer_offset() const {
     return weight_offset(num_layers - 1) + 2 * plane_bytes(num_layers - 1);
   }
   // fp32 biases of this CTA's columns: layer l's at l * own, the last one's 64 wide.
-  __host__ __device__ constexpr int bias_offset() const { return buffer_offset() + (cs - 1) * slot_bytes(); }
+  __host__ __device__ constexpr int buffer_bytes() const { return (cs - 1) * slot_bytes(); }
+  __host__ __device__ constexpr int bias_offset() const { return buffer_offset() + buffers * buffer_bytes(); }
   // Layer 0's time column (this CTA's columns), fp32.
   __host__ __device__ constexpr int time_weight_offset() const {
     return bias_offset() + 4 * ((num_layers - 1) * own + kWgmmaDimPad);
   }
-  // One mbarrier per warp: its 32 threads' share of the buffer.
+  // One mbarrier per warp and buffer: its 32 threads' share of the buffer.
   __host__ __device__ constexpr int barrier_offset() const { return time_weight_offset() + 4 * own; }
-  __host__ __device__ constexpr int bytes() const { return barrier_offset() + 8 * (kSplitThreads / 32); }
+  __host__ __device__ constexpr int bytes() const { return barrier_offset() + 8 * buffers * (kSplitThreads / 32); }
 };
 
 // bf16 of the column pair (lo, hi), and bf16 of what that leaves of it: the
@@ -210,66 +212,93 @@ __device__ __forceinline__ void st_async(uint32_t cluster_addr, uint4 v, uint32_
 // The thread-to-thread exchange with the partner CTAs r ^ p, p = 1 ..
 // kCs - 1: send() puts this thread's words into slot p - 1 of each partner's
 // buffer, receive() takes the partners' from this CTA's slots (slot p - 1:
-// CTA r ^ p's words). Exchanges alternate send, receive; the cluster barrier
-// between a receive (arrive: this thread has read the buffer) and the next
-// send (wait: so have the partner threads) orders every buffer write after
-// the reads of the data before it.
-template <int kCs>
+// CTA r ^ p's words). Exchanges alternate send, receive, and exchange n uses
+// buffer n % kBuffers (and its mbarrier), so a send must not overwrite the
+// data of exchange n - kBuffers before the partner has read it:
+//   - kBuffers = 1: the cluster barrier between a receive (arrive: this
+//     thread has read the buffer) and the next send (wait: so have the
+//     partner threads) orders it;
+//   - kBuffers = 2: no barrier within a tile. Send n comes after receive
+//     n - 1, which saw the partner's send n - 1 complete, and the partner
+//     issued that after its receive n - 2 had read buffer n % 2: the words
+//     it sent in n - 1 come from the products of those it read (a load
+//     that has returned its value cannot see a later store). Between tiles,
+//     where the first send does not depend on the last receive, a cluster
+//     barrier orders them (end_tile).
+template <int kCs, int kBuffers>
 struct ClusterLink {
   static constexpr int kPartners = kCs - 1;
-  uint4* buffer = nullptr;                 // this CTA's, thread-minor
-  uint64_t* bar = nullptr;                 // this warp's mbarrier in this CTA
-  uint32_t remote_buffer[kPartners] = {};  // partner r ^ (p + 1)'s slot p, this thread's first uint4
-  uint32_t remote_bar[kPartners] = {};     // partner r ^ (p + 1)'s mbarrier of this warp
+  static constexpr int kWarps = kSplitThreads / 32;
+  uint4* buffer = nullptr;                 // this CTA's first, thread-minor
+  uint64_t* bar = nullptr;                 // this warp's mbarrier of the first buffer in this CTA
+  uint32_t remote_buffer[kPartners] = {};  // partner r ^ (p + 1)'s slot p of its first buffer, this thread's first uint4
+  uint32_t remote_bar[kPartners] = {};     // partner r ^ (p + 1)'s mbarrier of this warp and the first buffer
   int slot_uint4s = 0;                     // a slot's stride in `buffer`
-  uint32_t parity = 0;
-  bool sent_before = false;
+  int buffer_uint4s = 0;                   // a buffer's
+  uint32_t exchanges = 0;
 
   __device__ void connect(char* smem, const SplitLayout& lay, int rank) {
     const int tid = threadIdx.x, warp = tid / 32;
     buffer = reinterpret_cast<uint4*>(smem + lay.buffer_offset());
     bar = reinterpret_cast<uint64_t*>(smem + lay.barrier_offset()) + warp;
     slot_uint4s = lay.slot_bytes() / 16;
+    buffer_uint4s = lay.buffer_bytes() / 16;
 #pragma unroll
     for (int p = 0; p < kPartners; ++p) {
       remote_buffer[p] = cluster_address(smem_address(buffer + p * slot_uint4s + tid), rank ^ (p + 1));
       remote_bar[p] = cluster_address(smem_address(bar), rank ^ (p + 1));
     }
   }
+  // This warp's mbarriers (one per buffer), to initialize.
+  __device__ uint64_t* barrier(int b) const { return bar + b * kWarps; }
   template <int kWords>
   __device__ __forceinline__ void send(const uint32_t* words) {
     static_assert(kWords % 4 == 0, "whole uint4s");
-    if (sent_before) cluster_wait();
-    sent_before = true;
+    if (kBuffers == 1 && exchanges > 0) cluster_wait();
+    const int b = exchanges % kBuffers;
 #pragma unroll
     for (int p = 0; p < kPartners; ++p) {
+      const uint32_t dst = remote_buffer[p] + 16 * b * buffer_uint4s, dst_bar = remote_bar[p] + 8 * b * kWarps;
 #pragma unroll
       for (int v = 0; v < kWords / 4; ++v) {
-        st_async(remote_buffer[p] + 16 * v * kSplitThreads,
-                 make_uint4(words[4 * v], words[4 * v + 1], words[4 * v + 2], words[4 * v + 3]), remote_bar[p]);
+        st_async(dst + 16 * v * kSplitThreads,
+                 make_uint4(words[4 * v], words[4 * v + 1], words[4 * v + 2], words[4 * v + 3]), dst_bar);
       }
     }
   }
   // words[p * kWords + i]: word i of partner r ^ (p + 1).
   template <int kWords>
   __device__ __forceinline__ void receive(uint32_t* words) {
+    const int b = exchanges % kBuffers;
     // This phase's only arrival announces the warp's bytes; the partners'
     // stores may have landed before it (the count then goes below zero).
-    if (threadIdx.x % 32 == 0) mbarrier_expect_local(smem_address(bar), kPartners * 32 * 4 * kWords);
-    mbarrier_wait(bar, parity);
-    parity ^= 1u;
+    if (threadIdx.x % 32 == 0) mbarrier_expect_local(smem_address(barrier(b)), kPartners * 32 * 4 * kWords);
+    mbarrier_wait(barrier(b), (exchanges / kBuffers) & 1u);
+    const uint4* in = buffer + b * buffer_uint4s;
 #pragma unroll
     for (int p = 0; p < kPartners; ++p) {
 #pragma unroll
       for (int v = 0; v < kWords / 4; ++v) {
-        const uint4 w = buffer[p * slot_uint4s + v * kSplitThreads + threadIdx.x];
+        const uint4 w = in[p * slot_uint4s + v * kSplitThreads + threadIdx.x];
         words[p * kWords + 4 * v] = w.x;
         words[p * kWords + 4 * v + 1] = w.y;
         words[p * kWords + 4 * v + 2] = w.z;
         words[p * kWords + 4 * v + 3] = w.w;
       }
     }
-    cluster_arrive();
+    if (kBuffers == 1) cluster_arrive();
+    ++exchanges;
+  }
+  __device__ __forceinline__ void end_tile() {
+    if (kBuffers > 1) {
+      cluster_arrive();
+      cluster_wait();
+    }
+  }
+  // Before the CTA exits: no partner may still write into it (with two
+  // buffers the last end_tile waited for that).
+  __device__ __forceinline__ void finish() {
+    if (kBuffers == 1) cluster_wait();  // for the last receive's arrival
   }
 };
 
@@ -345,9 +374,9 @@ __device__ __forceinline__ void stage_split_net(const SampleArgs& a, const Split
 }
 
 // All steps for the 64-row tile at row0 (shared by the kCs CTAs of the cluster).
-template <int kOwn, int kCs>
+template <int kOwn, int kCs, int kBuffers>
 __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitLayout& lay, const char* smem,
-                                               ClusterLink<kCs>& link, int rank, int row0) {
+                                               ClusterLink<kCs, kBuffers>& link, int rank, int row0) {
   constexpr int kH = kOwn * kCs;
   constexpr int kChains = kOwn / kWgmmaCols;
   constexpr int kOwnWords = kOwn / 4;  // one plane of this CTA's block of a hidden layer's A fragments
@@ -466,8 +495,8 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
 }
 
 // Grid: clusters of kCs CTAs (one per SM); tile i goes to cluster i mod the
-// clusters' count.
-template <int kOwn, int kCs>
+// clusters' count. kBuffers: ClusterLink's.
+template <int kOwn, int kCs, int kBuffers>
 __global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __grid_constant__ SampleArgs a) {
   static_assert(kCs == 1 || kCs == 2 || kCs == 4, "the partners r ^ p and the paired eps sum need 1, 2 or 4");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -475,18 +504,18 @@ __global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __
   char* smem = reinterpret_cast<char*>(smem_f4);
   const uint32_t misalignment = smem_address(smem) & (kWgmmaAlign - 1);
   smem += (kWgmmaAlign - misalignment) & (kWgmmaAlign - 1);
-  const SplitLayout lay{kOwn, kCs, a.num_layers};
+  const SplitLayout lay{kOwn, kCs, a.num_layers, kBuffers};
   uint32_t requested;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(requested));
   if (misalignment != 0 && lay.bytes() + kWgmmaAlign - misalignment > requested) __trap();
   const int rank = kCs > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
   stage_split_net<kOwn, kCs>(a, lay, smem, rank);
   fence_proxy_async();  // the generic-proxy stores above, before wgmma reads them
-  ClusterLink<kCs> link;
+  ClusterLink<kCs, kBuffers> link;
   if constexpr (kCs > 1) {
     link.connect(smem, lay, rank);
     if (threadIdx.x % 32 == 0) {
-      mbarrier_init(link.bar, 1);
+      for (int b = 0; b < kBuffers; ++b) mbarrier_init(link.barrier(b), 1);
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     // Every CTA running, with its mbarriers initialized, before anyone sends.
@@ -498,11 +527,10 @@ __global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __
   const int tiles = (a.batch + kWgmmaRows - 1) / kWgmmaRows;
   const int clusters = gridDim.x / kCs;
   for (int tile = blockIdx.x / kCs; tile < tiles; tile += clusters) {
-    run_split_tile<kOwn, kCs>(a, lay, smem, link, rank, tile * kWgmmaRows);
+    run_split_tile<kOwn, kCs, kBuffers>(a, lay, smem, link, rank, tile * kWgmmaRows);
+    if constexpr (kCs > 1) link.end_tile();
   }
-  // The last receive's arrival: no CTA exits while another may still write
-  // into it.
-  if constexpr (kCs > 1) cluster_wait();
+  if constexpr (kCs > 1) link.finish();
 #endif
 }
 
