@@ -424,34 +424,36 @@ def test_wgmma_kernels_opcheck(monkeypatch, kernel, precision):
 
 
 SPLIT_LOG = re.compile(r"ddpm_ops split kernel: batch (\d+), 64 rows x (\d+) tiles on (\d+) clusters of (\d+), "
-                       r"hidden width (\d+), (\d+) columns per CTA")
+                       r"hidden width (\d+), (\d+) columns per CTA, \d+ bytes shared memory, (\d+) exchange buffers")
 
 
 # forced: DDPM_OPS_CUDA_CLUSTER_SIZE (None: the shape's rule, least work per
-# CTA); cluster_size, own: the shape expected.
-@pytest.mark.parametrize("batch, dim, hidden, num_steps, forced, cluster_size, own", [
-    (1, 64, [256, 256], 16, None, 4, 64),      # the seed shape: one tile, 63 rows of padding
-    (1, 64, [256, 256], 16, 2, 2, 128),
-    (1000, 64, [256, 256], 16, None, 4, 64),   # a partial last tile
-    (1000, 64, [256, 256], 16, 2, 2, 128),
-    (32768, 64, [256, 256], 16, None, 2, 128),  # several tiles per cluster: more clusters of 2
-    (32768, 64, [256, 256], 4, 4, 4, 64),
-    (9, 64, [256, 200], 100, None, 4, 64),
-    (300, 12, [256], 5, None, 4, 64),          # depth 2: only the partial eps is exchanged
-    (300, 12, [256], 5, 2, 2, 128),
-    (200, 40, [192, 150], 6, None, 4, 64),     # padded to 256
-    (100, 64, [256, 256, 256], 5, None, 4, 64),  # 208 KB a CTA: only in clusters of 4
-    (100, 64, [256, 256, 256], 5, 2, 4, 64),     # (so a forced 2 is ignored)
-    (65, 63, [128, 128, 128, 128], 3, None, 2, 64),  # three hidden layers exchanged per step
-    (65, 63, [128, 128, 128, 128], 3, 4, 2, 64),     # too big for clusters of 4: the size is ignored
-    (70, 64, [128, 128, 128], 7, None, 2, 64),
-    (70, 64, [128, 128, 128], 7, 1, 1, 128),   # the whole net on one CTA
-    (130, 33, [100, 37], 4, None, 2, 64),      # odd widths, padded with zero weights
-    (130, 33, [100, 37], 4, 1, 1, 128),
-    (77, 1, [64, 64], 3, None, 1, 64),
+# CTA); cluster_size, own, buffers: the shape expected (two exchange buffers
+# where they fit in shared memory).
+@pytest.mark.parametrize("batch, dim, hidden, num_steps, forced, cluster_size, own, buffers", [
+    (1, 64, [256, 256], 16, None, 4, 64, 2),      # the seed shape: one tile, 63 rows of padding
+    (1, 64, [256, 256], 16, 2, 2, 128, 1),
+    (1000, 64, [256, 256], 16, None, 4, 64, 2),   # a partial last tile
+    (1000, 64, [256, 256], 16, 2, 2, 128, 1),
+    (32768, 64, [256, 256], 16, None, 2, 128, 1),  # several tiles per cluster: more clusters of 2
+    (32768, 64, [256, 256], 4, 4, 4, 64, 2),
+    (9, 64, [256, 200], 100, None, 4, 64, 2),
+    (300, 12, [256], 5, None, 4, 64, 2),          # depth 2: only the partial eps is exchanged
+    (300, 12, [256], 5, 2, 2, 128, 2),
+    (200, 40, [192, 150], 6, None, 4, 64, 2),     # padded to 256
+    (100, 64, [256, 256, 256], 5, None, 4, 64, 1),  # 209 KB a CTA: only in clusters of 4
+    (100, 64, [256, 256, 256], 5, 2, 4, 64, 1),     # (so a forced 2 is ignored)
+    (65, 63, [128, 128, 128, 128], 3, None, 2, 64, 2),  # three hidden layers exchanged per step
+    (65, 63, [128, 128, 128, 128], 3, 4, 2, 64, 2),     # too big for clusters of 4: the size is ignored
+    (70, 64, [128, 128, 128], 7, None, 2, 64, 2),
+    (70, 64, [128, 128, 128], 7, 1, 1, 128, 1),   # the whole net on one CTA
+    (130, 33, [100, 37], 4, None, 2, 64, 2),      # odd widths, padded with zero weights
+    (130, 33, [100, 37], 4, 1, 1, 128, 1),
+    (77, 1, [64, 64], 3, None, 1, 64, 1),
 ])
 @pytest.mark.parametrize("t_dtype", [torch.int64, torch.int32])
-def test_split_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forced, cluster_size, own, t_dtype):
+def test_split_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forced, cluster_size, own, buffers,
+                      t_dtype):
     """The split kernel (forced: by default it starts at batch 265) holds every
     shape of its envelope, in every cluster size, to fp32 accuracy against
     float64."""
@@ -468,9 +470,9 @@ def test_split_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forced,
     match = SPLIT_LOG.match(log)
     assert match is not None, log
     tiles = (batch + 63) // 64
-    logged_batch, logged_tiles, clusters, size, width, columns = (int(v) for v in match.groups())
-    assert (logged_batch, logged_tiles, size, width, columns) == (batch, tiles, cluster_size, own * cluster_size,
-                                                                  own), log
+    logged_batch, logged_tiles, clusters, size, width, columns, logged_buffers = (int(v) for v in match.groups())
+    assert (logged_batch, logged_tiles, size, width, columns, logged_buffers) == (
+        batch, tiles, cluster_size, own * cluster_size, own, buffers), log
     assert 0 < clusters <= tiles, log
     assert out.shape == (batch, dim) and out.is_contiguous()
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
@@ -491,17 +493,22 @@ def test_outside_the_split_kernel_envelope(monkeypatch, capfd, dim, hidden):
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
-@pytest.mark.parametrize("precision, batch, expected", [
-    ("fp32", 264, "cluster"), ("fp32", 265, "split"), ("fp32", 32768, "split"),
-    ("tf32", 5000, "split"), ("bf16", 5000, "wgmma")])
-def test_split_rule(monkeypatch, capfd, precision, batch, expected):
+@pytest.mark.parametrize("precision, batch, expected, cluster_size", [
+    ("fp32", 264, "cluster", None), ("fp32", 265, "split", 4), ("fp32", 1024, "split", 4),
+    ("fp32", 32768, "split", 2), ("tf32", 5000, "split", 2), ("bf16", 5000, "wgmma", None)])
+def test_split_rule(monkeypatch, capfd, precision, batch, expected, cluster_size):
     """By default the split kernel runs from batch 265 (measured faster there
-    on the H200), in every precision but "bf16", where the wgmma kernel runs."""
+    on the H200), in every precision but "bf16", where the wgmma kernel runs;
+    in clusters of 4 while the tiles leave SMs idle in clusters of 2 (up to
+    16 tiles at least on the H200, which holds 66 clusters of 2)."""
     if not has_wgmma_kernel():
         pytest.skip("the split kernel needs an sm_90 GPU")
     monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
     problem = make_problem(batch, 64, [256, 256], 3, device="cuda")
     log, out = logged_call(monkeypatch, capfd, problem, precision)
     assert log.startswith(f"ddpm_ops {expected} kernel"), log
+    if cluster_size is not None:
+        assert SPLIT_LOG.match(log).group(4) == str(cluster_size), log
     tolerance = FAST_TOLERANCE if expected == "wgmma" else FP32_TOLERANCE
     assert relative_error(out, reference64_cuda(problem)) <= tolerance
