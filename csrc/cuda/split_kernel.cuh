@@ -27,9 +27,16 @@
 //     change);
 //   - the inner block [r kOwn, (r + 1) kOwn) of the output layer, all of its
 //     columns: each CTA computes a partial eps from its own block of the last
-//     hidden layer, which therefore is never exchanged, and the CTAs add
-//     their partial sums in pairs, (p_r + p_r^1) + (p_r^2 + p_r^3): fp32
-//     addition is commutative, so every CTA gets the same eps bit for bit.
+//     hidden layer, which therefore is never exchanged. In a cluster of 2
+//     the CTAs swap their partial sums and add them (commutative in fp32:
+//     both get the same eps bit for bit); in a cluster of 4, where that
+//     would send each partial to 3 partners, CTA c sums the partials of
+//     eps's columns [16 c, 16 (c + 1)) only and sends the sums to the
+//     others (a reduce-scatter and an all-gather: half the bytes, which
+//     bound a step there). For that, CTA r holds x, eps and layer 0's
+//     inner dimension with their blocks of 16 columns permuted, block b
+//     holding columns 16 (b ^ r) on, so that the block it sums is block 0
+//     and the block of partner r ^ p is block p, whatever r.
 //   So every CTA keeps the whole x in registers and updates it identically;
 //   a step exchanges the outputs of the hidden layers but the last, and eps.
 // A layer first issues the products of its own block of the inner
@@ -50,6 +57,13 @@ namespace ddpm_ops {
 namespace cuda_kernels {
 
 constexpr int kSplitThreads = 128;  // one warpgroup: the weights leave room for one tile's exchange only
+
+// Whether a cluster of kCs reduce-scatters eps (the columns each CTA sums:
+// kEpsBlock, 8 accumulators of a thread) rather than sending every partner
+// its whole partial sum.
+template <int kCs>
+constexpr bool kScatterEps = kCs == 4;
+constexpr int kEpsBlock = 16;
 
 // Where everything sits in the (1024-byte aligned) shared memory of a CTA
 // keeping kOwn columns of each hidden layer in a cluster of cs; host and
@@ -102,13 +116,16 @@ __device__ __forceinline__ void split_bf16(float lo, float hi, uint32_t* big, ui
 }
 
 // Which part of a layer's weights a CTA keeps, in the swizzled K-major
-// layout wgmma reads: its row n is weight row row0 + n (n < rows), its inner
-// index kk < depth is weight column kk with its block of k_block columns
-// permuted, (kk / k_block ^ k_xor) k_block + kk % k_block; zero past the
-// layer's rows and from column `used` on.
+// layout wgmma reads: its row n < rows is weight row row0 + n with its
+// block of row_block rows permuted, (n / row_block ^ row_xor) row_block + n
+// % row_block; its inner index kk < depth is weight column kk with its block
+// of k_block columns permuted the same way by k_xor; zero past the layer's
+// rows and from column `used` on.
 struct WeightTile {
   int row0 = 0;
   int rows;
+  int row_block = 1 << 30;
+  int row_xor = 0;
   int depth;
   int k_block = 1 << 30;
   int k_xor = 0;
@@ -133,7 +150,7 @@ __device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const Wei
       const int i = i0 + b * kSplitThreads, n = i / groups_per_row, kk = 8 * (i - n * groups_per_row);
       // The permutation moves whole 8-column groups (k_block is a multiple of 8).
       const int k0 = (kk / t.k_block ^ t.k_xor) * t.k_block + kk % t.k_block;
-      const int row = t.row0 + n;
+      const int row = t.row0 + (n / t.row_block ^ t.row_xor) * t.row_block + n % t.row_block;
       const float* w = la.weight + static_cast<size_t>(row) * la.in + k0;
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[b][e] = i < groups && row < la.out && k0 + e < t.used ? __ldg(w + e) : 0.f;
@@ -251,7 +268,9 @@ struct ClusterLink {
   }
   // This warp's mbarriers (one per buffer), to initialize.
   __device__ uint64_t* barrier(int b) const { return bar + b * kWarps; }
-  template <int kWords>
+  // kWords words to every partner; with kScatter partner r ^ (p + 1) gets
+  // words[p * kWords + i] instead.
+  template <int kWords, bool kScatter = false>
   __device__ __forceinline__ void send(const uint32_t* words) {
     static_assert(kWords % 4 == 0, "whole uint4s");
     if (kBuffers == 1 && exchanges > 0) cluster_wait();
@@ -259,10 +278,11 @@ struct ClusterLink {
 #pragma unroll
     for (int p = 0; p < kPartners; ++p) {
       const uint32_t dst = remote_buffer[p] + 16 * b * buffer_uint4s, dst_bar = remote_bar[p] + 8 * b * kWarps;
+      const uint32_t* w = kScatter ? words + p * kWords : words;
 #pragma unroll
       for (int v = 0; v < kWords / 4; ++v) {
-        st_async(dst + 16 * v * kSplitThreads,
-                 make_uint4(words[4 * v], words[4 * v + 1], words[4 * v + 2], words[4 * v + 3]), dst_bar);
+        st_async(dst + 16 * v * kSplitThreads, make_uint4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]),
+                 dst_bar);
       }
     }
   }
@@ -356,11 +376,19 @@ __device__ __forceinline__ void stage_split_net(const SampleArgs& a, const Split
     if (l > 0) {
       tile.k_block = kOwn;
       tile.k_xor = rank;
+    } else if (kScatterEps<kCs>) {  // x's blocks permuted
+      tile.k_block = kEpsBlock;
+      tile.k_xor = rank;
+    }
+    if (last && kScatterEps<kCs>) {  // eps's blocks permuted
+      tile.row_block = kEpsBlock;
+      tile.row_xor = rank;
     }
     tile.used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) has its own place
     stage_weight_tile(la, tile, big, big + lay.plane_bytes(l));
     for (int n = threadIdx.x; n < tile.rows; n += kSplitThreads) {
-      // The output layer's bias goes into rank 0's partial sum only.
+      // The output layer's bias goes into rank 0's partial sum only (whose
+      // blocks are not permuted).
       const int col = tile.row0 + n;
       bias[l * kOwn + n] = col < la.out && (!last || rank == 0) ? __ldg(la.bias + col) : 0.f;
     }
@@ -393,10 +421,14 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
   const int my_row0 = row0 + 16 * warp + g;
   int t[2];
   load_row_pair(a, my_row0, t);
-  float x[32];  // the whole x of the thread's rows, in accumulator layout
+  // The whole x of the thread's rows, in accumulator layout (element i:
+  // column x_col(i), blocks permuted where eps is scattered).
+  const int col_xor = kScatterEps<kCs> ? kEpsBlock * rank : 0;
+  auto x_col = [&](int i) { return acc_col(i, q) ^ col_xor; };
+  float x[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
-    const int r = my_row0 + 8 * ((i >> 1) & 1), col = acc_col(i, q);
+    const int r = my_row0 + 8 * ((i >> 1) & 1), col = x_col(i);
     x[i] = r < a.batch && col < dim ? __ldg(a.x + static_cast<size_t>(r) * dim + col) : 0.f;
   }
 
@@ -456,18 +488,34 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
     float eps[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) eps[i] = part[0][i] + part[1][i];
-    if constexpr (kCs > 1) {
+    if constexpr (kScatterEps<kCs>) {
+      constexpr int kB = 8;  // a thread's accumulators of a block of eps
+      // Partner r ^ (p + 1) sums block p + 1: send it that block, take this
+      // CTA's, block 0, from every partner.
+      uint32_t words[kPartners * kB];
+#pragma unroll
+      for (int i = 0; i < kPartners * kB; ++i) words[i] = __float_as_uint(eps[kB + i]);
+      link.send<kB, true>(words);
+      link.receive<kB>(words);
+#pragma unroll
+      for (int i = 0; i < kB; ++i) {
+        eps[i] = (eps[i] + __uint_as_float(words[i])) +
+                 (__uint_as_float(words[kB + i]) + __uint_as_float(words[2 * kB + i]));
+        words[i] = __float_as_uint(eps[i]);
+      }
+      // Then the sums: partner r ^ (p + 1)'s is block p + 1.
+      link.send<kB>(words);
+      link.receive<kB>(words);
+#pragma unroll
+      for (int i = 0; i < kPartners * kB; ++i) eps[kB + i] = __uint_as_float(words[i]);
+    } else if constexpr (kCs > 1) {
       uint32_t words[kPartners * 32];
 #pragma unroll
       for (int i = 0; i < 32; ++i) words[i] = __float_as_uint(eps[i]);
       link.send<32>(words);
       link.receive<32>(words);
-      // In pairs, (own + r ^ 1) + (r ^ 2 + r ^ 3): the same sum on every CTA.
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        eps[i] += __uint_as_float(words[i]);
-        if constexpr (kCs == 4) eps[i] += __uint_as_float(words[32 + i]) + __uint_as_float(words[64 + i]);
-      }
+      for (int i = 0; i < 32; ++i) eps[i] += __uint_as_float(words[i]);
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
@@ -485,9 +533,11 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
     load_t_start(a, r, &valid);
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      // Each CTA stores its 1 / kCs of the columns.
-      const int col = acc_col(i, q);
-      if (((i >> 1) & 1) == h && col < dim && (i >> 2) * kCs / 8 == rank) {
+      // Each CTA stores its 1 / kCs of the columns (where eps is scattered,
+      // block 0: the one it summed).
+      const int col = x_col(i);
+      const bool mine = kScatterEps<kCs> ? i < 8 : (i >> 2) * kCs / 8 == rank;
+      if (((i >> 1) & 1) == h && col < dim && mine) {
         a.out[static_cast<size_t>(r) * dim + col] = valid ? x[i] : nan;
       }
     }
@@ -498,7 +548,8 @@ __device__ __forceinline__ void run_split_tile(const SampleArgs& a, const SplitL
 // clusters' count. kBuffers: ClusterLink's.
 template <int kOwn, int kCs, int kBuffers>
 __global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __grid_constant__ SampleArgs a) {
-  static_assert(kCs == 1 || kCs == 2 || kCs == 4, "the partners r ^ p and the paired eps sum need 1, 2 or 4");
+  static_assert(kCs == 1 || kCs == 2 || kCs == 4, "the partners r ^ p and the eps exchange need 1, 2 or 4");
+  static_assert(!kScatterEps<kCs> || kEpsBlock * kCs == kWgmmaDimPad, "a block of eps per CTA");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ float4 smem_f4[];
   char* smem = reinterpret_cast<char*>(smem_f4);
