@@ -59,7 +59,7 @@ def fused_sample(
             on tensor cores where that is faster, split so that fp32's
             precision survives: on an sm_90 GPU (H100, H200), from batch 265,
             for nets with dim <= 64, hidden widths <= 256, at least one hidden
-            layer and at most 3 Linear layers at width 256 (narrower nets may
+            layer and at most 4 Linear layers at width 256 (narrower nets may
             be deeper), the split kernel holds each operand as two bf16
             numbers and takes three bf16 products per product (measured the
             same error as plain fp32); elsewhere, from batch 768 (from batch

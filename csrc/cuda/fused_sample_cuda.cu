@@ -76,14 +76,23 @@ constexpr int64_t kStreamedMinBatch = 128;
 constexpr int64_t kWgmmaMinBatch = 265;
 
 // From this batch every precision takes the split kernel (exact fp32 on
-// wgmma) where it can hold the net; below it the cluster kernel is faster.
-// H200, seed shape, graph-replayed gpu us: the split kernel takes about 125
-// at any batch up to 64 x 66 rows (one tile per cluster of 2), the cluster
-// kernel 101.5 at batch 256 but 163 at 384 (from batch 265 its clusters
-// carry 5 rows; see kWgmmaMinBatch). Smaller nets cross over later (dim 12,
-// hidden 256, 5 steps: 36.7 against 49.1 at batch 256, 89 against 51 at
-// 1024; BENCHMARKS.md).
+// wgmma) where it can hold the net; below it the cluster kernel is mostly
+// faster. H200, graph-replayed gpu us, session 12: the split kernel takes
+// about 93 at the seed shape at any batch up to 64 x 30 rows (one tile per
+// cluster of 4), the cluster kernel 75 at batch 128, 101 to 105 from 160 to
+// 264, 161 from 320 (from batch 265 its clusters carry 5 rows; see
+// kWgmmaMinBatch); at dim 12, hidden 256, 5 steps the cluster kernel takes
+// 26 at batch 128 and 36.4 at 256, the split kernel 36.7 at both. So the
+// seed shape's batches 160 to 264 would run about 10% faster on the split
+// kernel, smaller nets' slower (BENCHMARKS.md).
 constexpr int64_t kSplitMinBatch = 265;
+
+// A split-kernel step takes about the time of own + kSplitStepColumns
+// columns' work (the exchange and the layers' latencies take the rest). H200,
+// graph-replayed gpu us per tile and step: 7.0 at own 128 (seed shape,
+// clusters of 2), 5.0 at own 64 (clusters of 4); a net of hidden width 128
+// ran 0.70x as long in clusters of 2 as in clusters of 1 (BENCHMARKS.md).
+constexpr int kSplitStepColumns = 96;
 
 constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
 
@@ -627,10 +636,10 @@ void launch_wgmma(const SampleArgs& a, const DeviceInfo& info, int device, cudaS
 // the bf16 kernel's envelope (a hidden layer, dim <= 64, hidden widths <=
 // 256) and both bf16 planes of a CTA's share, and the exchange buffer, within
 // shared memory. Of the shapes that hold the net it takes the one with the
-// least work per CTA, waves of tiles times own (a step's time is about
-// proportional to own), the smaller cluster on a tie: clusters of 4 while
-// the tiles leave SMs idle in clusters of 2, a cluster of 1 where the whole
-// net fits one CTA and the tiles fill the GPU. DDPM_OPS_CUDA_CLUSTER_SIZE
+// least time, waves of tiles times a step's, the smaller cluster on a tie:
+// clusters of 4 while the tiles fit in one wave of them, a cluster of 1
+// where the whole net fits one CTA and the tiles fill the GPU.
+// DDPM_OPS_CUDA_CLUSTER_SIZE
 // forces the cluster size where a shape of that size holds the net (and is
 // ignored elsewhere).
 struct SplitShape {
@@ -653,7 +662,7 @@ SplitShape split_shape(const SampleArgs& a, const DeviceInfo& info) {
       const int clusters = info.max_clusters[shape.cs];
       if (layout.hidden() < widest || layout.bytes() > info.max_smem || clusters == 0) continue;
       if (only != 0 && shape.cs != only) continue;
-      const int64_t work = (tiles + clusters - 1) / clusters * shape.own;
+      const int64_t work = (tiles + clusters - 1) / clusters * (shape.own + kSplitStepColumns);
       if (best.own == 0 || work < best_work) {
         best = shape;
         best_work = work;
