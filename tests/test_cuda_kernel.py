@@ -367,13 +367,17 @@ def test_bf16_outside_the_wgmma_kernel_envelope(monkeypatch, capfd, dim, hidden)
     assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
 
 
-@pytest.mark.parametrize("batch, expected", [(1, "cluster"), (264, "cluster"), (265, "wgmma"), (5000, "wgmma")])
+@pytest.mark.parametrize("batch, expected", [(1, "cluster"), (264, "cluster"), (265, "split"), (1024, "split"),
+                                             (2500, "wgmma"), (5000, "wgmma")])
 def test_bf16_rule(monkeypatch, capfd, batch, expected):
     """By default "bf16" takes the wgmma kernel from batch 265 (measured faster
-    there on the H200) and the exact cluster kernel below."""
+    there on the H200) and the exact cluster kernel below, but the exact split
+    kernel where that runs in clusters of 4 (faster: up to 30 tiles on the
+    H200)."""
     if not has_wgmma_kernel():
         pytest.skip("the wgmma kernel needs an sm_90 GPU")
     monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
     problem = make_problem(batch, 64, [256, 256], 3, device="cuda")
     log, out = logged_call(monkeypatch, capfd, problem, "bf16")
     assert log.startswith(f"ddpm_ops {expected} kernel"), log
@@ -401,7 +405,7 @@ TENSOR_CORE_KERNELS = [("bf16", FAST_TOLERANCE), ("fp32", FP32_TOLERANCE)]
 
 @pytest.mark.parametrize("precision, tolerance", TENSOR_CORE_KERNELS)
 def test_wgmma_kernels_misaligned_weights_and_graph_capture(precision, tolerance):
-    problem = make_problem(700, 64, [256, 256], 8, device="cuda")
+    problem = make_problem(2500, 64, [256, 256], 8, device="cuda")  # "bf16": beyond the split kernel's clusters of 4
     problem.weights = [misaligned_copy(w) for w in problem.weights]
     problem.biases = [misaligned_copy(b) for b in problem.biases]
     eager = ddpm_ops.fused_sample(*problem.args(), precision=precision)
@@ -498,7 +502,8 @@ def test_outside_the_split_kernel_envelope(monkeypatch, capfd, dim, hidden):
     ("fp32", 32768, "split", 2), ("tf32", 5000, "split", 2), ("bf16", 5000, "wgmma", None)])
 def test_split_rule(monkeypatch, capfd, precision, batch, expected, cluster_size):
     """By default the split kernel runs from batch 265 (measured faster there
-    on the H200), in every precision but "bf16", where the wgmma kernel runs;
+    on the H200), in every precision but "bf16", where the wgmma kernel runs
+    (but in clusters of 4, test_bf16_rule);
     in clusters of 4 while the tiles leave SMs idle in clusters of 2 (up to
     16 tiles at least on the H200, which holds 66 clusters of 2)."""
     if not has_wgmma_kernel():
