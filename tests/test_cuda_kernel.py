@@ -504,8 +504,8 @@ def test_split_rule(monkeypatch, capfd, precision, batch, expected, cluster_size
     """By default the split kernel runs from batch 265 (measured faster there
     on the H200), in every precision but "bf16", where the wgmma kernel runs
     (but in clusters of 4, test_bf16_rule);
-    in clusters of 4 while the tiles leave SMs idle in clusters of 2 (up to
-    16 tiles at least on the H200, which holds 66 clusters of 2)."""
+    in clusters of 4 while the tiles fit in one wave of them (30 on the
+    H200), else in clusters of 2."""
     if not has_wgmma_kernel():
         pytest.skip("the split kernel needs an sm_90 GPU")
     monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)

@@ -2,7 +2,7 @@
 // every precision, "bf16" excepted where its own kernel runs; Hopper's wgmma,
 // compiled only for sm_90a).
 //
-// split_sample_kernel<kOwn, kCs>: the bf16 kernel's design (wgmma_kernel.cuh:
+// split_sample_kernel<kOwn, kCs, kBuffers>: the bf16 kernel's design (wgmma_kernel.cuh:
 // 64-row tiles carried through all steps with every activation in registers)
 // at fp32 accuracy. Every operand v is held as two bf16 numbers, big =
 // bf16(v) and small = bf16(v - big), and every product as three wgmmas:
@@ -15,8 +15,8 @@
 //
 // Both planes of the seed shape's weights take 384 KB, more than an SM holds,
 // so a cluster of kCs = 2 or 4 CTAs shares each tile (kCs = 1 where the
-// whole net fits one CTA; 4 where the tiles leave SMs idle with 2: each CTA
-// then has half the work of a step). CTA r keeps, big and small:
+// whole net fits one CTA; 4 while the tiles fit one wave of clusters of 4:
+// each CTA then has half the work of a step). CTA r keeps, big and small:
 //   - columns [r kOwn, (r + 1) kOwn) of every hidden layer (kOwn = H / kCs),
 //     with the layer's inner dimension permuted in blocks of kOwn: block b
 //     holds CTA r ^ b's columns, so its own come first. After a hidden layer
@@ -42,13 +42,13 @@
 // A layer first issues the products of its own block of the inner
 // dimension, then waits for the partners' blocks, so the exchange overlaps
 // the tensor cores. A CTA's buffer has one slot per partner (slot p - 1 holds
-// CTA r ^ p's data): the split cluster barrier (arrive once this CTA's
-// threads have read it, wait before writing into the partners'; ClusterLink)
-// keeps a send from overwriting data not yet read.
+// CTA r ^ p's data). With kBuffers = 2 (where they fit) exchanges use the
+// two in turn and the data dependencies keep a send from overwriting data
+// not yet read; with one, the split cluster barrier does (ClusterLink).
 // Shape envelope (host: split_shape): the bf16 kernel's (dim <= 64, hidden
 // widths <= 256, at least 2 layers) and both planes of the CTA's share, plus
 // the exchange buffer, within the shared memory (seed shape: 226 KB in
-// clusters of 2, 142 KB in clusters of 4).
+// clusters of 2; in clusters of 4 145 KB, 193 KB with two exchange buffers).
 #pragma once
 
 #include "wgmma_kernel.cuh"
@@ -56,7 +56,7 @@
 namespace ddpm_ops {
 namespace cuda_kernels {
 
-constexpr int kSplitThreads = 128;  // one warpgroup: the weights leave room for one tile's exchange only
+constexpr int kSplitThreads = 128;  // one warpgroup: the weights leave no room for a second tile's exchange
 
 // Whether a cluster of kCs reduce-scatters eps (the columns each CTA sums:
 // kEpsBlock, 8 accumulators of a thread) rather than sending every partner
