@@ -1,0 +1,70 @@
+"""The split kernel's rule, measured (CUDA, sm_90): graph-replayed gpu us per
+call of ddpm::fused_sample with the split kernel forced in clusters of 1, 2
+and 4 (`s1`, `s2`, `s4`; a size that cannot hold the net is ignored, so its
+row repeats the rule's), the rule (`auto`) and the cluster kernel forced
+(`cl`, up to batch 1024); relative error against float64 in brackets. With
+--bf16: "bf16" by the rule against the bf16 wgmma kernel forced.
+
+    python benchmarks/split_sweep.py --shapes seed small --batches 128 256 512
+    python benchmarks/split_sweep.py --bf16 --batches 512 1920
+"""
+import argparse
+import sys
+
+import torch
+
+import ddpm_ops
+from bench import TOTAL_TIMESTEPS, Clock, Sampler, capture, forced, rel_err
+
+# name: (dim, hidden, depth, steps)
+SHAPES = {"seed": (64, 256, 3, 16), "small": (12, 256, 3, 5), "h128": (32, 128, 4, 10)}
+
+
+def variants(batch, bf16):
+    """(label, environment, precision) of every run at this batch."""
+    if bf16:
+        return [("auto", {}, "bf16"), ("wgmma", {"DDPM_OPS_CUDA_KERNEL": "wgmma"}, "bf16")]
+    runs = [("auto", {}, "fp32")]
+    runs += [(f"s{size}", {"DDPM_OPS_CUDA_KERNEL": "split", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
+             for size in (1, 2, 4)]
+    if batch <= 1024:
+        runs.append(("cl", {"DDPM_OPS_CUDA_KERNEL": "cluster"}, "fp32"))
+    return runs
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
+    parser.add_argument("--batches", nargs="+", type=int, default=[128, 256, 512, 1024, 2048, 4096])
+    parser.add_argument("--bf16", action="store_true", help='"bf16": the rule against the wgmma kernel')
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("split_sweep.py needs a CUDA GPU (an sm_90 one for the split and wgmma kernels)")
+    clock = Clock("cuda")
+    for name in args.shapes:
+        dim, hidden, depth, steps = SHAPES[name]
+        torch.manual_seed(0)
+        model = Sampler(dim, hidden, depth, steps).cuda().eval()
+        weights, biases = ddpm_ops.mlp_parameters(model.eps_net)
+        for batch in args.batches:
+            x = torch.randn(batch, dim, device="cuda")
+            t = torch.randint(steps - 1, TOTAL_TIMESTEPS, (batch,), device="cuda")
+            ref = ddpm_ops.reference(x.double(), t, [w.double() for w in weights], [b.double() for b in biases],
+                                     model.sqrt_recip_alphas.double(), model.coef_eps.double(), steps,
+                                     TOTAL_TIMESTEPS)
+            row = []
+            for label, env, precision in variants(batch, args.bf16):
+                def call(p=precision):
+                    return ddpm_ops.fused_sample(x, t, weights, biases, model.sqrt_recip_alphas, model.coef_eps,
+                                                 steps, TOTAL_TIMESTEPS, precision=p)
+                with torch.inference_mode():
+                    # The kernel is chosen at capture: the graph keeps it.
+                    graph, out = forced(env, lambda: capture(call))
+                    graph.replay()
+                    us = clock.gpu_us(graph.replay, reps=5 if batch >= 8192 else 20, rounds=7)
+                row.append(f"{label} {us:6.1f} ({rel_err(out, ref):.1e})")
+            print(f"{'bf16 ' if args.bf16 else ''}{name} {batch:5d}: " + "  ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
