@@ -639,9 +639,8 @@ void launch_wgmma(const SampleArgs& a, const DeviceInfo& info, int device, cudaS
 // least time, waves of tiles times a step's, the smaller cluster on a tie:
 // clusters of 4 while the tiles fit in one wave of them, a cluster of 1
 // where the whole net fits one CTA and the tiles fill the GPU.
-// DDPM_OPS_CUDA_CLUSTER_SIZE
-// forces the cluster size where a shape of that size holds the net (and is
-// ignored elsewhere).
+// DDPM_OPS_CUDA_CLUSTER_SIZE forces the cluster size where a shape of that
+// size holds the net (and is ignored elsewhere).
 struct SplitShape {
   int own = 0;
   int cs = 0;
