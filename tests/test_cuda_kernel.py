@@ -13,9 +13,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 FP32_TOLERANCE = 1e-5
 FAST_TOLERANCE = 5e-3
 # DDPM_OPS_CUDA_KERNEL forces a variant; a tiled variant that cannot hold the
-# shape falls back to the cluster kernel, the split kernel (sm_90 only) to the
-# rule, which are also checked here.
-VARIANTS = ["cluster", "tiled16", "tiled32", "tiled64", "split", "auto"]
+# shape falls back to the cluster kernel, the split kernel (sm_90 only) and
+# the resident kernel to the rule, which are also checked here.
+VARIANTS = ["cluster", "tiled16", "tiled32", "tiled64", "split", "resident", "auto"]
 
 
 @pytest.fixture(params=VARIANTS)
@@ -199,10 +199,11 @@ def test_default_weight_copies(monkeypatch, capfd, kernel):
 @pytest.mark.parametrize("dim, hidden", [(64, [256, 256]), (12, [1024, 1024])])
 @pytest.mark.parametrize("batch", [1, 2, 5, 8, 16, 33])
 def test_small_batches_get_a_cluster_per_row(monkeypatch, capfd, batch, dim, hidden):
-    """The rule at small batch (measured fastest on the H200): every row in a
-    cluster of its own, of at least 4 CTAs, while the co-resident clusters
+    """The cluster kernel's rule at small batch (measured fastest on the H200;
+    by default the seed shape runs on the resident kernel there): every row in
+    a cluster of its own, of at least 4 CTAs, while the co-resident clusters
     allow it; on GPUs with 100+ SMs they do up to batch 8."""
-    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "cluster")
     monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
     problem = make_problem(batch, dim, hidden, 3, device="cuda")
     log = run_logged(monkeypatch, capfd, problem)
@@ -367,11 +368,11 @@ def test_bf16_outside_the_wgmma_kernel_envelope(monkeypatch, capfd, dim, hidden)
     assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
 
 
-@pytest.mark.parametrize("batch, expected", [(1, "cluster"), (264, "cluster"), (265, "split"), (1024, "split"),
+@pytest.mark.parametrize("batch, expected", [(1, "resident"), (264, "cluster"), (265, "split"), (1024, "split"),
                                              (2500, "wgmma"), (5000, "wgmma")])
 def test_bf16_rule(monkeypatch, capfd, batch, expected):
     """By default "bf16" takes the wgmma kernel from batch 265 (measured faster
-    there on the H200) and the exact cluster kernel below, but the exact split
+    there on the H200) and the exact resident and cluster kernels below, but the exact split
     kernel where that runs in clusters of 4 (faster: up to 30 tiles on the
     H200)."""
     if not has_wgmma_kernel():
@@ -419,10 +420,11 @@ def test_wgmma_kernels_misaligned_weights_and_graph_capture(precision, tolerance
     assert relative_error(captured, reference64_cuda(problem)) <= tolerance
 
 
-@pytest.mark.parametrize("kernel, precision", [("wgmma", "bf16"), ("split", "fp32")])
-def test_wgmma_kernels_opcheck(monkeypatch, kernel, precision):
+@pytest.mark.parametrize("kernel, precision, batch", [("wgmma", "bf16", 100), ("split", "fp32", 100),
+                                                     ("resident", "fp32", 5)])
+def test_kernels_opcheck(monkeypatch, kernel, precision, batch):
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
-    problem = make_problem(100, 64, [256, 256], 4, device="cuda", t_dtype=torch.int32)
+    problem = make_problem(batch, 64, [256, 256], 4, device="cuda", t_dtype=torch.int32)
     args = problem.args()
     torch.library.opcheck(torch.ops.ddpm.fused_sample.default, args, {"precision": precision})
 
@@ -517,3 +519,125 @@ def test_split_rule(monkeypatch, capfd, precision, batch, expected, cluster_size
         assert SPLIT_LOG.match(log).group(4) == str(cluster_size), log
     tolerance = FAST_TOLERANCE if expected == "wgmma" else FP32_TOLERANCE
     assert relative_error(out, reference64_cuda(problem)) <= tolerance
+
+
+RESIDENT_LOG = re.compile(r"ddpm_ops resident kernel: batch (\d+), cluster size (\d+) \((\d+) co-resident\), "
+                          r"(\d+) rows x (\d+) clusters, (\d+) outputs per warp")
+
+
+def poisoned_call(problem, precision="fp32"):
+    """The op's output most likely reuses a block of NaNs just freed (same
+    size, the caching allocator's best fit), so an element the kernel fails to
+    write reads as NaN rather than as a stale result."""
+    torch.full(problem.x.shape, float("nan"), device="cuda")
+    return ddpm_ops.fused_sample(*problem.args(), precision=precision)
+
+
+def check_resident_shape(log, batch, hidden_width):
+    """The logged shape covers the batch in one wave of clusters with the fewest
+    rows each (1, 2 or 4), and its cluster size matches its outputs per warp."""
+    match = RESIDENT_LOG.match(log)
+    assert match is not None, log
+    logged_batch, size, resident, rows, clusters, opw = (int(v) for v in match.groups())
+    assert logged_batch == batch and opw in (2, 4) and size * 8 * opw == hidden_width, log
+    assert clusters == -(-batch // rows) <= resident, log
+    assert rows == min(r for r in (1, 2, 4) if -(-batch // r) <= resident), log
+    return size, rows
+
+
+# forced: DDPM_OPS_CUDA_CLUSTER_SIZE (None: the rule); H / 16 and H / 32 are
+# the sizes the kernel has (2 or 4 outputs per warp).
+@pytest.mark.parametrize("batch, dim, hidden, num_steps, forced", [
+    (1, 64, [256, 256], 16, None),   # the seed shape
+    (1, 64, [256, 256], 16, 8),
+    (8, 64, [256, 256], 16, None),
+    (8, 64, [256, 256], 16, 16),
+    (20, 64, [256, 256], 16, 16),    # 4 rows per cluster
+    (40, 64, [256, 256], 16, None),
+    (3, 64, [256], 5, None),         # depth 2
+    (3, 64, [256], 5, 8),
+    (5, 63, [256, 256, 256], 7, None),  # depth 4
+    (5, 63, [256, 256, 256], 7, 8),
+    (7, 1, [16, 16], 4, None),       # a cluster of 1
+    (9, 12, [128, 128], 5, 4),
+    (2, 33, [96, 96, 96], 3, None),  # clusters of 6 (or 3)
+    (6, 64, [48], 9, None),          # clusters of 3
+    (4, 17, [160, 160], 30, 5),
+    (3, 64, [256, 256], 100, None),  # long chains
+])
+@pytest.mark.parametrize("t_dtype", [torch.int64, torch.int32])
+def test_resident_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forced, t_dtype):
+    """The resident kernel holds every shape of its envelope, in both cluster
+    sizes, to fp32 accuracy against float64, and writes every output."""
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "resident")
+    if forced is None:
+        monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("DDPM_OPS_CUDA_CLUSTER_SIZE", str(forced))
+    problem = make_problem(batch, dim, hidden, num_steps, device="cuda", t_dtype=t_dtype,
+                           total_timesteps=max(200, num_steps))
+    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
+    capfd.readouterr()
+    out = poisoned_call(problem)
+    (log,) = launch_logs(capfd)
+    size, _ = check_resident_shape(log, batch, hidden[0])
+    assert forced is None or size == forced, log
+    assert out.shape == (batch, dim) and out.is_contiguous()
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
+@pytest.mark.parametrize("dim, hidden", [
+    (65, [256]),              # dim beyond 64
+    (12, [512, 512]),         # hidden beyond 256
+    (64, [256, 128]),         # hidden widths differ
+    (64, [100, 100]),         # not a multiple of 16
+    (64, []),                 # no hidden layer
+    (64, [256] * 4),          # 5 layers
+])
+def test_outside_the_resident_kernel_envelope(monkeypatch, capfd, dim, hidden):
+    """Nets the resident kernel cannot hold run on the other kernels, even where it is forced."""
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "resident")
+    problem = make_problem(3, dim, hidden, 3, device="cuda")
+    log, out = logged_call(monkeypatch, capfd, problem)
+    assert not log.startswith("ddpm_ops resident kernel"), log
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("batch", [1, 2, 7, 8, 28, 29, 60, 61])
+def test_resident_rule(monkeypatch, capfd, precision, batch):
+    """By default every precision runs the seed shape's small batches on the
+    resident kernel (exact, and the fastest there on the H200) while one wave
+    of clusters holds them at 4 rows each: in clusters of 8 (15 resident on
+    the H200), which are faster than clusters of 16 at any rows."""
+    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
+    problem = make_problem(batch, 64, [256, 256], 4, device="cuda")
+    log, out = logged_call(monkeypatch, capfd, problem, precision)
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+    match = RESIDENT_LOG.match(log)
+    h200 = torch.cuda.get_device_properties(0).multi_processor_count == 132
+    if match is None:
+        assert h200 and batch > 60, log
+        return
+    size, rows = check_resident_shape(log, batch, 256)
+    if h200:
+        assert (size, rows) == {1: (8, 1), 2: (8, 1), 7: (8, 1), 8: (8, 1), 28: (8, 2), 29: (8, 2),
+                                60: (8, 4)}[batch], log
+
+
+def test_resident_kernel_out_of_range_rows_are_nan(monkeypatch):
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "resident")
+    problem = make_problem(6, 16, [64, 64], 6, device="cuda", total_timesteps=50)
+    t = problem.t_start.clone()
+    t[1] = 2             # t - 5 < 0
+    t[4] = 50            # == table length
+    t[5] = -(2 ** 63)    # INT64_MIN
+    args = list(problem.args())
+    args[1] = t
+    out = ddpm_ops.fused_sample(*args)
+    bad = torch.zeros(6, dtype=torch.bool, device="cuda")
+    bad[[1, 4, 5]] = True
+    assert torch.isnan(out[bad]).all()
+    problem.x, problem.t_start = problem.x[~bad], problem.t_start[~bad]
+    assert relative_error(out[~bad], reference64_cuda(problem)) <= FP32_TOLERANCE

@@ -27,6 +27,7 @@
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
 #include "../fused_sample.h"
 #include "fused_sample_kernels.cuh"
+#include "resident_kernel.cuh"
 #include "split_kernel.cuh"  // and wgmma_kernel.cuh
 
 #include <ATen/ATen.h>
@@ -727,6 +728,104 @@ bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info,
   return *h != 0 && a.batch >= kWgmmaMinBatch && split_shape(a, info).cs != 4;
 }
 
+// The resident kernel's shape for this call (resident_kernel.cuh): kOpw
+// outputs of every hidden layer per warp, so clusters of H / (8 kOpw) CTAs,
+// and `rows` rows per cluster (opw = 0 where it does not run the call). It
+// needs 2 to 4 layers, dim <= 64 and every hidden layer H <= 256 wide, a
+// multiple of 8 kOpw; and every cluster resident at once (a second wave
+// would double the time) with at most 4 rows each (kOpw = 2 and 4: the
+// registers; each row costs every lane its products). Of the shapes that
+// do, the fewest rows per cluster, then clusters of at most 8, then the
+// larger cluster (fewer products per lane). H200, graph-replayed gpu us,
+// seed shape, batch 1: 20.2 in clusters of 8, 26.5 in clusters of 16;
+// hidden width 128, batch 1: 17.2 in clusters of 8, 17.7 in clusters of 4.
+// DDPM_OPS_CUDA_CLUSTER_SIZE forces the cluster size where a shape of that
+// size runs the call (and is ignored elsewhere).
+struct ResidentShape {
+  int opw = 0;
+  int rows = 0;
+  int cs = 0;
+};
+
+ResidentShape resident_shape(const SampleArgs& a, const DeviceInfo& info) {
+  using cuda_kernels::kResidentWarps;
+  const int L = a.num_layers;
+  if (L < 2 || L > cuda_kernels::kResidentMaxLayers || a.dim > cuda_kernels::kResidentMaxDim) return {};
+  const int H = a.layers[0].out;
+  for (int l = 1; l + 1 < L; ++l) {
+    if (a.layers[l].out != H) return {};
+  }
+  if (H > cuda_kernels::kResidentMaxHidden) return {};
+  auto shape_of = [&](int opw) {
+    ResidentShape shape;
+    const int cs = H / (kResidentWarps * opw);
+    if (H % (kResidentWarps * opw) != 0 || cs > kMaxClusterSize || info.max_clusters[cs] == 0) return shape;
+    for (int rows : {1, 2, 4}) {
+      if ((static_cast<int64_t>(a.batch) + rows - 1) / rows <= info.max_clusters[cs]) return ResidentShape{opw, rows, cs};
+    }
+    return shape;
+  };
+  const ResidentShape narrow = shape_of(2), wide = shape_of(4);
+  const int forced_cs = forced_cluster_size(info);
+  if (forced_cs != 0 && (narrow.cs == forced_cs || wide.cs == forced_cs)) return narrow.cs == forced_cs ? narrow : wide;
+  auto better = [](const ResidentShape& p, const ResidentShape& q) {  // p before q
+    if (q.opw == 0 || p.opw == 0) return p.opw != 0;
+    if (p.rows != q.rows) return p.rows < q.rows;
+    if ((p.cs > 8) != (q.cs > 8)) return p.cs <= 8;
+    return p.cs > q.cs;
+  };
+  return better(wide, narrow) ? wide : narrow;
+}
+
+// Whether this call runs the resident kernel (shape *shape): wherever it can
+// (small batches; it is exact), at any batch where DDPM_OPS_CUDA_KERNEL=
+// resident forces it, never where it forces another kernel.
+bool use_resident(const SampleArgs& a, const DeviceInfo& info, ResidentShape* shape) {
+  *shape = resident_shape(a, info);
+  const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL");
+  return shape->opw != 0 && (forced == nullptr || std::strcmp(forced, "resident") == 0);
+}
+
+using ResidentKernel = void (*)(SampleArgs);
+
+template <int kOpw, int kRows>
+ResidentKernel resident_kernel_of_depth(int num_layers) {
+  switch (num_layers) {
+    case 2:
+      return cuda_kernels::resident_sample_kernel<kOpw, kRows, 2>;
+    case 3:
+      return cuda_kernels::resident_sample_kernel<kOpw, kRows, 3>;
+    default:
+      return cuda_kernels::resident_sample_kernel<kOpw, kRows, 4>;
+  }
+}
+
+template <int kOpw>
+ResidentKernel resident_kernel_of_rows(int rows, int num_layers) {
+  return rows == 1   ? resident_kernel_of_depth<kOpw, 1>(num_layers)
+         : rows == 2 ? resident_kernel_of_depth<kOpw, 2>(num_layers)
+                     : resident_kernel_of_depth<kOpw, 4>(num_layers);
+}
+
+void launch_resident(const SampleArgs& a, const ResidentShape& shape, const DeviceInfo& info, int device,
+                     cudaStream_t stream) {
+  const ResidentKernel kernel = shape.opw == 2 ? resident_kernel_of_rows<2>(shape.rows, a.num_layers)
+                                               : resident_kernel_of_rows<4>(shape.rows, a.num_layers);
+  const int64_t clusters = (static_cast<int64_t>(a.batch) + shape.rows - 1) / shape.rows;
+  if (log_plans()) {
+    std::fprintf(stderr,
+                 "ddpm_ops resident kernel: batch %d, cluster size %d (%d co-resident), %d rows x %lld clusters, "
+                 "%d outputs per warp\n",
+                 a.batch, shape.cs, info.max_clusters[shape.cs], shape.rows, static_cast<long long>(clusters),
+                 shape.opw);
+  }
+  prepare_kernel(kernel, device, info.max_smem, true);
+  // All of the shared memory: one CTA per multiprocessor (resident_kernel.cuh).
+  const ClusterLaunch launch(clusters, shape.cs, cuda_kernels::kResidentThreads, info.max_smem, stream);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
@@ -820,6 +919,11 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
     } else {
       launch_split<64, 4>(a, info, device, stream);
     }
+    return out;
+  }
+  ResidentShape resident;
+  if (use_resident(a, info, &resident)) {
+    launch_resident(a, resident, info, device, stream);
     return out;
   }
   const TiledChoice tiled = choose_tiled(a, info, cluster_weights_on_chip(a, info));

@@ -193,17 +193,6 @@ __device__ __forceinline__ void start_layer(float (&acc)[kChains][32], const Lay
   }
 }
 
-// v * sigmoid(v) from the hardware's approximate exp2 and reciprocal (about
-// 1e-6 relative): the bf16 rounding that follows is 500 times coarser, and
-// the exact-rounding formula costs 3x the instructions, which this kernel's
-// epilogue is bound by. Large -v: 1 / inf = 0, so v * 0 = 0, as it should.
-__device__ __forceinline__ float silu_approx(float v) {
-  float e, r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(v * -1.4426950408889634f));
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
-  return v * r;
-}
-
 // A hidden layer (kDepth deep, kH wide): out (the next layer's A fragments)
 // <- bf16(silu(in W^T + b [+ time w_t])).
 template <int kH, int kDepth>

@@ -1,12 +1,16 @@
-"""The split kernel's rule, measured (CUDA, sm_90): graph-replayed gpu us per
-call of ddpm::fused_sample with the split kernel forced in clusters of 1, 2
-and 4 (`s1`, `s2`, `s4`; a size that cannot hold the net is ignored, so its
-row repeats the rule's), the rule (`auto`) and the cluster kernel forced
-(`cl`, up to batch 1024); relative error against float64 in brackets. With
---bf16: "bf16" by the rule against the bf16 wgmma kernel forced.
+"""The kernels' rules, measured (CUDA): graph-replayed gpu us per call of
+ddpm::fused_sample by the rule (`auto`) against the kernels forced, with the
+relative error against float64 in brackets. A forced size that cannot hold
+the net is ignored, so its row repeats the rule's.
+  - default (sm_90): the split kernel in clusters of 1, 2 and 4 (`s1`, `s2`,
+    `s4`) and the cluster kernel (`cl`, up to batch 1024);
+  - --bf16: "bf16" by the rule against the bf16 wgmma kernel;
+  - --resident: the resident kernel in clusters of 16, 8 and 4 (`r16`, `r8`,
+    `r4`) and the cluster kernel.
 
-    python benchmarks/split_sweep.py --shapes seed small --batches 128 256 512
-    python benchmarks/split_sweep.py --bf16 --batches 512 1920
+    python benchmarks/sweep.py --shapes seed small --batches 128 256 512
+    python benchmarks/sweep.py --bf16 --batches 512 1920
+    python benchmarks/sweep.py --resident --batches 1 8 64
 """
 import argparse
 import sys
@@ -20,13 +24,17 @@ from bench import TOTAL_TIMESTEPS, Clock, Sampler, capture, forced, rel_err
 SHAPES = {"seed": (64, 256, 3, 16), "small": (12, 256, 3, 5), "h128": (32, 128, 4, 10)}
 
 
-def variants(batch, bf16):
+def variants(batch, mode):
     """(label, environment, precision) of every run at this batch."""
-    if bf16:
+    if mode == "bf16":
         return [("auto", {}, "bf16"), ("wgmma", {"DDPM_OPS_CUDA_KERNEL": "wgmma"}, "bf16")]
     runs = [("auto", {}, "fp32")]
-    runs += [(f"s{size}", {"DDPM_OPS_CUDA_KERNEL": "split", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
-             for size in (1, 2, 4)]
+    if mode == "resident":
+        runs += [(f"r{size}", {"DDPM_OPS_CUDA_KERNEL": "resident", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
+                 for size in (16, 8, 4)]
+    else:
+        runs += [(f"s{size}", {"DDPM_OPS_CUDA_KERNEL": "split", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
+                 for size in (1, 2, 4)]
     if batch <= 1024:
         runs.append(("cl", {"DDPM_OPS_CUDA_KERNEL": "cluster"}, "fp32"))
     return runs
@@ -36,10 +44,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
     parser.add_argument("--batches", nargs="+", type=int, default=[128, 256, 512, 1024, 2048, 4096])
-    parser.add_argument("--bf16", action="store_true", help='"bf16": the rule against the wgmma kernel')
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--bf16", action="store_true", help='"bf16": the rule against the wgmma kernel')
+    modes.add_argument("--resident", action="store_true", help="the resident kernel against the cluster kernel")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("split_sweep.py needs a CUDA GPU (an sm_90 one for the split and wgmma kernels)")
+        sys.exit("sweep.py needs a CUDA GPU (an sm_90 one for the split and wgmma kernels)")
+    mode = "bf16" if args.bf16 else ("resident" if args.resident else "split")
     clock = Clock("cuda")
     for name in args.shapes:
         dim, hidden, depth, steps = SHAPES[name]
@@ -53,7 +64,7 @@ def main():
                                      model.sqrt_recip_alphas.double(), model.coef_eps.double(), steps,
                                      TOTAL_TIMESTEPS)
             row = []
-            for label, env, precision in variants(batch, args.bf16):
+            for label, env, precision in variants(batch, mode):
                 def call(p=precision):
                     return ddpm_ops.fused_sample(x, t, weights, biases, model.sqrt_recip_alphas, model.coef_eps,
                                                  steps, TOTAL_TIMESTEPS, precision=p)
@@ -63,7 +74,7 @@ def main():
                     graph.replay()
                     us = clock.gpu_us(graph.replay, reps=5 if batch >= 8192 else 20, rounds=7)
                 row.append(f"{label} {us:6.1f} ({rel_err(out, ref):.1e})")
-            print(f"{'bf16 ' if args.bf16 else ''}{name} {batch:5d}: " + "  ".join(row), flush=True)
+            print(f"{mode} {name} {batch:5d}: " + "  ".join(row), flush=True)
 
 
 if __name__ == "__main__":
