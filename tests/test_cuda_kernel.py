@@ -535,13 +535,13 @@ def poisoned_call(problem, precision="fp32"):
 
 def check_resident_shape(log, batch, hidden_width):
     """The logged shape covers the batch in one wave of clusters with the fewest
-    rows each (1, 2 or 4), and its cluster size matches its outputs per warp."""
+    rows each (1, 2, 4 or 8), and its cluster size matches its outputs per warp."""
     match = RESIDENT_LOG.match(log)
     assert match is not None, log
     logged_batch, size, resident, rows, clusters, opw = (int(v) for v in match.groups())
     assert logged_batch == batch and opw in (2, 4) and size * 8 * opw == hidden_width, log
     assert clusters == -(-batch // rows) <= resident, log
-    assert rows == min(r for r in (1, 2, 4) if -(-batch // r) <= resident), log
+    assert rows == min(r for r in (1, 2, 4, 8) if -(-batch // r) <= resident), log
     return size, rows
 
 
@@ -554,6 +554,10 @@ def check_resident_shape(log, batch, hidden_width):
     (8, 64, [256, 256], 16, 16),
     (20, 64, [256, 256], 16, 16),    # 4 rows per cluster
     (40, 64, [256, 256], 16, None),
+    (100, 64, [256, 256], 16, None),  # 8 rows per cluster
+    (50, 64, [256, 256], 16, 16),
+    (99, 61, [256, 256, 256], 4, None),
+    (90, 5, [64], 6, None),
     (3, 64, [256], 5, None),         # depth 2
     (3, 64, [256], 5, 8),
     (5, 63, [256, 256, 256], 7, None),  # depth 4
@@ -604,11 +608,11 @@ def test_outside_the_resident_kernel_envelope(monkeypatch, capfd, dim, hidden):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
-@pytest.mark.parametrize("batch", [1, 2, 7, 8, 28, 29, 60, 61])
+@pytest.mark.parametrize("batch", [1, 2, 7, 8, 28, 29, 60, 61, 120, 121])
 def test_resident_rule(monkeypatch, capfd, precision, batch):
     """By default every precision runs the seed shape's small batches on the
     resident kernel (exact, and the fastest there on the H200) while one wave
-    of clusters holds them at 4 rows each: in clusters of 8 (15 resident on
+    of clusters holds them at 8 rows each: in clusters of 8 (15 resident on
     the H200), which are faster than clusters of 16 at any rows."""
     monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
     monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
@@ -618,12 +622,12 @@ def test_resident_rule(monkeypatch, capfd, precision, batch):
     match = RESIDENT_LOG.match(log)
     h200 = torch.cuda.get_device_properties(0).multi_processor_count == 132
     if match is None:
-        assert h200 and batch > 60, log
+        assert h200 and batch > 120, log
         return
     size, rows = check_resident_shape(log, batch, 256)
     if h200:
         assert (size, rows) == {1: (8, 1), 2: (8, 1), 7: (8, 1), 8: (8, 1), 28: (8, 2), 29: (8, 2),
-                                60: (8, 4)}[batch], log
+                                60: (8, 4), 61: (8, 8), 120: (8, 8)}[batch], log
 
 
 def test_resident_kernel_out_of_range_rows_are_nan(monkeypatch):

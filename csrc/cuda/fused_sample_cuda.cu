@@ -733,7 +733,7 @@ bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info,
 // and `rows` rows per cluster (opw = 0 where it does not run the call). It
 // needs 2 to 4 layers, dim <= 64 and every hidden layer H <= 256 wide, a
 // multiple of 8 kOpw; and every cluster resident at once (a second wave
-// would double the time) with at most 4 rows each (kOpw = 2 and 4: the
+// would double the time) with at most 8 rows each (kOpw = 2 and 4: the
 // registers; each row costs every lane its products). Of the shapes that
 // do, the fewest rows per cluster, then clusters of at most 8, then the
 // larger cluster (fewer products per lane). H200, graph-replayed gpu us,
@@ -760,7 +760,7 @@ ResidentShape resident_shape(const SampleArgs& a, const DeviceInfo& info) {
     ResidentShape shape;
     const int cs = H / (kResidentWarps * opw);
     if (H % (kResidentWarps * opw) != 0 || cs > kMaxClusterSize || info.max_clusters[cs] == 0) return shape;
-    for (int rows : {1, 2, 4}) {
+    for (int rows : {1, 2, 4, 8}) {
       if ((static_cast<int64_t>(a.batch) + rows - 1) / rows <= info.max_clusters[cs]) return ResidentShape{opw, rows, cs};
     }
     return shape;
@@ -802,9 +802,16 @@ ResidentKernel resident_kernel_of_depth(int num_layers) {
 
 template <int kOpw>
 ResidentKernel resident_kernel_of_rows(int rows, int num_layers) {
-  return rows == 1   ? resident_kernel_of_depth<kOpw, 1>(num_layers)
-         : rows == 2 ? resident_kernel_of_depth<kOpw, 2>(num_layers)
-                     : resident_kernel_of_depth<kOpw, 4>(num_layers);
+  switch (rows) {
+    case 1:
+      return resident_kernel_of_depth<kOpw, 1>(num_layers);
+    case 2:
+      return resident_kernel_of_depth<kOpw, 2>(num_layers);
+    case 4:
+      return resident_kernel_of_depth<kOpw, 4>(num_layers);
+    default:
+      return resident_kernel_of_depth<kOpw, 8>(num_layers);
+  }
 }
 
 void launch_resident(const SampleArgs& a, const ResidentShape& shape, const DeviceInfo& info, int device,

@@ -5,27 +5,30 @@
 // dot product per lane, a shuffle reduction and a trip through distributed
 // shared memory; the time is that chain's instructions (BENCHMARKS.md). So
 // this kernel keeps nothing on the chain but those: the cluster's CTAs split
-// every hidden layer's outputs, 8 kOpw columns each, and every thread holds
-// its share of the weights in registers for the whole call, loaded once. The
-// layer loop, the shapes of the register arrays and every index are compile
-// time constants; x stays in the registers of the lanes that update it.
+// every layer, CTA r owning columns [r S, r S + S) of each hidden layer (S =
+// 8 kOpw), and every thread holds its share of the weights in registers for
+// the whole call, loaded once. The layer loop, the shapes of the register
+// arrays and every index are compile-time constants.
 //
-//   - Hidden layer l (sliced): warp w of CTA r computes columns
-//     r 8 kOpw + w kOpw + o, o < kOpw, for the kRows rows; lane i takes the
-//     inner columns [4 i, 4 i + 4) and [128 + 4 i, 128 + 4 i + 4) (layer 0:
-//     [2 i, 2 i + 2) of x; its time column is added with the bias), so the
-//     float4 reads of a row are conflict-free. A transposing shuffle
-//     butterfly (reduce_transposing) leaves each output on 32 / V lanes,
-//     which share its st.async stores into every CTA of the cluster,
-//     completing on the receiver's mbarrier: the cluster kernel's exchange.
-//   - The last layer (dim columns) is computed whole by every CTA, from the
-//     exchanged hidden outputs (no exchange of eps): warp w takes columns
-//     [8 w, 8 w + 8). After the reduction each lane holds one eps of one row
-//     and updates its own copy of that x, then writes it where layer 0 reads.
-// So a step has one exchange per hidden layer and one CTA barrier.
+//   - Hidden layer l: warp w of CTA r computes columns r S + w kOpw + o,
+//     o < kOpw, for the kRows rows; lane i takes the inner columns
+//     [4 i, 4 i + 4) and [128 + 4 i, 128 + 4 i + 4) (layer 0: [2 i, 2 i + 2)
+//     of x; its time column is added with the bias), so the float4 reads of
+//     a row are conflict-free. A transposing shuffle butterfly
+//     (reduce_transposing) leaves each output on 32 / V lanes, which share
+//     its st.async stores into every CTA of the cluster, completing on the
+//     receiver's mbarrier: the cluster kernel's exchange.
+//   - The last hidden layer's outputs stay in their CTA: the last layer is
+//     split over its inner dimension. CTA r multiplies its own S columns by
+//     every column of the last layer and sends the partial eps (dim values a
+//     row) to every CTA, which adds them up in rank order (so all CTAs hold
+//     the same eps, bit for bit) and updates its copy of x. Warp w takes eps
+//     columns [8 w, 8 w + 8), 4 lanes a column, each over S / 4 inner columns.
+// So a step has one exchange per hidden layer (the last one's is of dim
+// values, not H) and two CTA barriers; each CTA does 1 / cs of the work.
 // Envelope (host: resident_shape): 2 to 4 layers, dim <= 64, every hidden
 // layer of the same width H <= 256 with H a multiple of 8 kOpw (the cluster
-// has H / (8 kOpw) CTAs).
+// has H / (8 kOpw) CTAs), at most 8 rows per cluster.
 #pragma once
 
 #include "fused_sample_kernels.cuh"
@@ -37,7 +40,8 @@ constexpr int kResidentThreads = 256;
 constexpr int kResidentWarps = kResidentThreads / 32;
 constexpr int kResidentMaxDim = 64;      // layer 0: 2 columns of x per lane; last layer: 8 outputs per warp
 constexpr int kResidentMaxHidden = 256;  // 2 float4 per lane
-constexpr int kResidentMaxLayers = 4;    // the registers of 3 hidden layers' slices and the last layer
+constexpr int kResidentMaxLayers = 4;    // the registers of 3 hidden layers' slices and the last layer's
+constexpr int kResidentMaxCluster = 16;
 
 // A lane's inner columns of a hidden layer: float4 q = lane + 32 i, i < 2 (so
 // the reads of a row are conflict-free), element j of its 8 at column
@@ -103,33 +107,31 @@ __device__ __forceinline__ void load_hidden_weights(float (&w)[C][kHiddenPerLane
 }
 
 // The shared memory of a CTA of resident_sample_kernel<kOpw, kRows, L>.
-template <int kRows>
+template <int kOpw, int kRows>
 struct ResidentBuffers {
-  float in0[kRows][kResidentMaxDim];
-  float hidden[2][kRows][kResidentMaxHidden];
-  uint64_t bars[2];
+  float x[kRows][kResidentMaxDim];  // layer 0's input, zero past dim (its time column goes with the bias)
+  float hidden[2][kRows][kResidentMaxHidden];  // exchanged hidden outputs, zero past H
+  float last[kRows][8 * kOpw];      // this CTA's columns of the last hidden layer
+  float partial[2][kResidentMaxCluster][kRows][kResidentMaxDim];  // eps partial sums, by sender
+  uint64_t bars[4];                 // hidden[0], hidden[1], partial[0], partial[1]
 };
 
 template <int kOpw, int kRows, int kLayers>
 __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(const __grid_constant__ SampleArgs a) {
   static_assert(kLayers >= 2 && kLayers <= kResidentMaxLayers, "2 to 4 layers");
   static_assert(kHiddenPerLane * 32 == kResidentMaxHidden && kInputPerLane * 32 == kResidentMaxDim, "lane split");
-  constexpr int kSliced = kLayers - 1;  // the hidden layers, split over the cluster
+  constexpr int kSliced = kLayers - 1;   // hidden layers; all but the last are exchanged
+  constexpr int kOwn = 8 * kOpw;         // hidden columns per CTA
+  constexpr int kPartialK = kOwn / 4;    // inner columns per lane of the last layer
   constexpr int kSliceV = kRows * kOpw;  // outputs of a warp's hidden-layer tile
-  constexpr int kLastV = kRows * 8;      // and of its last-layer tile
-  static_assert(kSliceV <= 32 && kLastV <= 32, "a warp's tile is at most 32 outputs");
+  static_assert(kSliceV <= 32, "a warp's tile is at most 32 outputs");
+  static_assert(kPartialK % 4 == 0, "float4 reads of the last hidden layer");
   constexpr int kSliceReplicas = 32 / kSliceV;
-  constexpr int kLastReplicas = 32 / kLastV;
-  // Layer 0's input, x and zero padding (its time column goes with the
-  // bias); the hidden outputs, alternating between two buffers across layers
-  // and steps (the cluster kernel's exchange), zero past H. The launch asks
-  // for all of the shared memory, though, so that a multiprocessor runs one
-  // CTA, as the co-resident cluster counts assume (DeviceInfo).
+  constexpr int kUpdates = (kRows * kResidentMaxDim + kResidentThreads - 1) / kResidentThreads;  // x values per thread
+  // All of the shared memory is asked for, though, so that a multiprocessor
+  // runs one CTA, as the co-resident cluster counts assume (DeviceInfo).
   extern __shared__ float4 smem_f4[];
-  ResidentBuffers<kRows>& buffers = *reinterpret_cast<ResidentBuffers<kRows>*>(smem_f4);
-  auto& in0 = buffers.in0;
-  auto& hidden = buffers.hidden;
-  auto& bars = buffers.bars;
+  ResidentBuffers<kOpw, kRows>& sh = *reinterpret_cast<ResidentBuffers<kOpw, kRows>*>(smem_f4);
 
   cg::cluster_group cluster = cg::this_cluster();
   const int cs = static_cast<int>(cluster.num_blocks());
@@ -139,12 +141,14 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
   const int row0 = static_cast<int>(blockIdx.x / cs) * kRows;
   const int dim = a.dim;
   const int H = a.layers[0].out;
-  const int n_warp = (rank * kResidentWarps + warp) * kOpw;  // this warp's first hidden column
+  const int own0 = rank * kOwn;           // this CTA's first hidden column
+  const int n_warp = own0 + warp * kOpw;  // this warp's
+  auto clamped_row = [&](int r) { return min(row0 + r, a.batch - 1); };
 
   // Every weight this thread multiplies, for the whole call.
   float w0[kOpw][kInputPerLane];
   float wh[kSliced > 1 ? kSliced - 1 : 1][kOpw][kHiddenPerLane];
-  float wl[8][kHiddenPerLane];
+  float wl[1][kPartialK];  // the last layer: column l_col, inner own0 + l_k0 onwards
 #pragma unroll
   for (int o = 0; o < kOpw; ++o) {
 #pragma unroll
@@ -155,10 +159,15 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
   }
 #pragma unroll
   for (int l = 1; l < kSliced; ++l) load_hidden_weights(wh[l - 1], a.layers[l].weight, n_warp, H, H, H, lane);
-  load_hidden_weights(wl, a.layers[kLayers - 1].weight, 8 * warp, dim, H, H, lane);
+  const int l_col = 8 * warp + lane / 4;
+  const int l_k0 = kPartialK * (lane % 4);
+#pragma unroll
+  for (int q = 0; q < kPartialK; ++q)
+    wl[0][q] = l_col < dim ? __ldg(a.layers[kLayers - 1].weight + static_cast<size_t>(l_col) * H + own0 + l_k0 + q)
+                           : 0.f;
 
-  // What a lane needs for the output it ends a layer with. Hidden layers:
-  // row s_row, column s_col, the biases and layer 0's time weight there.
+  // What a lane needs for the output it ends a hidden layer with: row s_row,
+  // column s_col, the biases and layer 0's time weight there.
   const int s_e = lane / kSliceReplicas;
   const int s_row = s_e / kOpw;
   const int s_col = n_warp + s_e % kOpw;
@@ -167,50 +176,59 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
 #pragma unroll
   for (int l = 0; l < kSliced; ++l) s_bias[l] = __ldg(a.layers[l].bias + s_col);
   const float s_time_weight = __ldg(a.layers[0].weight + static_cast<size_t>(s_col) * (dim + 1) + dim);
-  bool valid;  // set again below: the output this lane writes is the last layer's
-  const int s_t0 = load_t_start(a, min(row0 + s_row, a.batch - 1), &valid);
-  // The last layer: row l_row, column l_col of eps and x, that bias and x.
-  const int l_e = lane / kLastReplicas;
-  const int l_row = l_e / 8;
-  const int l_col = 8 * warp + l_e % 8;
-  const bool l_owner = lane % kLastReplicas == 0 && l_col < dim;  // writes that x
-  const bool l_inside = l_col < dim && row0 + l_row < a.batch;
-  const float l_bias = l_col < dim ? __ldg(a.layers[kLayers - 1].bias + l_col) : 0.f;
-  float x = l_inside ? __ldg(a.x + static_cast<size_t>(row0 + l_row) * dim + l_col) : 0.f;
-  const int l_t0 = load_t_start(a, min(row0 + l_row, a.batch - 1), &valid);
-  auto coefficient = [&](const float* table, int k) {
-    return __ldg(table + clamp_index(l_t0 - k, a.table_length));
-  };
-  float c1 = coefficient(a.sqrt_recip_alphas, 0), c2 = coefficient(a.coef_eps, 0);
+  bool unused;
+  const int s_t0 = load_t_start(a, clamped_row(s_row), &unused);
+  // And for the x values it updates: u_row[m], column u_col, the last bias,
+  // whether the row's timesteps are in range, this step's coefficients.
+  const int u_col = threadIdx.x % kResidentMaxDim;
+  const float u_bias = u_col < dim ? __ldg(a.layers[kLayers - 1].bias + u_col) : 0.f;
+  int u_row[kUpdates], u_t0[kUpdates];
+  bool u_valid[kUpdates];
+  float c1[kUpdates], c2[kUpdates];
+  auto coefficient = [&](const float* table, int t) { return __ldg(table + clamp_index(t, a.table_length)); };
+#pragma unroll
+  for (int m = 0; m < kUpdates; ++m) {
+    u_row[m] = (threadIdx.x + m * kResidentThreads) / kResidentMaxDim;
+    u_t0[m] = load_t_start(a, clamped_row(u_row[m]), &u_valid[m]);
+    c1[m] = coefficient(a.sqrt_recip_alphas, u_t0[m]);
+    c2[m] = coefficient(a.coef_eps, u_t0[m]);
+  }
+  auto updates = [&](int m) { return u_row[m] < kRows && u_col < dim; };
 
-  // Zero the buffers (padding columns are read, against zero weights).
-  for (int i = threadIdx.x; i < kRows * kResidentMaxDim; i += kResidentThreads) (&in0[0][0])[i] = 0.f;
-  for (int i = threadIdx.x; i < 2 * kRows * kResidentMaxHidden; i += kResidentThreads)
-    (&hidden[0][0][0])[i] = 0.f;
+  // Zero the layer inputs (padding columns are read, against zero weights),
+  // then the first x.
+  for (int i = threadIdx.x; i < kRows * kResidentMaxDim; i += kResidentThreads) (&sh.x[0][0])[i] = 0.f;
+  for (int i = threadIdx.x; i < 2 * kRows * kResidentMaxHidden; i += kResidentThreads) (&sh.hidden[0][0][0])[i] = 0.f;
   __syncthreads();
-  if (l_owner) in0[l_row][l_col] = x;
+#pragma unroll
+  for (int m = 0; m < kUpdates; ++m) {
+    if (updates(m) && row0 + u_row[m] < a.batch)
+      sh.x[u_row[m]][u_col] = __ldg(a.x + static_cast<size_t>(row0 + u_row[m]) * dim + u_col);
+  }
   if (threadIdx.x == 0) {
     // One arrival per phase, this CTA's own; the senders' bytes complete it.
-    mbarrier_init(&bars[0], 1);
-    mbarrier_init(&bars[1], 1);
+    for (int b = 0; b < 4; ++b) mbarrier_init(&sh.bars[b], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   // Every CTA must be running, its mbarriers initialized, before anyone sends
-  // to it; this also publishes in0.
+  // to it; this also publishes x.
   cluster.sync();
 
-  const uint32_t phase_bytes = static_cast<uint32_t>(kRows * H * sizeof(float));
-  uint32_t parity = 0;  // bit b: parity of the next phase of bars[b] to complete
-  int buffer = 0;       // the hidden buffer the next hidden layer writes
-  auto wait_for_inputs = [&](float (&in)[kRows][kHiddenPerLane]) {
-    const int b = buffer ^ 1;
-    mbarrier_wait(&bars[b], (parity >> b) & 1u);
+  // Phase parities, bit b for bars[b], of the next phase to complete.
+  uint32_t parity = 0;
+  auto wait_for = [&](int b) {
+    mbarrier_wait(&sh.bars[b], (parity >> b) & 1u);
     parity ^= 1u << b;
-    load_hidden_inputs<kRows>(in, hidden[b], lane);
   };
+  int buffer = 0;  // the hidden buffer the next exchanged layer writes
   for (int k = 0; k < a.num_steps; ++k) {
     // The next step's coefficients, in flight during this one.
-    const float next_c1 = coefficient(a.sqrt_recip_alphas, k + 1), next_c2 = coefficient(a.coef_eps, k + 1);
+    float next_c1[kUpdates], next_c2[kUpdates];
+#pragma unroll
+    for (int m = 0; m < kUpdates; ++m) {
+      next_c1[m] = coefficient(a.sqrt_recip_alphas, u_t0[m] - (k + 1));
+      next_c2[m] = coefficient(a.coef_eps, u_t0[m] - (k + 1));
+    }
     const float time = static_cast<float>(s_t0 - k) / a.total_timesteps;
 #pragma unroll
     for (int l = 0; l < kSliced; ++l) {
@@ -219,45 +237,91 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
         float in[kRows][kInputPerLane];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          const float2 p = reinterpret_cast<const float2*>(in0[r])[lane];
+          const float2 p = reinterpret_cast<const float2*>(sh.x[r])[lane];
           in[r][0] = p.x;
           in[r][1] = p.y;
         }
         resident_products<kRows, kOpw, kInputPerLane>(v, w0, in, lane);
         v[0] += fmaf(s_time_weight, time, s_bias[0]);
       } else {
+        wait_for(buffer ^ 1);
         float in[kRows][kHiddenPerLane];
-        wait_for_inputs(in);
+        load_hidden_inputs<kRows>(in, sh.hidden[buffer ^ 1], lane);
         resident_products<kRows, kOpw, kHiddenPerLane>(v, wh[l - 1], in, lane);
         v[0] += s_bias[l];
       }
       const float out = silu_approx(v[0]);
+      if (l + 1 == kSliced) {
+        if (s_replica == 0) sh.last[s_row][s_col - own0] = out;
+        break;
+      }
       // The exchange (the cluster kernel's: why no barrier guards it). This
       // CTA's own arrival announces the phase's bytes, before or after they
       // land.
-      if (threadIdx.x == 0) mbarrier_expect_local(smem_address(&bars[buffer]), phase_bytes);
-      const uint32_t at = smem_address(&hidden[buffer][s_row][s_col]);
-      const uint32_t bar = smem_address(&bars[buffer]);
+      if (threadIdx.x == 0)
+        mbarrier_expect_local(smem_address(&sh.bars[buffer]), static_cast<uint32_t>(kRows * H * sizeof(float)));
+      const uint32_t at = smem_address(&sh.hidden[buffer][s_row][s_col]);
+      const uint32_t bar = smem_address(&sh.bars[buffer]);
       for (int d = s_replica; d < cs; d += kSliceReplicas)
         st_async(cluster_address(at, d), out, cluster_address(bar, d));
       buffer ^= 1;
     }
-    float in[kRows][kHiddenPerLane];
-    wait_for_inputs(in);
-    float v[kLastV];
-    resident_products<kRows, 8, kHiddenPerLane>(v, wl, in, lane);
-    x = c1 * (x - c2 * (v[0] + l_bias));
-    c1 = next_c1;
-    c2 = next_c2;
-    // Every warp has read in0 for this step: this lane's last-layer inputs
-    // came from every warp's last hidden layer, which followed its layer 0.
-    if (l_owner) in0[l_row][l_col] = x;
+    // The last layer, this CTA's share of its inner dimension. Its partial
+    // sums go to every CTA, into a buffer by step parity: a CTA sends step
+    // k + 2's only once it has every CTA's step k + 1 partials, which each
+    // sends after adding up its step k ones.
+    __syncthreads();  // sh.last
+    const int pb = k & 1;
+    float p[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float acc = 0.f;
+#pragma unroll
+      for (int q = 0; q < kPartialK; q += 4) {
+        const float4 h = *reinterpret_cast<const float4*>(&sh.last[r][l_k0 + q]);
+        acc = fmaf(h.x, wl[0][q], acc);
+        acc = fmaf(h.y, wl[0][q + 1], acc);
+        acc = fmaf(h.z, wl[0][q + 2], acc);
+        acc = fmaf(h.w, wl[0][q + 3], acc);
+      }
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      p[r] = acc + __shfl_xor_sync(0xffffffffu, acc, 2);
+    }
+    if (threadIdx.x == 0)
+      mbarrier_expect_local(smem_address(&sh.bars[2 + pb]), static_cast<uint32_t>(cs * kRows * dim * sizeof(float)));
+    if (l_col < dim) {
+      const uint32_t at = smem_address(&sh.partial[pb][rank][0][l_col]);
+      const uint32_t bar = smem_address(&sh.bars[2 + pb]);
+      for (int d = lane % 4; d < cs; d += 4) {
+        const uint32_t remote = cluster_address(at, d), remote_bar = cluster_address(bar, d);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+          st_async(remote + static_cast<uint32_t>(r * kResidentMaxDim * sizeof(float)), p[r], remote_bar);
+      }
+    }
+    wait_for(2 + pb);
+    // x <- c1 (x - c2 eps), the same on every CTA. Every warp has read x for
+    // this step (its layer 0 came before the barrier above).
+#pragma unroll
+    for (int m = 0; m < kUpdates; ++m) {
+      if (!updates(m)) continue;
+      const int r = u_row[m];
+      float eps = 0.f;
+      for (int src = 0; src < cs; ++src) eps += sh.partial[pb][src][r][u_col];
+      sh.x[r][u_col] = c1[m] * (sh.x[r][u_col] - c2[m] * (eps + u_bias));
+      c1[m] = next_c1[m];
+      c2[m] = next_c2[m];
+    }
     __syncthreads();
   }
   // Every CTA holds the result; they share the writing by row. Nothing is in
   // flight towards this CTA: it has waited for every phase sent to it.
-  if (l_owner && l_inside && (row0 + l_row) % cs == rank)
-    a.out[static_cast<size_t>(row0 + l_row) * dim + l_col] = valid ? x : __int_as_float(0x7fc00000);
+#pragma unroll
+  for (int m = 0; m < kUpdates; ++m) {
+    const int r = u_row[m];
+    if (updates(m) && row0 + r < a.batch && (row0 + r) % cs == rank)
+      a.out[static_cast<size_t>(row0 + r) * dim + u_col] = u_valid[m] ? sh.x[r][u_col] : __int_as_float(0x7fc00000);
+  }
 }
 
 }  // namespace cuda_kernels
