@@ -1,8 +1,10 @@
 // CUDA kernel of ddpm::fused_sample: argument handling, the choice between
-// the two kernels of fused_sample_kernels.cuh, and their launch.
+// the kernels of fused_sample_kernels.cuh, wgmma_kernel.cuh, split_kernel.cuh
+// and resident_kernel.cuh, and their launch.
 //
 // Which kernel (a simple rule, from measurements on an H200; BENCHMARKS.md;
-// details at use_wgmma, use_split, choose_tiled and cluster_size_log2):
+// details at use_wgmma, use_split, use_resident, choose_tiled and
+// cluster_size_log2):
 //   - for precision "bf16", from batch kWgmmaMinBatch, the wgmma kernel of
 //     wgmma_kernel.cuh (bf16 operands, fp32 accumulation, the whole net in
 //     shared memory) where the GPU is sm_90 and the net within its envelope
@@ -11,17 +13,21 @@
 //     split_kernel.cuh (exact fp32 from bf16x3 products on wgmma, the net
 //     split over a cluster of 1, 2 or 4) where the GPU is sm_90 and the net
 //     within its envelope (split_shape);
+//   - at small batches (up to 8 rows per cluster, every cluster resident at
+//     once: seed shape, batch 120 on the H200), in any precision, the
+//     resident kernel (exact fp32, every weight in registers) where the net
+//     is within its envelope (resident_shape);
 //   - the tiled tensor-core kernel (3xTF32 for "fp32", one tf32 product for
 //     "tf32" and "bf16") from batch 768, and from batch 128 for nets whose
 //     weights the cluster kernel cannot keep on chip, when its row tile fits
 //     in shared memory;
 //   - otherwise the cluster kernel (exact fp32 on CUDA cores).
-// DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64|wgmma|split forces one
-// (wgmma only for "bf16"; wgmma and split where the net fits them, else the
-// rule decides) and
+// DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64|wgmma|split|resident
+// forces one (wgmma only for "bf16"; wgmma, split and resident where the net
+// and batch fit them, else the rule decides) and
 // DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (tests, benchmarks: 1 to 16
 // for the tiled kernel, a power of two for the cluster kernel, 1, 2 or 4
-// for the split kernel);
+// for the split kernel, H / 16 or H / 32 for the resident kernel);
 // DDPM_OPS_CUDA_TMA=0 makes the tiled kernel copy its weight chunks with
 // cp.async only (tests, benchmarks; details at use_tma);
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
