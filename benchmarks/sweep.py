@@ -5,8 +5,8 @@ the net is ignored, so its row repeats the rule's.
   - default (sm_90): the split kernel in clusters of 1, 2 and 4 (`s1`, `s2`,
     `s4`) and the cluster kernel (`cl`, up to batch 1024);
   - --bf16: "bf16" by the rule against the bf16 wgmma kernel;
-  - --resident: the resident kernel in clusters of 16, 8 and 4 (`r16`, `r8`,
-    `r4`) and the cluster kernel.
+  - --resident: the resident kernel in clusters of 16, 8, 4 and 2 (`r16`,
+    `r8`, `r4`, `r2`) and the cluster kernel.
 
     python benchmarks/sweep.py --shapes seed small --batches 128 256 512
     python benchmarks/sweep.py --bf16 --batches 512 1920
@@ -31,7 +31,7 @@ def variants(batch, mode):
     runs = [("auto", {}, "fp32")]
     if mode == "resident":
         runs += [(f"r{size}", {"DDPM_OPS_CUDA_KERNEL": "resident", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
-                 for size in (16, 8, 4)]
+                 for size in (16, 8, 4, 2)]
     else:
         runs += [(f"s{size}", {"DDPM_OPS_CUDA_KERNEL": "split", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
                  for size in (1, 2, 4)]

@@ -550,17 +550,21 @@ def check_resident_shape(log, batch, hidden_width):
     match = RESIDENT_LOG.match(log)
     assert match is not None, log
     logged_batch, size, resident, rows, clusters, opw = (int(v) for v in match.groups())
-    assert logged_batch == batch and opw in (2, 4) and size * 8 * opw == hidden_width, log
+    assert logged_batch == batch and opw in (2, 4, 16) and size * 8 * opw == hidden_width, log
     assert clusters == -(-batch // rows) <= resident, log
     assert rows == min(r for r in (1, 2, 4, 8) if -(-batch // r) <= resident), log
     return size, rows
 
 
-# forced: DDPM_OPS_CUDA_CLUSTER_SIZE (None: the rule); H / 16 and H / 32 are
-# the sizes the kernel has (2 or 4 outputs per warp).
+# forced: DDPM_OPS_CUDA_CLUSTER_SIZE (None: the rule); H / 16, H / 32 and
+# H / 128 are the sizes the kernel has (2, 4 or 16 outputs per warp).
 @pytest.mark.parametrize("batch, dim, hidden, num_steps, forced", [
     (1, 64, [256, 256], 16, None),   # the seed shape
     (1, 64, [256, 256], 16, 8),
+    (1, 64, [256, 256], 16, 2),      # 16 outputs per warp
+    (60, 64, [256, 256], 16, 2),
+    (100, 12, [256], 5, 2),          # 16 outputs per warp, 2 rows (only at depth 2: the registers)
+    (7, 9, [128, 128], 3, 1),        # 16 outputs per warp on a cluster of 1
     (8, 64, [256, 256], 16, None),
     (8, 64, [256, 256], 16, 16),
     (20, 64, [256, 256], 16, 16),    # 4 rows per cluster
@@ -582,8 +586,8 @@ def check_resident_shape(log, batch, hidden_width):
 ])
 @pytest.mark.parametrize("t_dtype", [torch.int64, torch.int32])
 def test_resident_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forced, t_dtype):
-    """The resident kernel holds every shape of its envelope, in both cluster
-    sizes, to fp32 accuracy against float64, and writes every output."""
+    """The resident kernel holds every shape of its envelope, in each of its
+    cluster sizes, to fp32 accuracy against float64, and writes every output."""
     force_kernel(monkeypatch, "resident", forced)
     problem = make_problem(batch, dim, hidden, num_steps, device="cuda", t_dtype=t_dtype,
                            total_timesteps=max(200, num_steps))
@@ -599,8 +603,10 @@ def test_resident_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forc
 def test_resident_rule(monkeypatch, capfd, precision, batch):
     """By default every precision runs the seed shape's small batches on the
     resident kernel (exact, and the fastest there on the H200) while one wave
-    of clusters holds them at 8 rows each: in clusters of 8 (15 resident on
-    the H200), which are faster than clusters of 16 at any rows."""
+    of clusters holds them at 8 rows each, in the shape with the fewest
+    products per lane: on the H200 (15 clusters of 8, 66 of 2), clusters of
+    8 with 1 to 4 rows each, then clusters of 2 with 1 row each up to batch
+    66, then clusters of 8 with 8 rows each."""
     monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
     monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
     problem = make_problem(batch, 64, [256, 256], 4, device="cuda")
@@ -614,7 +620,7 @@ def test_resident_rule(monkeypatch, capfd, precision, batch):
     size, rows = check_resident_shape(log, batch, 256)
     if h200:
         assert (size, rows) == {1: (8, 1), 2: (8, 1), 7: (8, 1), 8: (8, 1), 28: (8, 2), 29: (8, 2),
-                                60: (8, 4), 61: (8, 8), 120: (8, 8)}[batch], log
+                                60: (8, 4), 61: (2, 1), 120: (8, 8)}[batch], log
 
 
 def test_resident_kernel_out_of_range_rows_are_nan(monkeypatch):

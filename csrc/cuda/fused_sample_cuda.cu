@@ -27,7 +27,7 @@
 // and batch fit them, else the rule decides) and
 // DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (tests, benchmarks: 1 to 16
 // for the tiled kernel, a power of two for the cluster kernel, 1, 2 or 4
-// for the split kernel, H / 16 or H / 32 for the resident kernel);
+// for the split kernel, H / 16, H / 32 or H / 128 for the resident kernel);
 // DDPM_OPS_CUDA_TMA=0 makes the tiled kernel copy its weight chunks with
 // cp.async only (tests, benchmarks; details at use_tma);
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
@@ -739,12 +739,17 @@ bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info,
 // and `rows` rows per cluster (opw = 0 where it does not run the call). It
 // needs 2 to 4 layers, dim <= 64 and every hidden layer H <= 256 wide, a
 // multiple of 8 kOpw; and every cluster resident at once (a second wave
-// would double the time) with at most 8 rows each (kOpw = 2 and 4: the
-// registers; each row costs every lane its products). Of the shapes that
-// do, the fewest rows per cluster, then clusters of at most 8, then the
-// larger cluster (fewer products per lane). H200, graph-replayed gpu us,
-// seed shape, batch 1: 20.2 in clusters of 8, 26.5 in clusters of 16;
-// hidden width 128, batch 1: 17.2 in clusters of 8, 17.7 in clusters of 4.
+// would double the time) with at most 8 rows each (kOpw = 2, 4 or 16 and
+// the rows within the registers: resident_fits). Of the shapes that do, the
+// one with the fewest products per lane (rows x kOpw), clusters of 16 only
+// where no other shape runs the call, and kOpw = 4 on a tie. H200,
+// graph-replayed gpu us (BENCHMARKS.md), seed shape: batch 1 21.3 in
+// clusters of 8 (1 x 4), 25.7 in clusters of 16 (1 x 2); batch 16 25.6 in
+// clusters of 8 (2 x 4), 38.8 in clusters of 2 (1 x 16); batch 60 36.9 in
+// clusters of 8 (4 x 4), 39.4 in clusters of 2 (1 x 16); batch 64 39.5 in
+// clusters of 2 (1 x 16), 57.6 in clusters of 8 (8 x 4). Hidden width 128,
+// 4 layers, batch 16: 17.3 in clusters of 4 (1 x 4), 20.1 in clusters of 8
+// (2 x 2).
 // DDPM_OPS_CUDA_CLUSTER_SIZE forces the cluster size where a shape of that
 // size runs the call (and is ignored elsewhere).
 struct ResidentShape {
@@ -763,24 +768,29 @@ ResidentShape resident_shape(const SampleArgs& a, const DeviceInfo& info) {
   }
   if (H > cuda_kernels::kResidentMaxHidden) return {};
   auto shape_of = [&](int opw) {
-    ResidentShape shape;
     const int cs = H / (kResidentWarps * opw);
-    if (H % (kResidentWarps * opw) != 0 || cs > kMaxClusterSize || info.max_clusters[cs] == 0) return shape;
+    if (H % (kResidentWarps * opw) != 0 || cs > kMaxClusterSize || info.max_clusters[cs] == 0) return ResidentShape{};
     for (int rows : {1, 2, 4, 8}) {
-      if ((static_cast<int64_t>(a.batch) + rows - 1) / rows <= info.max_clusters[cs]) return ResidentShape{opw, rows, cs};
+      if (cuda_kernels::resident_fits(opw, rows, L) &&
+          (static_cast<int64_t>(a.batch) + rows - 1) / rows <= info.max_clusters[cs])
+        return ResidentShape{opw, rows, cs};
     }
-    return shape;
+    return ResidentShape{};
   };
-  const ResidentShape narrow = shape_of(2), wide = shape_of(4);
-  const int forced_cs = forced_cluster_size(info);
-  if (forced_cs != 0 && (narrow.cs == forced_cs || wide.cs == forced_cs)) return narrow.cs == forced_cs ? narrow : wide;
   auto better = [](const ResidentShape& p, const ResidentShape& q) {  // p before q
     if (q.opw == 0 || p.opw == 0) return p.opw != 0;
-    if (p.rows != q.rows) return p.rows < q.rows;
     if ((p.cs > 8) != (q.cs > 8)) return p.cs <= 8;
-    return p.cs > q.cs;
+    if (p.rows * p.opw != q.rows * q.opw) return p.rows * p.opw < q.rows * q.opw;
+    return p.opw == 4 && q.opw != 4;
   };
-  return better(wide, narrow) ? wide : narrow;
+  const int forced_cs = forced_cluster_size(info);
+  ResidentShape best;
+  for (int opw : {2, 4, 16}) {
+    const ResidentShape shape = shape_of(opw);
+    if (forced_cs != 0 && shape.cs == forced_cs) return shape;
+    if (better(shape, best)) best = shape;
+  }
+  return best;
 }
 
 // Whether this call runs the resident kernel (shape *shape): wherever it can
@@ -794,15 +804,26 @@ bool use_resident(const SampleArgs& a, const DeviceInfo& info, ResidentShape* sh
 
 using ResidentKernel = void (*)(SampleArgs);
 
+// The instantiation for this shape; only those that fit the registers exist
+// (resident_shape offers no other).
+template <int kOpw, int kRows, int kLayers>
+ResidentKernel resident_kernel_if_it_fits() {
+  if constexpr (cuda_kernels::resident_fits(kOpw, kRows, kLayers)) {
+    return cuda_kernels::resident_sample_kernel<kOpw, kRows, kLayers>;
+  } else {
+    return nullptr;
+  }
+}
+
 template <int kOpw, int kRows>
 ResidentKernel resident_kernel_of_depth(int num_layers) {
   switch (num_layers) {
     case 2:
-      return cuda_kernels::resident_sample_kernel<kOpw, kRows, 2>;
+      return resident_kernel_if_it_fits<kOpw, kRows, 2>();
     case 3:
-      return cuda_kernels::resident_sample_kernel<kOpw, kRows, 3>;
+      return resident_kernel_if_it_fits<kOpw, kRows, 3>();
     default:
-      return cuda_kernels::resident_sample_kernel<kOpw, kRows, 4>;
+      return resident_kernel_if_it_fits<kOpw, kRows, 4>();
   }
 }
 
@@ -822,8 +843,11 @@ ResidentKernel resident_kernel_of_rows(int rows, int num_layers) {
 
 void launch_resident(const SampleArgs& a, const ResidentShape& shape, const DeviceInfo& info, int device,
                      cudaStream_t stream) {
-  const ResidentKernel kernel = shape.opw == 2 ? resident_kernel_of_rows<2>(shape.rows, a.num_layers)
-                                               : resident_kernel_of_rows<4>(shape.rows, a.num_layers);
+  const ResidentKernel kernel = shape.opw == 2   ? resident_kernel_of_rows<2>(shape.rows, a.num_layers)
+                                : shape.opw == 4 ? resident_kernel_of_rows<4>(shape.rows, a.num_layers)
+                                                 : resident_kernel_of_rows<16>(shape.rows, a.num_layers);
+  TORCH_CHECK(kernel != nullptr, "ddpm::fused_sample: no resident kernel for ", shape.opw, " outputs per warp, ",
+              shape.rows, " rows and ", a.num_layers, " layers (internal error)");
   const int64_t clusters = (static_cast<int64_t>(a.batch) + shape.rows - 1) / shape.rows;
   if (log_plans()) {
     std::fprintf(stderr,

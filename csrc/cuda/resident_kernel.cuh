@@ -28,7 +28,8 @@
 // values, not H) and two CTA barriers; each CTA does 1 / cs of the work.
 // Envelope (host: resident_shape): 2 to 4 layers, dim <= 64, every hidden
 // layer of the same width H <= 256 with H a multiple of 8 kOpw (the cluster
-// has H / (8 kOpw) CTAs), at most 8 rows per cluster.
+// has H / (8 kOpw) CTAs; kOpw = 2, 4 or 16), at most 8 rows per cluster, and
+// the registers (resident_fits).
 #pragma once
 
 #include "fused_sample_kernels.cuh"
@@ -50,6 +51,19 @@ constexpr int kHiddenPerLane = 8;
 __device__ __forceinline__ int hidden_column(int lane, int j) { return 4 * (lane + 32 * (j / 4)) + j % 4; }
 // Layer 0's: x columns 2 lane and 2 lane + 1 (a float2).
 constexpr int kInputPerLane = 2;
+
+// Floats a thread of resident_sample_kernel<opw, rows, layers> holds in
+// registers through a hidden layer: its weights (layer 0's, the other hidden
+// layers', the last layer's), and one layer's inputs and sums. The
+// instantiations within kResidentMaxRegisterFloats compile without spills
+// (ptxas -v: 254 registers at most); the host offers only those shapes.
+__host__ __device__ constexpr int resident_register_floats(int opw, int rows, int layers) {
+  return kInputPerLane * opw + (layers - 2) * kHiddenPerLane * opw + 2 * opw + rows * kHiddenPerLane + rows * opw;
+}
+constexpr int kResidentMaxRegisterFloats = 224;
+__host__ __device__ constexpr bool resident_fits(int opw, int rows, int layers) {
+  return rows * opw <= 32 && resident_register_floats(opw, rows, layers) <= kResidentMaxRegisterFloats;
+}
 
 // The products of one warp's tile, kRows rows x C columns, each lane over its
 // kK inner columns, then the transposing reduction: on return v[0] holds
@@ -119,6 +133,7 @@ struct ResidentBuffers {
 template <int kOpw, int kRows, int kLayers>
 __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(const __grid_constant__ SampleArgs a) {
   static_assert(kLayers >= 2 && kLayers <= kResidentMaxLayers, "2 to 4 layers");
+  static_assert(resident_fits(kOpw, kRows, kLayers), "the registers");
   static_assert(kHiddenPerLane * 32 == kResidentMaxHidden && kInputPerLane * 32 == kResidentMaxDim, "lane split");
   constexpr int kSliced = kLayers - 1;   // hidden layers; all but the last are exchanged
   constexpr int kOwn = 8 * kOpw;         // hidden columns per CTA
