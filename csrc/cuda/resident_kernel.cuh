@@ -141,7 +141,7 @@ struct ResidentBuffers {
   float u_bias[kResidentMaxDim];                   // the last layer's bias
   float x[kRows][kResidentMaxDim];  // layer 0's input, zero past dim (its time column goes with the bias)
   float hidden[2][kRows][kResidentMaxHidden];  // exchanged hidden outputs, zero past H
-  float last[kRows][8 * kOpw];      // this CTA's columns of the last hidden layer
+  float last[kRows][kOwn];          // this CTA's columns of the last hidden layer
   float partial[2][kResidentMaxCluster][kRows][kResidentMaxDim];  // eps partial sums, by sender
   uint64_t bars[4];                 // hidden[0], hidden[1], partial[0], partial[1]
 };
