@@ -6,8 +6,7 @@ the net is ignored, so its row repeats the rule's.
     `s4`) and the cluster kernel (`cl`, up to batch 1024);
   - --bf16: "bf16" by the rule against the bf16 wgmma kernel;
   - --resident: the resident kernel in clusters of 16, 8, 4 and 2 (`r16`,
-    `r8`, `r4`, `r2`) of 8 warps each, the same of 16 warps (`r16w16` ...),
-    and the cluster kernel.
+    `r8`, `r4`, `r2`) and the cluster kernel.
 
     python benchmarks/sweep.py --shapes seed small --batches 128 256 512
     python benchmarks/sweep.py --bf16 --batches 512 1920
@@ -31,10 +30,8 @@ def variants(batch, mode):
         return [("auto", {}, "bf16"), ("wgmma", {"DDPM_OPS_CUDA_KERNEL": "wgmma"}, "bf16")]
     runs = [("auto", {}, "fp32")]
     if mode == "resident":
-        runs += [(f"r{size}" + ("" if warps == 8 else f"w{warps}"),
-                  {"DDPM_OPS_CUDA_KERNEL": "resident", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size),
-                   "DDPM_OPS_CUDA_RESIDENT_WARPS": str(warps)}, "fp32")
-                 for warps in (8, 16) for size in (16, 8, 4, 2)]
+        runs += [(f"r{size}", {"DDPM_OPS_CUDA_KERNEL": "resident", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
+                 for size in (16, 8, 4, 2)]
     else:
         runs += [(f"s{size}", {"DDPM_OPS_CUDA_KERNEL": "split", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
                  for size in (1, 2, 4)]

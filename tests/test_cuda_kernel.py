@@ -86,15 +86,14 @@ def logged_call(monkeypatch, capfd, problem, precision="fp32"):
     return log, out
 
 
-def force_kernel(monkeypatch, kernel, cluster_size, resident_warps=None):
-    """DDPM_OPS_CUDA_KERNEL=kernel, DDPM_OPS_CUDA_CLUSTER_SIZE=cluster_size and
-    DDPM_OPS_CUDA_RESIDENT_WARPS=resident_warps (None: the kernel's rule)."""
+def force_kernel(monkeypatch, kernel, cluster_size):
+    """DDPM_OPS_CUDA_KERNEL=kernel, and DDPM_OPS_CUDA_CLUSTER_SIZE=cluster_size
+    (None: the kernel's rule)."""
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
-    for name, value in (("DDPM_OPS_CUDA_CLUSTER_SIZE", cluster_size), ("DDPM_OPS_CUDA_RESIDENT_WARPS", resident_warps)):
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, str(value))
+    if cluster_size is None:
+        monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("DDPM_OPS_CUDA_CLUSTER_SIZE", str(cluster_size))
 
 
 def run_logged(monkeypatch, capfd, problem):
@@ -511,7 +510,7 @@ def test_split_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forced,
     ("resident", 3, 64, [100, 100]),      # not a multiple of 16
     ("resident", 3, 64, []),              # no hidden layer
     ("resident", 3, 64, [256] * 4),       # 5 layers
-    ("resident", 133, 64, [256, 256]),    # more than 2 rows per cluster of 2 (66 resident on the H200)
+    ("resident", 121, 64, [256, 256]),    # more than 8 rows per cluster of 8 (15 resident on the H200)
 ])
 def test_outside_a_kernels_envelope(monkeypatch, capfd, kernel, batch, dim, hidden):
     """Nets (and batches) the split and resident kernels cannot hold run on
@@ -520,7 +519,7 @@ def test_outside_a_kernels_envelope(monkeypatch, capfd, kernel, batch, dim, hidd
     problem = make_problem(batch, dim, hidden, 3, device="cuda")
     log, out = logged_call(monkeypatch, capfd, problem)
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
-    if batch > 132 and not is_h200():
+    if batch > 120 and not is_h200():
         return  # another GPU may hold more clusters
     assert not log.startswith(f"ddpm_ops {kernel} kernel"), log
 
@@ -548,75 +547,59 @@ def test_split_rule(monkeypatch, capfd, precision, batch, expected, cluster_size
 
 
 RESIDENT_LOG = re.compile(r"ddpm_ops resident kernel: batch (\d+), cluster size (\d+) \((\d+) co-resident\), "
-                          r"(\d+) rows x (\d+) clusters, (\d+) warps, (\d+) outputs per warp")
+                          r"(\d+) rows x (\d+) clusters, (\d+) outputs per warp")
 
 
 def check_resident_shape(log, batch, hidden_width):
     """The logged shape covers the batch in one wave of clusters with the fewest
-    rows each (1, 2, 4 or 8), and its cluster size matches its warps and their
-    outputs; returns (cluster size, rows, warps)."""
+    rows each (1, 2, 4 or 8), and its cluster size matches its outputs per warp."""
     match = RESIDENT_LOG.match(log)
     assert match is not None, log
-    logged_batch, size, resident, rows, clusters, warps, opw = (int(v) for v in match.groups())
-    assert logged_batch == batch and (warps, opw) in RESIDENT_WIDTHS and size * warps * opw == hidden_width, log
+    logged_batch, size, resident, rows, clusters, opw = (int(v) for v in match.groups())
+    assert logged_batch == batch and opw in (2, 4, 16) and size * 8 * opw == hidden_width, log
     assert clusters == -(-batch // rows) <= resident, log
     assert rows == min(r for r in (1, 2, 4, 8) if -(-batch // r) <= resident), log
-    return size, rows, warps
+    return size, rows
 
 
-# (warps, outputs per warp) of the resident kernel's CTAs.
-RESIDENT_WIDTHS = [(8, 2), (8, 4), (8, 16), (16, 2), (16, 4), (16, 8)]
-
-
-# forced: DDPM_OPS_CUDA_CLUSTER_SIZE and DDPM_OPS_CUDA_RESIDENT_WARPS (None:
-# the rule); a cluster has H / (warps x outputs per warp) CTAs.
-@pytest.mark.parametrize("batch, dim, hidden, num_steps, forced_size, forced_warps", [
-    (1, 64, [256, 256], 16, None, None),  # the seed shape
-    (1, 64, [256, 256], 16, 8, 8),
-    (1, 64, [256, 256], 16, 8, 16),       # 16 warps of 2 outputs
-    (1, 64, [256, 256], 16, 2, 8),        # 16 outputs per warp
-    (60, 64, [256, 256], 16, 2, 8),
-    (64, 64, [256, 256], 16, 2, 16),      # 16 warps of 8 outputs
-    (130, 64, [256, 256], 16, 2, None),   # 2 rows per cluster of 2
-    (40, 64, [256, 256], 16, 4, 16),      # 16 warps of 4 outputs, 2 rows
-    (100, 12, [256], 5, 2, 8),            # 16 outputs per warp, 2 rows
-    (100, 12, [256], 5, 2, 16),
-    (7, 9, [128, 128], 3, 1, 8),          # 16 outputs per warp on a cluster of 1
-    (7, 9, [128, 128], 3, 1, 16),
-    (8, 64, [256, 256], 16, None, None),
-    (8, 64, [256, 256], 16, 16, None),
-    (20, 64, [256, 256], 16, 16, None),   # 4 rows per cluster
-    (40, 64, [256, 256], 16, None, None),
-    (100, 64, [256, 256], 16, None, None),  # 8 rows per cluster
-    (50, 64, [256, 256], 16, 16, None),
-    (99, 61, [256, 256, 256], 4, None, None),
-    (90, 5, [64], 6, None, None),
-    (90, 5, [64], 6, None, 16),
-    (3, 64, [256], 5, None, None),        # depth 2
-    (3, 64, [256], 5, 8, None),
-    (5, 63, [256, 256, 256], 7, None, None),  # depth 4
-    (5, 63, [256, 256, 256], 7, 8, None),
-    (5, 63, [256, 256, 256], 7, 4, 16),
-    (7, 1, [16, 16], 4, None, None),      # a cluster of 1
-    (9, 12, [128, 128], 5, 4, None),
-    (2, 33, [96, 96, 96], 3, None, None),  # clusters of 6 (or 3)
-    (2, 33, [96, 96, 96], 3, 3, 16),
-    (6, 64, [48], 9, None, None),         # clusters of 3
-    (4, 17, [160, 160], 30, 5, None),
-    (3, 64, [256, 256], 100, None, None),  # long chains
+# forced: DDPM_OPS_CUDA_CLUSTER_SIZE (None: the rule); H / 16, H / 32 and
+# H / 128 are the sizes the kernel has (2, 4 or 16 outputs per warp).
+@pytest.mark.parametrize("batch, dim, hidden, num_steps, forced", [
+    (1, 64, [256, 256], 16, None),   # the seed shape
+    (1, 64, [256, 256], 16, 8),
+    (1, 64, [256, 256], 16, 2),      # 16 outputs per warp
+    (60, 64, [256, 256], 16, 2),
+    (100, 12, [256], 5, 2),          # 16 outputs per warp, 2 rows (only at depth 2: the registers)
+    (7, 9, [128, 128], 3, 1),        # 16 outputs per warp on a cluster of 1
+    (8, 64, [256, 256], 16, None),
+    (8, 64, [256, 256], 16, 16),
+    (20, 64, [256, 256], 16, 16),    # 4 rows per cluster
+    (40, 64, [256, 256], 16, None),
+    (100, 64, [256, 256], 16, None),  # 8 rows per cluster
+    (50, 64, [256, 256], 16, 16),
+    (99, 61, [256, 256, 256], 4, None),
+    (90, 5, [64], 6, None),
+    (3, 64, [256], 5, None),         # depth 2
+    (3, 64, [256], 5, 8),
+    (5, 63, [256, 256, 256], 7, None),  # depth 4
+    (5, 63, [256, 256, 256], 7, 8),
+    (7, 1, [16, 16], 4, None),       # a cluster of 1
+    (9, 12, [128, 128], 5, 4),
+    (2, 33, [96, 96, 96], 3, None),  # clusters of 6 (or 3)
+    (6, 64, [48], 9, None),          # clusters of 3
+    (4, 17, [160, 160], 30, 5),
+    (3, 64, [256, 256], 100, None),  # long chains
 ])
 @pytest.mark.parametrize("t_dtype", [torch.int64, torch.int32])
-def test_resident_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forced_size, forced_warps, t_dtype):
+def test_resident_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forced, t_dtype):
     """The resident kernel holds every shape of its envelope, in each of its
-    cluster sizes and widths, to fp32 accuracy against float64, and writes
-    every output."""
-    force_kernel(monkeypatch, "resident", forced_size, forced_warps)
+    cluster sizes, to fp32 accuracy against float64, and writes every output."""
+    force_kernel(monkeypatch, "resident", forced)
     problem = make_problem(batch, dim, hidden, num_steps, device="cuda", t_dtype=t_dtype,
                            total_timesteps=max(200, num_steps))
     log, out = logged_call(monkeypatch, capfd, problem)
-    size, _, warps = check_resident_shape(log, batch, hidden[0])
-    assert forced_size is None or size == forced_size, log
-    assert forced_warps is None or warps == forced_warps, log
+    size, _ = check_resident_shape(log, batch, hidden[0])
+    assert forced is None or size == forced, log
     assert out.shape == (batch, dim) and out.is_contiguous()
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 

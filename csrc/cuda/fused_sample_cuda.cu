@@ -734,16 +734,15 @@ bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info,
   return *h != 0 && a.batch >= kWgmmaMinBatch && split_shape(a, info).cs != 4;
 }
 
-// The resident kernel's shape for this call (resident_kernel.cuh): CTAs of
-// `warps` warps (8 or 16) with opw outputs of every hidden layer each, so
-// clusters of H / (warps opw) CTAs, and `rows` rows per cluster (opw = 0
-// where it does not run the call). It needs 2 to 4 layers, dim <= 64 and
-// every hidden layer H <= 256 wide, a multiple of warps opw; and every
-// cluster resident at once (a second wave would double the time) with at
-// most 8 rows each (8 warps with opw = 2, 4 or 16, 16 warps with opw 2, 4
-// or 8, and the rows within the registers: resident_fits). Of the shapes
-// that do, the one with the fewest products per lane (rows x opw), clusters
-// of 16 only where no other shape runs the call, and opw = 4 on a tie. H200,
+// The resident kernel's shape for this call (resident_kernel.cuh): kOpw
+// outputs of every hidden layer per warp, so clusters of H / (8 kOpw) CTAs,
+// and `rows` rows per cluster (opw = 0 where it does not run the call). It
+// needs 2 to 4 layers, dim <= 64 and every hidden layer H <= 256 wide, a
+// multiple of 8 kOpw; and every cluster resident at once (a second wave
+// would double the time) with at most 8 rows each (kOpw = 2, 4 or 16 and
+// the rows within the registers: resident_fits). Of the shapes that do, the
+// one with the fewest products per lane (rows x kOpw), clusters of 16 only
+// where no other shape runs the call, and kOpw = 4 on a tie. H200,
 // graph-replayed gpu us (BENCHMARKS.md), seed shape: batch 1 21.3 in
 // clusters of 8 (1 x 4), 25.7 in clusters of 16 (1 x 2); batch 16 25.6 in
 // clusters of 8 (2 x 4), 38.8 in clusters of 2 (1 x 16); batch 60 36.9 in
@@ -751,22 +750,16 @@ bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info,
 // clusters of 2 (1 x 16), 57.6 in clusters of 8 (8 x 4). Hidden width 128,
 // 4 layers, batch 16: 17.3 in clusters of 4 (1 x 4), 20.1 in clusters of 8
 // (2 x 2).
-// DDPM_OPS_CUDA_CLUSTER_SIZE and DDPM_OPS_CUDA_RESIDENT_WARPS force the
-// cluster size and the warps where a shape of them runs the call (and are
-// ignored elsewhere).
+// DDPM_OPS_CUDA_CLUSTER_SIZE forces the cluster size where a shape of that
+// size runs the call (and is ignored elsewhere).
 struct ResidentShape {
-  int warps = 0;
   int opw = 0;
   int rows = 0;
   int cs = 0;
 };
 
-int forced_resident_warps() {
-  const char* forced = std::getenv("DDPM_OPS_CUDA_RESIDENT_WARPS");
-  return forced == nullptr ? 0 : std::atoi(forced);
-}
-
 ResidentShape resident_shape(const SampleArgs& a, const DeviceInfo& info) {
+  using cuda_kernels::kResidentWarps;
   const int L = a.num_layers;
   if (L < 2 || L > cuda_kernels::kResidentMaxLayers || a.dim > cuda_kernels::kResidentMaxDim) return {};
   const int H = a.layers[0].out;
@@ -774,13 +767,13 @@ ResidentShape resident_shape(const SampleArgs& a, const DeviceInfo& info) {
     if (a.layers[l].out != H) return {};
   }
   if (H > cuda_kernels::kResidentMaxHidden) return {};
-  auto shape_of = [&](int warps, int opw) {
-    const int cs = H / (warps * opw);
-    if (H % (warps * opw) != 0 || cs > kMaxClusterSize || info.max_clusters[cs] == 0) return ResidentShape{};
+  auto shape_of = [&](int opw) {
+    const int cs = H / (kResidentWarps * opw);
+    if (H % (kResidentWarps * opw) != 0 || cs > kMaxClusterSize || info.max_clusters[cs] == 0) return ResidentShape{};
     for (int rows : {1, 2, 4, 8}) {
-      if (cuda_kernels::resident_fits(warps, opw, rows, L) &&
+      if (cuda_kernels::resident_fits(opw, rows, L) &&
           (static_cast<int64_t>(a.batch) + rows - 1) / rows <= info.max_clusters[cs])
-        return ResidentShape{warps, opw, rows, cs};
+        return ResidentShape{opw, rows, cs};
     }
     return ResidentShape{};
   };
@@ -791,13 +784,10 @@ ResidentShape resident_shape(const SampleArgs& a, const DeviceInfo& info) {
     return p.opw == 4 && q.opw != 4;
   };
   const int forced_cs = forced_cluster_size(info);
-  const int forced_warps = forced_resident_warps();
   ResidentShape best;
-  for (const auto& [warps, opw] : {std::pair{8, 2}, {8, 4}, {8, 16}, {16, 2}, {16, 4}, {16, 8}}) {
-    const ResidentShape shape = shape_of(warps, opw);
-    if ((forced_cs != 0 || forced_warps != 0) && shape.opw != 0 && (forced_cs == 0 || shape.cs == forced_cs) &&
-        (forced_warps == 0 || shape.warps == forced_warps))
-      return shape;
+  for (int opw : {2, 4, 16}) {
+    const ResidentShape shape = shape_of(opw);
+    if (forced_cs != 0 && shape.cs == forced_cs) return shape;
     if (better(shape, best)) best = shape;
   }
   return best;
@@ -816,73 +806,59 @@ using ResidentKernel = void (*)(SampleArgs);
 
 // The instantiation for this shape; only those that fit the registers exist
 // (resident_shape offers no other).
-template <int kWarps, int kOpw, int kRows, int kLayers>
+template <int kOpw, int kRows, int kLayers>
 ResidentKernel resident_kernel_if_it_fits() {
-  if constexpr (cuda_kernels::resident_fits(kWarps, kOpw, kRows, kLayers)) {
-    return cuda_kernels::resident_sample_kernel<kWarps, kOpw, kRows, kLayers>;
+  if constexpr (cuda_kernels::resident_fits(kOpw, kRows, kLayers)) {
+    return cuda_kernels::resident_sample_kernel<kOpw, kRows, kLayers>;
   } else {
     return nullptr;
   }
 }
 
-template <int kWarps, int kOpw, int kRows>
+template <int kOpw, int kRows>
 ResidentKernel resident_kernel_of_depth(int num_layers) {
   switch (num_layers) {
     case 2:
-      return resident_kernel_if_it_fits<kWarps, kOpw, kRows, 2>();
+      return resident_kernel_if_it_fits<kOpw, kRows, 2>();
     case 3:
-      return resident_kernel_if_it_fits<kWarps, kOpw, kRows, 3>();
+      return resident_kernel_if_it_fits<kOpw, kRows, 3>();
     default:
-      return resident_kernel_if_it_fits<kWarps, kOpw, kRows, 4>();
+      return resident_kernel_if_it_fits<kOpw, kRows, 4>();
   }
 }
 
-template <int kWarps, int kOpw>
+template <int kOpw>
 ResidentKernel resident_kernel_of_rows(int rows, int num_layers) {
   switch (rows) {
     case 1:
-      return resident_kernel_of_depth<kWarps, kOpw, 1>(num_layers);
+      return resident_kernel_of_depth<kOpw, 1>(num_layers);
     case 2:
-      return resident_kernel_of_depth<kWarps, kOpw, 2>(num_layers);
+      return resident_kernel_of_depth<kOpw, 2>(num_layers);
     case 4:
-      return resident_kernel_of_depth<kWarps, kOpw, 4>(num_layers);
+      return resident_kernel_of_depth<kOpw, 4>(num_layers);
     default:
-      return resident_kernel_of_depth<kWarps, kOpw, 8>(num_layers);
-  }
-}
-
-// opw: 2, 4, and 16 at 8 warps or 8 at 16 (resident_shape's candidates).
-template <int kWarps>
-ResidentKernel resident_kernel_of_width(int opw, int rows, int num_layers) {
-  constexpr int kWidest = kWarps == 8 ? 16 : 8;
-  switch (opw) {
-    case 2:
-      return resident_kernel_of_rows<kWarps, 2>(rows, num_layers);
-    case 4:
-      return resident_kernel_of_rows<kWarps, 4>(rows, num_layers);
-    default:
-      return opw == kWidest ? resident_kernel_of_rows<kWarps, kWidest>(rows, num_layers) : nullptr;
+      return resident_kernel_of_depth<kOpw, 8>(num_layers);
   }
 }
 
 void launch_resident(const SampleArgs& a, const ResidentShape& shape, const DeviceInfo& info, int device,
                      cudaStream_t stream) {
-  const ResidentKernel kernel = shape.warps == 8
-                                    ? resident_kernel_of_width<8>(shape.opw, shape.rows, a.num_layers)
-                                    : resident_kernel_of_width<16>(shape.opw, shape.rows, a.num_layers);
-  TORCH_CHECK(kernel != nullptr, "ddpm::fused_sample: no resident kernel for ", shape.warps, " warps, ", shape.opw,
-              " outputs per warp, ", shape.rows, " rows and ", a.num_layers, " layers (internal error)");
+  const ResidentKernel kernel = shape.opw == 2   ? resident_kernel_of_rows<2>(shape.rows, a.num_layers)
+                                : shape.opw == 4 ? resident_kernel_of_rows<4>(shape.rows, a.num_layers)
+                                                 : resident_kernel_of_rows<16>(shape.rows, a.num_layers);
+  TORCH_CHECK(kernel != nullptr, "ddpm::fused_sample: no resident kernel for ", shape.opw, " outputs per warp, ",
+              shape.rows, " rows and ", a.num_layers, " layers (internal error)");
   const int64_t clusters = (static_cast<int64_t>(a.batch) + shape.rows - 1) / shape.rows;
   if (log_plans()) {
     std::fprintf(stderr,
                  "ddpm_ops resident kernel: batch %d, cluster size %d (%d co-resident), %d rows x %lld clusters, "
-                 "%d warps, %d outputs per warp\n",
+                 "%d outputs per warp\n",
                  a.batch, shape.cs, info.max_clusters[shape.cs], shape.rows, static_cast<long long>(clusters),
-                 shape.warps, shape.opw);
+                 shape.opw);
   }
   prepare_kernel(kernel, device, info.max_smem, true);
   // All of the shared memory: one CTA per multiprocessor (resident_kernel.cuh).
-  const ClusterLaunch launch(clusters, shape.cs, static_cast<unsigned>(32 * shape.warps), info.max_smem, stream);
+  const ClusterLaunch launch(clusters, shape.cs, cuda_kernels::kResidentThreads, info.max_smem, stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -1,19 +1,14 @@
 // The small-batch kernel of ddpm::fused_sample (exact fp32 on CUDA cores):
-// resident_sample_kernel<kWarps, kOpw, kRows, kLayers>, every weight on chip
-// for the whole call, the hidden layers' in registers.
+// resident_sample_kernel<kOpw, kRows, kLayers>, every weight in registers.
 //
 // At a handful of rows a step is a chain of dependent layers, each one short
 // dot product per lane, a shuffle reduction and a trip through distributed
 // shared memory; the time is that chain's instructions (BENCHMARKS.md). So
 // this kernel keeps nothing on the chain but those: the cluster's CTAs split
 // every layer, CTA r owning columns [r S, r S + S) of each hidden layer (S =
-// kWarps kOpw), and every thread holds its share of the weights for the whole
-// call, loaded once: those of the hidden layers after the first in registers,
-// those of the first and the last layer (a few per lane) in shared memory,
-// laid out so that each thread reads only its own, conflict-free. That frees
-// the registers for more rows, or for 16 warps (at most 128 registers a
-// thread), which halve each warp's products. The layer loop, the shapes of
-// the register arrays and every index are compile-time constants.
+// 8 kOpw), and every thread holds its share of the weights in registers for
+// the whole call, loaded once. The layer loop, the shapes of the register
+// arrays and every index are compile-time constants.
 //
 //   - Hidden layer l: warp w of CTA r computes columns r S + w kOpw + o,
 //     o < kOpw, for the kRows rows; lane i takes the inner columns
@@ -28,15 +23,13 @@
 //     every column of the last layer and sends the partial eps (dim values a
 //     row) to every CTA, which adds them up in rank order (so all CTAs hold
 //     the same eps, bit for bit) and updates its copy of x. Warp w takes eps
-//     columns [P w, P w + P), P = 64 / kWarps, 32 / P lanes a column, each
-//     over S P / 32 inner columns.
+//     columns [8 w, 8 w + 8), 4 lanes a column, each over S / 4 inner columns.
 // So a step has one exchange per hidden layer (the last one's is of dim
 // values, not H) and two CTA barriers; each CTA does 1 / cs of the work.
 // Envelope (host: resident_shape): 2 to 4 layers, dim <= 64, every hidden
-// layer of the same width H <= 256 with H a multiple of kWarps kOpw (the
-// cluster has H / (kWarps kOpw) CTAs; 8 warps with kOpw = 2, 4 or 16, 16
-// with kOpw = 2, 4 or 8), at most 8 rows per cluster, and the registers
-// (resident_fits).
+// layer of the same width H <= 256 with H a multiple of 8 kOpw (the cluster
+// has H / (8 kOpw) CTAs; kOpw = 2, 4 or 16), at most 8 rows per cluster, and
+// the registers (resident_fits).
 #pragma once
 
 #include "fused_sample_kernels.cuh"
@@ -44,7 +37,9 @@
 namespace ddpm_ops {
 namespace cuda_kernels {
 
-constexpr int kResidentMaxDim = 64;      // layer 0: 2 columns of x per lane; last layer: 64 / kWarps outputs per warp
+constexpr int kResidentThreads = 256;
+constexpr int kResidentWarps = kResidentThreads / 32;
+constexpr int kResidentMaxDim = 64;      // layer 0: 2 columns of x per lane; last layer: 8 outputs per warp
 constexpr int kResidentMaxHidden = 256;  // 2 float4 per lane
 constexpr int kResidentMaxLayers = 4;    // the registers of 3 hidden layers' slices and the last layer's
 constexpr int kResidentMaxCluster = 16;
@@ -57,19 +52,17 @@ __device__ __forceinline__ int hidden_column(int lane, int j) { return 4 * (lane
 // Layer 0's: x columns 2 lane and 2 lane + 1 (a float2).
 constexpr int kInputPerLane = 2;
 
-// Floats a thread of resident_sample_kernel<warps, opw, rows, layers> holds
-// in registers through a hidden layer: its weights of the hidden layers
-// after the first, and one layer's inputs and sums. The instantiations
-// within resident_max_register_floats (about 30 registers below a thread's
-// share of the register file: 255 at 8 warps, 128 at 16) compile without
-// spills (ptxas -v); the host offers only those shapes.
+// Floats a thread of resident_sample_kernel<opw, rows, layers> holds in
+// registers through a hidden layer: its weights (layer 0's, the other hidden
+// layers', the last layer's), and one layer's inputs and sums. The
+// instantiations within kResidentMaxRegisterFloats compile without spills
+// (ptxas -v: 254 registers at most); the host offers only those shapes.
 __host__ __device__ constexpr int resident_register_floats(int opw, int rows, int layers) {
-  return (layers - 2) * kHiddenPerLane * opw + rows * kHiddenPerLane + rows * opw;
+  return kInputPerLane * opw + (layers - 2) * kHiddenPerLane * opw + 2 * opw + rows * kHiddenPerLane + rows * opw;
 }
-__host__ __device__ constexpr int resident_max_register_floats(int warps) { return warps == 8 ? 224 : 96; }
-__host__ __device__ constexpr bool resident_fits(int warps, int opw, int rows, int layers) {
-  return (warps == 8 || warps == 16) && rows * opw <= 32 &&
-         resident_register_floats(opw, rows, layers) <= resident_max_register_floats(warps);
+constexpr int kResidentMaxRegisterFloats = 224;
+__host__ __device__ constexpr bool resident_fits(int opw, int rows, int layers) {
+  return rows * opw <= 32 && resident_register_floats(opw, rows, layers) <= kResidentMaxRegisterFloats;
 }
 
 // The products of one warp's tile, kRows rows x C columns, each lane over its
@@ -127,46 +120,33 @@ __device__ __forceinline__ void load_hidden_weights(float (&w)[C][kHiddenPerLane
   }
 }
 
-// The shared memory of a CTA of resident_sample_kernel<kWarps, kOpw, kRows, L>.
-template <int kWarps, int kOpw, int kRows>
+// The shared memory of a CTA of resident_sample_kernel<kOpw, kRows, L>.
+template <int kOpw, int kRows>
 struct ResidentBuffers {
-  static constexpr int kOwn = kWarps * kOpw;
-  // Layer 0's weights, thread-owned: [warp kOpw + o][lane] = columns 2 lane
-  // and 2 lane + 1 of output own0 + warp kOpw + o.
-  float2 w0[kOwn][32];
-  // The last layer's, thread-owned: [q][thread] = its inner columns 4 q to
-  // 4 q + 3 (resident_sample_kernel: l_col, l_k0).
-  float4 wl[kOwn * kResidentMaxDim / (4 * 32 * kWarps)][32 * kWarps];
-  float s_param[kResidentMaxLayers][32 * kWarps];  // resident_sample_kernel: s_col's parameters
-  float u_bias[kResidentMaxDim];                   // the last layer's bias
   float x[kRows][kResidentMaxDim];  // layer 0's input, zero past dim (its time column goes with the bias)
   float hidden[2][kRows][kResidentMaxHidden];  // exchanged hidden outputs, zero past H
-  float last[kRows][kOwn];          // this CTA's columns of the last hidden layer
+  float last[kRows][8 * kOpw];      // this CTA's columns of the last hidden layer
   float partial[2][kResidentMaxCluster][kRows][kResidentMaxDim];  // eps partial sums, by sender
   uint64_t bars[4];                 // hidden[0], hidden[1], partial[0], partial[1]
 };
 
-template <int kWarps, int kOpw, int kRows, int kLayers>
-__global__ void __launch_bounds__(32 * kWarps, 1) resident_sample_kernel(const __grid_constant__ SampleArgs a) {
+template <int kOpw, int kRows, int kLayers>
+__global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(const __grid_constant__ SampleArgs a) {
   static_assert(kLayers >= 2 && kLayers <= kResidentMaxLayers, "2 to 4 layers");
-  static_assert(resident_fits(kWarps, kOpw, kRows, kLayers), "the registers");
+  static_assert(resident_fits(kOpw, kRows, kLayers), "the registers");
   static_assert(kHiddenPerLane * 32 == kResidentMaxHidden && kInputPerLane * 32 == kResidentMaxDim, "lane split");
-  constexpr int kThreads = 32 * kWarps;
   constexpr int kSliced = kLayers - 1;   // hidden layers; all but the last are exchanged
-  constexpr int kOwn = kWarps * kOpw;    // hidden columns per CTA
-  constexpr int kLastColumns = kResidentMaxDim / kWarps;  // eps columns per warp
-  constexpr int kLastLanes = 32 / kLastColumns;           // lanes per eps column
-  constexpr int kPartialK = kOwn / kLastLanes;            // inner columns per lane of the last layer
+  constexpr int kOwn = 8 * kOpw;         // hidden columns per CTA
+  constexpr int kPartialK = kOwn / 4;    // inner columns per lane of the last layer
   constexpr int kSliceV = kRows * kOpw;  // outputs of a warp's hidden-layer tile
   static_assert(kSliceV <= 32, "a warp's tile is at most 32 outputs");
   static_assert(kPartialK % 4 == 0, "float4 reads of the last hidden layer");
   constexpr int kSliceReplicas = 32 / kSliceV;
-  constexpr int kUpdates = (kRows * kResidentMaxDim + kThreads - 1) / kThreads;  // x values per thread
+  constexpr int kUpdates = (kRows * kResidentMaxDim + kResidentThreads - 1) / kResidentThreads;  // x values per thread
   // All of the shared memory is asked for, though, so that a multiprocessor
   // runs one CTA, as the co-resident cluster counts assume (DeviceInfo).
   extern __shared__ float4 smem_f4[];
-  using Buffers = ResidentBuffers<kWarps, kOpw, kRows>;
-  Buffers& sh = *reinterpret_cast<Buffers*>(smem_f4);
+  ResidentBuffers<kOpw, kRows>& sh = *reinterpret_cast<ResidentBuffers<kOpw, kRows>*>(smem_f4);
 
   cg::cluster_group cluster = cg::this_cluster();
   const int cs = static_cast<int>(cluster.num_blocks());
@@ -180,27 +160,26 @@ __global__ void __launch_bounds__(32 * kWarps, 1) resident_sample_kernel(const _
   const int n_warp = own0 + warp * kOpw;  // this warp's
   auto clamped_row = [&](int r) { return min(row0 + r, a.batch - 1); };
 
-  // Every weight this thread multiplies, for the whole call: layer 0's and
-  // the last layer's into its own places in shared memory (zero past dim),
-  // the others' into registers.
-  auto w0_at = [&](int o, int k) {
-    return k < dim ? __ldg(a.layers[0].weight + static_cast<size_t>(n_warp + o) * (dim + 1) + k) : 0.f;
-  };
-#pragma unroll
-  for (int o = 0; o < kOpw; ++o)
-    sh.w0[warp * kOpw + o][lane] = make_float2(w0_at(o, kInputPerLane * lane), w0_at(o, kInputPerLane * lane + 1));
+  // Every weight this thread multiplies, for the whole call.
+  float w0[kOpw][kInputPerLane];
   float wh[kSliced > 1 ? kSliced - 1 : 1][kOpw][kHiddenPerLane];
+  float wl[1][kPartialK];  // the last layer: column l_col, inner own0 + l_k0 onwards
+#pragma unroll
+  for (int o = 0; o < kOpw; ++o) {
+#pragma unroll
+    for (int j = 0; j < kInputPerLane; ++j) {
+      const int k = kInputPerLane * lane + j;
+      w0[o][j] = k < dim ? __ldg(a.layers[0].weight + static_cast<size_t>(n_warp + o) * (dim + 1) + k) : 0.f;
+    }
+  }
 #pragma unroll
   for (int l = 1; l < kSliced; ++l) load_hidden_weights(wh[l - 1], a.layers[l].weight, n_warp, H, H, H, lane);
-  // The last layer: column l_col, inner columns own0 + l_k0 onwards.
-  const int l_col = kLastColumns * warp + lane / kLastLanes;
-  const int l_k0 = kPartialK * (lane % kLastLanes);
-  auto wl_at = [&](int q) {
-    return l_col < dim ? __ldg(a.layers[kLayers - 1].weight + static_cast<size_t>(l_col) * H + own0 + l_k0 + q) : 0.f;
-  };
+  const int l_col = 8 * warp + lane / 4;
+  const int l_k0 = kPartialK * (lane % 4);
 #pragma unroll
-  for (int q = 0; q < kPartialK; q += 4)
-    sh.wl[q / 4][threadIdx.x] = make_float4(wl_at(q), wl_at(q + 1), wl_at(q + 2), wl_at(q + 3));
+  for (int q = 0; q < kPartialK; ++q)
+    wl[0][q] = l_col < dim ? __ldg(a.layers[kLayers - 1].weight + static_cast<size_t>(l_col) * H + own0 + l_k0 + q)
+                           : 0.f;
 
   // What a lane needs for the output it ends a hidden layer with: row s_row,
   // column s_col, the biases and layer 0's time weight there.
@@ -208,24 +187,23 @@ __global__ void __launch_bounds__(32 * kWarps, 1) resident_sample_kernel(const _
   const int s_row = s_e / kOpw;
   const int s_col = n_warp + s_e % kOpw;
   const int s_replica = lane % kSliceReplicas;
-  // They go to shared memory too (registers are short at 16 warps), thread-
-  // owned: [0] layer 0's time weight, [1 + l] hidden layer l's bias.
-  sh.s_param[0][threadIdx.x] = __ldg(a.layers[0].weight + static_cast<size_t>(s_col) * (dim + 1) + dim);
+  float s_bias[kSliced];
 #pragma unroll
-  for (int l = 0; l < kSliced; ++l) sh.s_param[1 + l][threadIdx.x] = __ldg(a.layers[l].bias + s_col);
+  for (int l = 0; l < kSliced; ++l) s_bias[l] = __ldg(a.layers[l].bias + s_col);
+  const float s_time_weight = __ldg(a.layers[0].weight + static_cast<size_t>(s_col) * (dim + 1) + dim);
   bool unused;
   const int s_t0 = load_t_start(a, clamped_row(s_row), &unused);
   // And for the x values it updates: u_row[m], column u_col, the last bias,
   // whether the row's timesteps are in range, this step's coefficients.
   const int u_col = threadIdx.x % kResidentMaxDim;
-  if (threadIdx.x < kResidentMaxDim) sh.u_bias[u_col] = u_col < dim ? __ldg(a.layers[kLayers - 1].bias + u_col) : 0.f;
+  const float u_bias = u_col < dim ? __ldg(a.layers[kLayers - 1].bias + u_col) : 0.f;
   int u_row[kUpdates], u_t0[kUpdates];
   bool u_valid[kUpdates];
   float c1[kUpdates], c2[kUpdates];
   auto coefficient = [&](const float* table, int t) { return __ldg(table + clamp_index(t, a.table_length)); };
 #pragma unroll
   for (int m = 0; m < kUpdates; ++m) {
-    u_row[m] = (threadIdx.x + m * kThreads) / kResidentMaxDim;
+    u_row[m] = (threadIdx.x + m * kResidentThreads) / kResidentMaxDim;
     u_t0[m] = load_t_start(a, clamped_row(u_row[m]), &u_valid[m]);
     c1[m] = coefficient(a.sqrt_recip_alphas, u_t0[m]);
     c2[m] = coefficient(a.coef_eps, u_t0[m]);
@@ -234,8 +212,8 @@ __global__ void __launch_bounds__(32 * kWarps, 1) resident_sample_kernel(const _
 
   // Zero the layer inputs (padding columns are read, against zero weights),
   // then the first x.
-  for (int i = threadIdx.x; i < kRows * kResidentMaxDim; i += kThreads) (&sh.x[0][0])[i] = 0.f;
-  for (int i = threadIdx.x; i < 2 * kRows * kResidentMaxHidden; i += kThreads) (&sh.hidden[0][0][0])[i] = 0.f;
+  for (int i = threadIdx.x; i < kRows * kResidentMaxDim; i += kResidentThreads) (&sh.x[0][0])[i] = 0.f;
+  for (int i = threadIdx.x; i < 2 * kRows * kResidentMaxHidden; i += kResidentThreads) (&sh.hidden[0][0][0])[i] = 0.f;
   __syncthreads();
 #pragma unroll
   for (int m = 0; m < kUpdates; ++m) {
@@ -271,27 +249,21 @@ __global__ void __launch_bounds__(32 * kWarps, 1) resident_sample_kernel(const _
     for (int l = 0; l < kSliced; ++l) {
       float v[kSliceV];
       if (l == 0) {
-        float in[kRows][kInputPerLane], w0[kOpw][kInputPerLane];
+        float in[kRows][kInputPerLane];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           const float2 p = reinterpret_cast<const float2*>(sh.x[r])[lane];
           in[r][0] = p.x;
           in[r][1] = p.y;
         }
-#pragma unroll
-        for (int o = 0; o < kOpw; ++o) {
-          const float2 p = sh.w0[warp * kOpw + o][lane];
-          w0[o][0] = p.x;
-          w0[o][1] = p.y;
-        }
         resident_products<kRows, kOpw, kInputPerLane>(v, w0, in, lane);
-        v[0] += fmaf(sh.s_param[0][threadIdx.x], time, sh.s_param[1][threadIdx.x]);
+        v[0] += fmaf(s_time_weight, time, s_bias[0]);
       } else {
         wait_for(buffer ^ 1);
         float in[kRows][kHiddenPerLane];
         load_hidden_inputs<kRows>(in, sh.hidden[buffer ^ 1], lane);
         resident_products<kRows, kOpw, kHiddenPerLane>(v, wh[l - 1], in, lane);
-        v[0] += sh.s_param[1 + l][threadIdx.x];
+        v[0] += s_bias[l];
       }
       const float out = silu_approx(v[0]);
       if (l + 1 == kSliced) {
@@ -322,22 +294,20 @@ __global__ void __launch_bounds__(32 * kWarps, 1) resident_sample_kernel(const _
 #pragma unroll
       for (int q = 0; q < kPartialK; q += 4) {
         const float4 h = *reinterpret_cast<const float4*>(&sh.last[r][l_k0 + q]);
-        const float4 w = sh.wl[q / 4][threadIdx.x];
-        acc = fmaf(h.x, w.x, acc);
-        acc = fmaf(h.y, w.y, acc);
-        acc = fmaf(h.z, w.z, acc);
-        acc = fmaf(h.w, w.w, acc);
+        acc = fmaf(h.x, wl[0][q], acc);
+        acc = fmaf(h.y, wl[0][q + 1], acc);
+        acc = fmaf(h.z, wl[0][q + 2], acc);
+        acc = fmaf(h.w, wl[0][q + 3], acc);
       }
-#pragma unroll
-      for (int o = 1; o < kLastLanes; o <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-      p[r] = acc;
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      p[r] = acc + __shfl_xor_sync(0xffffffffu, acc, 2);
     }
     if (threadIdx.x == 0)
       mbarrier_expect_local(smem_address(&sh.bars[2 + pb]), static_cast<uint32_t>(cs * kRows * dim * sizeof(float)));
     if (l_col < dim) {
       const uint32_t at = smem_address(&sh.partial[pb][rank][0][l_col]);
       const uint32_t bar = smem_address(&sh.bars[2 + pb]);
-      for (int d = lane % kLastLanes; d < cs; d += kLastLanes) {
+      for (int d = lane % 4; d < cs; d += 4) {
         const uint32_t remote = cluster_address(at, d), remote_bar = cluster_address(bar, d);
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
@@ -353,7 +323,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1) resident_sample_kernel(const _
       const int r = u_row[m];
       float eps = 0.f;
       for (int src = 0; src < cs; ++src) eps += sh.partial[pb][src][r][u_col];
-      sh.x[r][u_col] = c1[m] * (sh.x[r][u_col] - c2[m] * (eps + sh.u_bias[u_col]));
+      sh.x[r][u_col] = c1[m] * (sh.x[r][u_col] - c2[m] * (eps + u_bias));
       c1[m] = next_c1[m];
       c2[m] = next_c2[m];
     }
