@@ -629,6 +629,23 @@ def test_resident_rule(monkeypatch, capfd, precision, batch):
                                 60: (8, 4), 61: (2, 1), 120: (8, 8)}[batch], log
 
 
+@pytest.mark.parametrize("layer", [1, 2])
+def test_resident_kernel_needs_aligned_weights(monkeypatch, capfd, layer):
+    """The resident kernel reads the weights after layer 0 as float4: a weight
+    that starts off a 16-byte boundary (a view into a larger buffer) runs on
+    another kernel, even where the resident one is forced, and is right."""
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "resident")
+    problem = make_problem(3, 64, [256, 256], 4, device="cuda")
+    w = problem.weights[layer]
+    shifted = torch.randn(w.numel() + 1, device="cuda")[1:].view_as(w)
+    shifted.copy_(w)
+    assert shifted.data_ptr() % 16 != 0
+    problem.weights[layer] = shifted
+    log, out = logged_call(monkeypatch, capfd, problem)
+    assert not log.startswith("ddpm_ops resident kernel"), log
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
 def test_resident_kernel_out_of_range_rows_are_nan(monkeypatch):
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "resident")
     problem = make_problem(6, 16, [64, 64], 6, device="cuda", total_timesteps=50)

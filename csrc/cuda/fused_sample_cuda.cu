@@ -738,7 +738,8 @@ bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info,
 // outputs of every hidden layer per warp, so clusters of H / (8 kOpw) CTAs,
 // and `rows` rows per cluster (opw = 0 where it does not run the call). It
 // needs 2 to 4 layers, dim <= 64 and every hidden layer H <= 256 wide, a
-// multiple of 8 kOpw; and every cluster resident at once (a second wave
+// multiple of 8 kOpw; the weights of every layer but the first 16-byte
+// aligned (as torch allocates them); and every cluster resident at once (a second wave
 // would double the time) with at most 8 rows each (kOpw = 2, 4 or 16 and
 // the rows within the registers: resident_fits). Of the shapes that do, the
 // one with the fewest products per lane (rows x kOpw), clusters of 16 only
@@ -767,6 +768,9 @@ ResidentShape resident_shape(const SampleArgs& a, const DeviceInfo& info) {
     if (a.layers[l].out != H) return {};
   }
   if (H > cuda_kernels::kResidentMaxHidden) return {};
+  for (int l = 1; l < L; ++l) {
+    if (reinterpret_cast<uintptr_t>(a.layers[l].weight) % 16 != 0) return {};
+  }
   auto shape_of = [&](int opw) {
     const int cs = H / (kResidentWarps * opw);
     if (H % (kResidentWarps * opw) != 0 || cs > kMaxClusterSize || info.max_clusters[cs] == 0) return ResidentShape{};

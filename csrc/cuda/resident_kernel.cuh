@@ -28,7 +28,8 @@
 // values, not H) and two CTA barriers; each CTA does 1 / cs of the work.
 // Envelope (host: resident_shape): 2 to 4 layers, dim <= 64, every hidden
 // layer of the same width H <= 256 with H a multiple of 8 kOpw (the cluster
-// has H / (8 kOpw) CTAs; kOpw = 2, 4 or 16), at most 8 rows per cluster, and
+// has H / (8 kOpw) CTAs; kOpw = 2, 4 or 16), the weights of every layer but
+// the first 16-byte aligned (float4 loads), at most 8 rows per cluster, and
 // the registers (resident_fits).
 #pragma once
 
@@ -105,17 +106,25 @@ __device__ __forceinline__ void load_hidden_inputs(float (&in)[kRows][kHiddenPer
   }
 }
 
-// w[o][j] <- weight[n0 + o][hidden_column(lane, j)] (row stride ld), zero past
-// the K inner columns or the `rows` rows.
+// w[o][j] <- weight[n0 + o][hidden_column(lane, j)] (row stride ld, rows
+// 16-byte aligned), zero past the K inner columns (K % 4 == 0): two float4
+// loads an output. The whole call's weights load once, at its start, where
+// scalar loads and their addresses had been the largest part of the time
+// (seed batch 64, clusters of 2: about 14 of 40 us, BENCHMARKS.md).
 template <int C>
 __device__ __forceinline__ void load_hidden_weights(float (&w)[C][kHiddenPerLane], const float* weight, int n0,
-                                                    int rows, int K, int ld, int lane) {
+                                                    int K, int ld, int lane) {
 #pragma unroll
   for (int o = 0; o < C; ++o) {
+    const float4* row = reinterpret_cast<const float4*>(weight + static_cast<size_t>(n0 + o) * ld);
 #pragma unroll
-    for (int j = 0; j < kHiddenPerLane; ++j) {
-      const int k = hidden_column(lane, j);
-      w[o][j] = n0 + o < rows && k < K ? __ldg(weight + static_cast<size_t>(n0 + o) * ld + k) : 0.f;
+    for (int i = 0; i < kHiddenPerLane / 4; ++i) {
+      const int q = lane + 32 * i;
+      const float4 v = q < K / 4 ? __ldg(row + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+      w[o][4 * i] = v.x;
+      w[o][4 * i + 1] = v.y;
+      w[o][4 * i + 2] = v.z;
+      w[o][4 * i + 3] = v.w;
     }
   }
 }
@@ -173,13 +182,19 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
     }
   }
 #pragma unroll
-  for (int l = 1; l < kSliced; ++l) load_hidden_weights(wh[l - 1], a.layers[l].weight, n_warp, H, H, H, lane);
+  for (int l = 1; l < kSliced; ++l) load_hidden_weights(wh[l - 1], a.layers[l].weight, n_warp, H, H, lane);
   const int l_col = 8 * warp + lane / 4;
   const int l_k0 = kPartialK * (lane % 4);
+  const float4* l_row = reinterpret_cast<const float4*>(a.layers[kLayers - 1].weight + static_cast<size_t>(l_col) * H +
+                                                        own0 + l_k0);
 #pragma unroll
-  for (int q = 0; q < kPartialK; ++q)
-    wl[0][q] = l_col < dim ? __ldg(a.layers[kLayers - 1].weight + static_cast<size_t>(l_col) * H + own0 + l_k0 + q)
-                           : 0.f;
+  for (int q = 0; q < kPartialK; q += 4) {
+    const float4 v = l_col < dim ? __ldg(l_row + q / 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    wl[0][q] = v.x;
+    wl[0][q + 1] = v.y;
+    wl[0][q + 2] = v.z;
+    wl[0][q + 3] = v.w;
+  }
 
   // What a lane needs for the output it ends a hidden layer with: row s_row,
   // column s_col, the biases and layer 0's time weight there.
