@@ -604,18 +604,31 @@ def test_resident_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forc
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
+# The H200's resident shapes (cluster size, rows) at the seed shape, for calls
+# of fewer than 8 steps and of 8 or more.
+RESIDENT_RULE_H200 = {
+    4: {1: (8, 1), 2: (8, 1), 7: (8, 1), 8: (8, 1), 28: (8, 2), 29: (8, 2), 30: (8, 2), 31: (8, 4), 60: (8, 4),
+        61: (2, 1), 120: (8, 8)},
+    16: {1: (8, 1), 2: (8, 1), 7: (8, 1), 8: (8, 1), 28: (8, 2), 29: (8, 2), 30: (8, 2), 31: (2, 1), 60: (2, 1),
+         61: (2, 1), 120: (8, 8)},
+}
+
+
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
-@pytest.mark.parametrize("batch", [1, 2, 7, 8, 28, 29, 60, 61, 120, 121])
-def test_resident_rule(monkeypatch, capfd, precision, batch):
+@pytest.mark.parametrize("num_steps", [4, 16])
+@pytest.mark.parametrize("batch", [1, 2, 7, 8, 28, 29, 30, 31, 60, 61, 120, 121])
+def test_resident_rule(monkeypatch, capfd, precision, num_steps, batch):
     """By default every precision runs the seed shape's small batches on the
     resident kernel (exact, and the fastest there on the H200) while one wave
     of clusters holds them at 8 rows each, in the shape with the fewest
     products per lane: on the H200 (15 clusters of 8, 66 of 2), clusters of
     8 with 1 to 4 rows each, then clusters of 2 with 1 row each up to batch
-    66, then clusters of 8 with 8 rows each."""
+    66, then clusters of 8 with 8 rows each. Where 4 rows in clusters of 8
+    tie with 1 row in clusters of 2, a call of 8 steps or more takes the
+    latter, a shorter one the former."""
     monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
     monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
-    problem = make_problem(batch, 64, [256, 256], 4, device="cuda")
+    problem = make_problem(batch, 64, [256, 256], num_steps, device="cuda")
     log, out = logged_call(monkeypatch, capfd, problem, precision)
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
     match = RESIDENT_LOG.match(log)
@@ -625,8 +638,7 @@ def test_resident_rule(monkeypatch, capfd, precision, batch):
         return
     size, rows = check_resident_shape(log, batch, 256)
     if h200:
-        assert (size, rows) == {1: (8, 1), 2: (8, 1), 7: (8, 1), 8: (8, 1), 28: (8, 2), 29: (8, 2),
-                                60: (8, 4), 61: (2, 1), 120: (8, 8)}[batch], log
+        assert (size, rows) == RESIDENT_RULE_H200[num_steps][batch], log
 
 
 @pytest.mark.parametrize("layer", [1, 2])

@@ -739,20 +739,27 @@ bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info,
 // and `rows` rows per cluster (opw = 0 where it does not run the call). It
 // needs 2 to 4 layers, dim <= 64 and every hidden layer H <= 256 wide, a
 // multiple of 8 kOpw; the weights of every layer but the first 16-byte
-// aligned (as torch allocates them); and every cluster resident at once (a second wave
-// would double the time) with at most 8 rows each (kOpw = 2, 4 or 16 and
-// the rows within the registers: resident_fits). Of the shapes that do, the
-// one with the fewest products per lane (rows x kOpw), clusters of 16 only
-// where no other shape runs the call, and kOpw = 4 on a tie. H200,
-// graph-replayed gpu us (BENCHMARKS.md), seed shape: batch 1 21.3 in
-// clusters of 8 (1 x 4), 25.7 in clusters of 16 (1 x 2); batch 16 25.6 in
-// clusters of 8 (2 x 4), 38.8 in clusters of 2 (1 x 16); batch 60 36.9 in
-// clusters of 8 (4 x 4), 39.4 in clusters of 2 (1 x 16); batch 64 39.5 in
-// clusters of 2 (1 x 16), 57.6 in clusters of 8 (8 x 4). Hidden width 128,
-// 4 layers, batch 16: 17.3 in clusters of 4 (1 x 4), 20.1 in clusters of 8
-// (2 x 2).
+// aligned (as torch allocates them); and every cluster resident at once (a
+// second wave would double the time) with at most 8 rows each (kOpw = 2, 4
+// or 16 and the rows within the registers: resident_fits). Of the shapes
+// that do, the one with the fewest products per lane (rows x kOpw),
+// clusters of 16 only where no other shape runs the call; on a tie, for
+// calls of at least kResidentManySteps steps the fewer rows per cluster
+// (each step is cheaper), for shorter ones the fewer outputs per warp (fewer
+// weights to load per CTA: about 6 us at 16 outputs per warp). H200,
+// graph-replayed gpu us (BENCHMARKS.md), seed shape (16 steps): batch 1
+// 20.6 in clusters of 8 (1 x 4), 25.1 in clusters of 16 (1 x 2); batch 16
+// 25.2 in clusters of 8 (2 x 4), 31.6 in clusters of 2 (1 x 16); batch 60
+// 36.2 in clusters of 8 (4 x 4), 32.2 in clusters of 2 (1 x 16); batch 64
+// 32.3 in clusters of 2, 56.6 in clusters of 8 (8 x 4). Dim 12 (5 steps),
+// batch 60: 12.0 in clusters of 8 (4 x 4), 13.4 in clusters of 2 (1 x 16).
+// Hidden width 128, 4 layers, 10 steps, batch 16 (at a53176e, before the
+// float4 weight loads): 17.3 in clusters of 4 (1 x 4), 20.1 in clusters of
+// 8 (2 x 2).
 // DDPM_OPS_CUDA_CLUSTER_SIZE forces the cluster size where a shape of that
 // size runs the call (and is ignored elsewhere).
+constexpr int kResidentManySteps = 8;
+
 struct ResidentShape {
   int opw = 0;
   int rows = 0;
@@ -781,11 +788,11 @@ ResidentShape resident_shape(const SampleArgs& a, const DeviceInfo& info) {
     }
     return ResidentShape{};
   };
-  auto better = [](const ResidentShape& p, const ResidentShape& q) {  // p before q
+  auto better = [&](const ResidentShape& p, const ResidentShape& q) {  // p before q
     if (q.opw == 0 || p.opw == 0) return p.opw != 0;
     if ((p.cs > 8) != (q.cs > 8)) return p.cs <= 8;
     if (p.rows * p.opw != q.rows * q.opw) return p.rows * p.opw < q.rows * q.opw;
-    return p.opw == 4 && q.opw != 4;
+    return a.num_steps >= kResidentManySteps ? p.rows < q.rows : p.opw < q.opw;
   };
   const int forced_cs = forced_cluster_size(info);
   ResidentShape best;
