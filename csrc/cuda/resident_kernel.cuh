@@ -305,18 +305,15 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
     float p[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      // Four chains, not one: at 16 outputs per warp a lane's 32 products
-      // would be 32 dependent FMAs, all warps waiting on them at once.
-      float acc4[4] = {0.f, 0.f, 0.f, 0.f};
+      float acc = 0.f;
 #pragma unroll
       for (int q = 0; q < kPartialK; q += 4) {
         const float4 h = *reinterpret_cast<const float4*>(&sh.last[r][l_k0 + q]);
-        acc4[0] = fmaf(h.x, wl[0][q], acc4[0]);
-        acc4[1] = fmaf(h.y, wl[0][q + 1], acc4[1]);
-        acc4[2] = fmaf(h.z, wl[0][q + 2], acc4[2]);
-        acc4[3] = fmaf(h.w, wl[0][q + 3], acc4[3]);
+        acc = fmaf(h.x, wl[0][q], acc);
+        acc = fmaf(h.y, wl[0][q + 1], acc);
+        acc = fmaf(h.z, wl[0][q + 2], acc);
+        acc = fmaf(h.w, wl[0][q + 3], acc);
       }
-      float acc = (acc4[0] + acc4[1]) + (acc4[2] + acc4[3]);
       acc += __shfl_xor_sync(0xffffffffu, acc, 1);
       p[r] = acc + __shfl_xor_sync(0xffffffffu, acc, 2);
     }
