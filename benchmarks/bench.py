@@ -207,6 +207,9 @@ def run_table(name, cfg, args, clock, device):
                 for size in (1, 2, 4):  # (a size that cannot hold the net is ignored)
                     variants[f"split-c{size}"] = ({"DDPM_OPS_CUDA_KERNEL": "split",
                                                    "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
+                for size in (16, 8, 4, 2):  # the resident kernel's sizes (H / 16, H / 32, H / 128)
+                    variants[f"resident-c{size}"] = ({"DDPM_OPS_CUDA_KERNEL": "resident",
+                                                      "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
                 for key, (env, precision) in variants.items():
                     extras[key] = (lambda e, p: lambda: forced(e, lambda: fused(p)))(env, precision)
         trivial = lambda: x + 1  # noqa: E731
