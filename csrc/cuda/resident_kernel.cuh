@@ -23,7 +23,11 @@
 //     every column of the last layer and sends the partial eps (dim values a
 //     row) to every CTA, which adds them up in rank order (so all CTAs hold
 //     the same eps, bit for bit) and updates its copy of x. Warp w takes eps
-//     columns [8 w, 8 w + 8), 4 lanes a column, each over S / 4 inner columns.
+//     columns [8 w, 8 w + 8), 4 lanes a column, each over S / 4 inner columns:
+//     float4 blocks g, g + 4, ... of the CTA's S (g = lane % 4), so that the
+//     four lanes' reads of a row fall in different banks (contiguous
+//     quarters were a 4-way conflict at S = 128: at seed batch 64 the last
+//     layer held a quarter of the stall samples, waiting on those reads).
 // So a step has one exchange per hidden layer (the last one's is of dim
 // values, not H) and two CTA barriers; each CTA does 1 / cs of the work.
 // Envelope (host: resident_shape): 2 to 4 layers, dim <= 64, every hidden
@@ -172,7 +176,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
   // Every weight this thread multiplies, for the whole call.
   float w0[kOpw][kInputPerLane];
   float wh[kSliced > 1 ? kSliced - 1 : 1][kOpw][kHiddenPerLane];
-  float wl[1][kPartialK];  // the last layer: column l_col, inner own0 + l_k0 onwards
+  float wl[1][kPartialK];  // the last layer: column l_col, inner float4 blocks l_group + 4 m
 #pragma unroll
   for (int o = 0; o < kOpw; ++o) {
 #pragma unroll
@@ -184,12 +188,12 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
 #pragma unroll
   for (int l = 1; l < kSliced; ++l) load_hidden_weights(wh[l - 1], a.layers[l].weight, n_warp, H, H, lane);
   const int l_col = 8 * warp + lane / 4;
-  const int l_k0 = kPartialK * (lane % 4);
-  const float4* l_row = reinterpret_cast<const float4*>(a.layers[kLayers - 1].weight + static_cast<size_t>(l_col) * H +
-                                                        own0 + l_k0);
+  const int l_group = lane % 4;  // float4 blocks l_group + 4 m of this CTA's columns
+  const float4* l_row =
+      reinterpret_cast<const float4*>(a.layers[kLayers - 1].weight + static_cast<size_t>(l_col) * H + own0) + l_group;
 #pragma unroll
   for (int q = 0; q < kPartialK; q += 4) {
-    const float4 v = l_col < dim ? __ldg(l_row + q / 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 v = l_col < dim ? __ldg(l_row + q) : make_float4(0.f, 0.f, 0.f, 0.f);
     wl[0][q] = v.x;
     wl[0][q + 1] = v.y;
     wl[0][q + 2] = v.z;
@@ -308,7 +312,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
       float acc = 0.f;
 #pragma unroll
       for (int q = 0; q < kPartialK; q += 4) {
-        const float4 h = *reinterpret_cast<const float4*>(&sh.last[r][l_k0 + q]);
+        const float4 h = reinterpret_cast<const float4*>(sh.last[r])[l_group + q];
         acc = fmaf(h.x, wl[0][q], acc);
         acc = fmaf(h.y, wl[0][q + 1], acc);
         acc = fmaf(h.z, wl[0][q + 2], acc);
