@@ -747,12 +747,15 @@ bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info,
 // calls of at least kResidentManySteps steps the fewer rows per cluster
 // (each step is cheaper), for shorter ones the fewer outputs per warp (fewer
 // weights to load per CTA: about 6 us at 16 outputs per warp). H200,
-// graph-replayed gpu us (BENCHMARKS.md), seed shape (16 steps): batch 1
-// 20.6 in clusters of 8 (1 x 4), 25.1 in clusters of 16 (1 x 2); batch 16
-// 25.2 in clusters of 8 (2 x 4), 31.6 in clusters of 2 (1 x 16); batch 60
-// 36.2 in clusters of 8 (4 x 4), 32.2 in clusters of 2 (1 x 16); batch 64
-// 32.3 in clusters of 2, 56.6 in clusters of 8 (8 x 4). Dim 12 (5 steps),
-// batch 60: 12.0 in clusters of 8 (4 x 4), 13.4 in clusters of 2 (1 x 16).
+// graph-replayed gpu us (BENCHMARKS.md, session 14), seed shape (16
+// steps): batch 1 20.6 in clusters of 8 (1 x 4), 25.1 in clusters of 16
+// (1 x 2); batch 16 25.2 in clusters of 8 (2 x 4), 31.6 in clusters of 2
+// (1 x 16); batch 60 36.2 in clusters of 8 (4 x 4), 32.2 in clusters of 2
+// (1 x 16; 25.9 since the last layer's reads lost their bank conflicts);
+// batch 64 26.0 in clusters of 2, 56.9 in clusters of 8 (8 x 4). Dim 12
+// (5 steps), batch 60: 12.0 in clusters of 8 (4 x 4), 13.4 in clusters of
+// 2 (1 x 16; since then 11.8 and 11.3: the short-call tie may now go the
+// other way, BENCHMARKS.md's leads).
 // Hidden width 128, 4 layers, 10 steps, batch 16 (at a53176e, before the
 // float4 weight loads): 17.3 in clusters of 4 (1 x 4), 20.1 in clusters of
 // 8 (2 x 2).
