@@ -65,7 +65,12 @@ def fused_sample(
             same error as plain fp32); elsewhere, from batch 768 (from batch
             128 for nets whose weights do not fit on chip, such as hidden
             width 1024), the tiled kernel takes three TF32 products (3xTF32);
-            otherwise plain fp32 FMAs.
+            otherwise plain fp32 FMAs: at small batches (seed shape up to
+            batch 120 on an H200), for nets of 2 to 4 Linear layers with
+            dim <= 64 and equal hidden widths <= 256 (a multiple of 16) whose
+            weights after the first layer are 16-byte aligned (as torch
+            allocates them), with every weight in registers; else with the
+            weights in shared memory or L2.
             ``"tf32"`` and ``"bf16"`` opt into faster paths on CUDA, with
             relative error up to 5e-3 allowed. ``"tf32"``: one TF32 product
             instead of three wherever the tiled kernel runs (measured 0.7e-5 to
@@ -78,8 +83,8 @@ def fused_sample(
             of the seed shape about 3x faster than fp32), except where the
             split kernel runs in clusters of 4 (up to about 1900 rows at the
             seed shape on an H200), which is exact and faster there, and runs
-            that; elsewhere ``"bf16"`` runs as ``"tf32"``. Everywhere else, and on the CPU, the op computes in fp32 whatever
-            is asked.
+            that; elsewhere ``"bf16"`` runs as ``"tf32"``. Everywhere else,
+            and on the CPU, the op computes in fp32 whatever is asked.
 
     Returns:
         A new contiguous ``(batch, dim)`` float32 tensor; inputs are never
