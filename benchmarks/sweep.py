@@ -6,11 +6,15 @@ the net is ignored, so its row repeats the rule's.
     `s4`) and the cluster kernel (`cl`, up to batch 1024);
   - --bf16: "bf16" by the rule against the bf16 wgmma kernel;
   - --resident: the resident kernel in clusters of 16, 8, 4 and 2 (`r16`,
-    `r8`, `r4`, `r2`) and the cluster kernel.
+    `r8`, `r4`, `r2`) and the cluster kernel;
+  - --narrow: the narrow kernel in clusters of C with tiles of R rows
+    (`nCxR`, C = 1, 2, 4, R = 8, 16, 24, 32) against the split kernel in
+    clusters of 2 and 4.
 
     python benchmarks/sweep.py --shapes seed small --batches 128 256 512
     python benchmarks/sweep.py --bf16 --batches 512 1920
     python benchmarks/sweep.py --resident --batches 1 8 64
+    python benchmarks/sweep.py --narrow --batches 256 512
 """
 import argparse
 import sys
@@ -32,6 +36,12 @@ def variants(batch, mode):
     if mode == "resident":
         runs += [(f"r{size}", {"DDPM_OPS_CUDA_KERNEL": "resident", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
                  for size in (16, 8, 4, 2)]
+    elif mode == "narrow":
+        runs += [(f"s{size}", {"DDPM_OPS_CUDA_KERNEL": "split", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
+                 for size in (2, 4)]
+        runs += [(f"n{size}x{rows}", {"DDPM_OPS_CUDA_KERNEL": "narrow", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size),
+                                      "DDPM_OPS_CUDA_TILE_ROWS": str(rows)}, "fp32")
+                 for size in (1, 2, 4) for rows in (8, 16, 24, 32)]
     else:
         runs += [(f"s{size}", {"DDPM_OPS_CUDA_KERNEL": "split", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
                  for size in (1, 2, 4)]
@@ -47,10 +57,11 @@ def main():
     modes = parser.add_mutually_exclusive_group()
     modes.add_argument("--bf16", action="store_true", help='"bf16": the rule against the wgmma kernel')
     modes.add_argument("--resident", action="store_true", help="the resident kernel against the cluster kernel")
+    modes.add_argument("--narrow", action="store_true", help="the narrow kernel against the split kernel")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("sweep.py needs a CUDA GPU (an sm_90 one for the split and wgmma kernels)")
-    mode = "bf16" if args.bf16 else ("resident" if args.resident else "split")
+        sys.exit("sweep.py needs a CUDA GPU (an sm_90 one for the split, narrow and wgmma kernels)")
+    mode = next((m for m in ("bf16", "resident", "narrow") if getattr(args, m)), "split")
     clock = Clock("cuda")
     for name in args.shapes:
         dim, hidden, depth, steps = SHAPES[name]

@@ -13,9 +13,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 FP32_TOLERANCE = 1e-5
 FAST_TOLERANCE = 5e-3
 # DDPM_OPS_CUDA_KERNEL forces a variant; a tiled variant that cannot hold the
-# shape falls back to the cluster kernel, the split kernel (sm_90 only) and
+# shape falls back to the cluster kernel, the split and narrow kernels (sm_90 only) and
 # the resident kernel to the rule, which are also checked here.
-VARIANTS = ["cluster", "tiled16", "tiled32", "tiled64", "split", "resident", "auto"]
+VARIANTS = ["cluster", "tiled16", "tiled32", "tiled64", "split", "narrow", "resident", "auto"]
 
 
 @pytest.fixture(params=VARIANTS)
@@ -499,11 +499,67 @@ def test_split_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forced,
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
+NARROW_LOG = re.compile(r"ddpm_ops narrow kernel: batch (\d+), (\d+) rows x (\d+) tiles on (\d+) clusters of "
+                        r"(\d+), hidden width (\d+), (\d+) columns per CTA, \d+ bytes shared memory")
+
+
+# cluster_size, rows: forced (DDPM_OPS_CUDA_CLUSTER_SIZE, DDPM_OPS_CUDA_TILE_ROWS),
+# and so expected, at every tile height whose shape fits in shared memory;
+# own: the columns per CTA of the cheapest shape of that cluster size.
+NARROW_CASES = [
+    (1, 64, [256, 256], 16, 4, 64, [8, 16, 24, 32]),    # the seed shape: one tile, mostly padding
+    (512, 64, [256, 256], 16, 4, 64, [8, 16, 24, 32]),
+    (512, 64, [256, 256], 16, 2, 128, [8]),             # 195 KB of weights a CTA: only 8-row tiles fit
+    (1000, 64, [256, 256], 7, 4, 64, [8, 32]),          # partial last tiles, several tiles per cluster
+    (1000, 64, [256, 256], 7, 2, 128, [8]),
+    (9, 64, [256, 200], 20, 4, 64, [8, 16, 24, 32]),    # padded columns
+    (300, 12, [256], 5, 4, 64, [8, 16, 24, 32]),        # depth 2: only the partial eps is exchanged
+    (300, 12, [256], 5, 2, 128, [8, 16, 24, 32]),
+    (200, 40, [192, 150], 6, 2, 128, [8]),              # padded to 256
+    (100, 64, [256, 256, 256], 5, 4, 64, [8, 16]),      # two hidden layers exchanged per step
+    (65, 63, [128, 128, 128, 128], 3, 2, 64, [8, 16, 24, 32]),  # three
+    (70, 64, [128, 128, 128], 7, 1, 128, [8, 16]),      # the whole net on one CTA
+    (70, 64, [128, 128, 128], 7, 4, 64, [8, 16]),       # padded to 256
+    (130, 33, [100, 37], 4, 2, 64, [8, 16, 24, 32]),    # odd widths, padded with zero weights
+    (130, 33, [100, 37], 4, 1, 128, [8, 16, 24, 32]),
+    (77, 1, [64, 64], 3, 1, 64, [8, 16, 24, 32]),
+]
+
+
+@pytest.mark.parametrize("batch, dim, hidden, num_steps, cluster_size, own, rows", [
+    case[:-1] + (rows,) for case in NARROW_CASES for rows in case[-1]])
+def test_narrow_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, cluster_size, own, rows):
+    """The narrow kernel holds every shape of its envelope, in every cluster
+    size and tile height, to fp32 accuracy against float64 (int32 t_start
+    where the tile height is 16, int64 elsewhere)."""
+    if not has_wgmma_kernel():
+        pytest.skip("the narrow kernel needs an sm_90 GPU")
+    force_kernel(monkeypatch, "narrow", cluster_size)
+    monkeypatch.setenv("DDPM_OPS_CUDA_TILE_ROWS", str(rows))
+    problem = make_problem(batch, dim, hidden, num_steps, device="cuda",
+                           t_dtype=torch.int32 if rows == 16 else torch.int64,
+                           total_timesteps=max(200, num_steps))
+    log, out = logged_call(monkeypatch, capfd, problem)
+    match = NARROW_LOG.match(log)
+    assert match is not None, log
+    tiles = -(-batch // rows)
+    logged_batch, logged_rows, logged_tiles, clusters, size, width, columns = (int(v) for v in match.groups())
+    assert (logged_batch, logged_rows, logged_tiles, size, width, columns) == (
+        batch, rows, tiles, cluster_size, own * cluster_size, own), log
+    assert 0 < clusters <= tiles, log
+    assert out.shape == (batch, dim) and out.is_contiguous()
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
 @pytest.mark.parametrize("kernel, batch, dim, hidden", [
     ("split", 300, 65, [256]),            # dim beyond 64
     ("split", 300, 12, [1024, 1024]),     # hidden beyond 256
     ("split", 300, 64, []),               # no hidden layer
     ("split", 300, 64, [256] * 4),        # 272 KB of a cluster of 4's share: more than shared memory
+    ("narrow", 300, 65, [256]),           # dim beyond 64
+    ("narrow", 300, 12, [1024, 1024]),    # hidden beyond 256
+    ("narrow", 300, 64, []),              # no hidden layer
+    ("narrow", 300, 64, [256] * 4),       # more than shared memory in clusters of 4
     ("resident", 3, 65, [256]),           # dim beyond 64
     ("resident", 3, 12, [512, 512]),      # hidden beyond 256
     ("resident", 3, 64, [256, 128]),      # hidden widths differ
@@ -513,7 +569,7 @@ def test_split_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forced,
     ("resident", 121, 64, [256, 256]),    # more than 8 rows per cluster of 8 (15 resident on the H200)
 ])
 def test_outside_a_kernels_envelope(monkeypatch, capfd, kernel, batch, dim, hidden):
-    """Nets (and batches) the split and resident kernels cannot hold run on
+    """Nets (and batches) the split, narrow and resident kernels cannot hold run on
     the other kernels, even where one is forced."""
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
     problem = make_problem(batch, dim, hidden, 3, device="cuda")

@@ -34,7 +34,7 @@
 #include "../fused_sample.h"
 #include "fused_sample_kernels.cuh"
 #include "resident_kernel.cuh"
-#include "split_kernel.cuh"  // and wgmma_kernel.cuh
+#include "narrow_kernel.cuh"  // and split_kernel.cuh, wgmma_kernel.cuh
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -721,6 +721,114 @@ bool use_split(const SampleArgs& a, const DeviceInfo& info, SplitShape* shape) {
   return shape->own != 0 && a.batch >= kSplitMinBatch;
 }
 
+// The narrow kernel's shape for this call (narrow_kernel.cuh): kOwn columns
+// of each hidden layer per CTA in clusters of cs, tiles of `rows` rows (own =
+// 0 where it cannot run the net). It needs the split kernel's envelope and
+// the CTA's share within the shared memory. Of the shapes that hold the net
+// it takes the one with the least time, waves of tiles times a step's
+// (narrow_step_cost). DDPM_OPS_CUDA_CLUSTER_SIZE and DDPM_OPS_CUDA_TILE_ROWS
+// force the cluster size and the tile's rows where a shape of them holds the
+// net (and are ignored elsewhere).
+struct NarrowShape {
+  int own = 0;
+  int cs = 0;
+  int rows = 0;
+};
+
+// A step's time per wave, relative (placeholder until measured).
+int64_t narrow_step_cost(const NarrowShape& s) { return s.own + 96 + 2 * s.rows; }
+
+NarrowShape narrow_shape(const SampleArgs& a, const DeviceInfo& info) {
+  if (!info.wgmma || a.num_layers < 2 || a.dim > cuda_kernels::kWgmmaDimPad) return {};
+  int widest = 0;
+  for (int l = 0; l + 1 < a.num_layers; ++l) widest = std::max(widest, a.layers[l].out);
+  const int forced_cs = forced_cluster_size(info);
+  const char* forced_rows_env = std::getenv("DDPM_OPS_CUDA_TILE_ROWS");
+  const int forced_rows = forced_rows_env != nullptr ? std::atoi(forced_rows_env) : 0;
+  auto best_shape = [&](int only_cs, int only_rows) {
+    NarrowShape best;
+    int64_t best_work = 0;
+    for (const auto own_cs : {std::pair<int, int>{64, 1}, {128, 1}, {64, 2}, {128, 2}, {64, 4}}) {
+      for (int rows : {8, 16, 24, 32}) {
+        const NarrowShape shape{own_cs.first, own_cs.second, rows};
+        const cuda_kernels::NarrowLayout layout{shape.own, shape.cs, a.num_layers, rows};
+        const int clusters = info.max_clusters[shape.cs];
+        if (layout.hidden() < widest || layout.bytes() + cuda_kernels::kWgmmaAlign > info.max_smem ||
+            clusters == 0)
+          continue;
+        if ((only_cs != 0 && shape.cs != only_cs) || (only_rows != 0 && rows != only_rows)) continue;
+        const int64_t tiles = (static_cast<int64_t>(a.batch) + rows - 1) / rows;
+        const int64_t work = (tiles + clusters - 1) / clusters * narrow_step_cost(shape);
+        if (best.own == 0 || work < best_work) {
+          best = shape;
+          best_work = work;
+        }
+      }
+    }
+    return best;
+  };
+  const NarrowShape forced = forced_cs != 0 || forced_rows != 0 ? best_shape(forced_cs, forced_rows) : NarrowShape{};
+  return forced.own != 0 ? forced : best_shape(0, 0);
+}
+
+template <int kOwn, int kCs, int kN>
+void launch_narrow(const SampleArgs& a, const DeviceInfo& info, int device, cudaStream_t stream) {
+  const cuda_kernels::NarrowLayout layout{kOwn, kCs, a.num_layers, kN};
+  const int64_t tiles = (static_cast<int64_t>(a.batch) + kN - 1) / kN;
+  const int64_t clusters = std::min<int64_t>(info.max_clusters[kCs], tiles);
+  const int smem = cuda_kernels::wgmma_request(layout, info.max_smem);
+  auto kernel = cuda_kernels::narrow_sample_kernel<kOwn, kCs, kN>;
+  prepare_kernel(kernel, device, info.max_smem, true);
+  if (log_plans()) {
+    std::fprintf(stderr,
+                 "ddpm_ops narrow kernel: batch %d, %d rows x %lld tiles on %lld clusters of %d, "
+                 "hidden width %d, %d columns per CTA, %d bytes shared memory\n",
+                 a.batch, kN, static_cast<long long>(tiles), static_cast<long long>(clusters), kCs,
+                 layout.hidden(), kOwn, smem);
+  }
+  const ClusterLaunch launch(clusters, kCs, cuda_kernels::kNarrowThreads, smem, stream);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, a));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <int kOwn, int kCs>
+void launch_narrow_rows(const SampleArgs& a, int rows, const DeviceInfo& info, int device, cudaStream_t stream) {
+  switch (rows) {
+    case 8:
+      return launch_narrow<kOwn, kCs, 8>(a, info, device, stream);
+    case 16:
+      return launch_narrow<kOwn, kCs, 16>(a, info, device, stream);
+    case 24:
+      return launch_narrow<kOwn, kCs, 24>(a, info, device, stream);
+    default:
+      return launch_narrow<kOwn, kCs, 32>(a, info, device, stream);
+  }
+}
+
+void launch_narrow_shape(const SampleArgs& a, const NarrowShape& s, const DeviceInfo& info, int device,
+                         cudaStream_t stream) {
+  if (s.cs == 1) {
+    if (s.own == 64) return launch_narrow_rows<64, 1>(a, s.rows, info, device, stream);
+    return launch_narrow_rows<128, 1>(a, s.rows, info, device, stream);
+  }
+  if (s.cs == 2) {
+    if (s.own == 64) return launch_narrow_rows<64, 2>(a, s.rows, info, device, stream);
+    return launch_narrow_rows<128, 2>(a, s.rows, info, device, stream);
+  }
+  launch_narrow_rows<64, 4>(a, s.rows, info, device, stream);
+}
+
+// Whether this call runs the narrow kernel (shape *shape): at any batch
+// where DDPM_OPS_CUDA_KERNEL=narrow forces it (placeholder rule: from batch
+// kSplitMinBatch while one wave of its tiles holds the batch).
+bool use_narrow(const SampleArgs& a, const DeviceInfo& info, NarrowShape* shape) {
+  *shape = narrow_shape(a, info);
+  const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL");
+  if (forced != nullptr) return shape->own != 0 && std::strcmp(forced, "narrow") == 0;
+  return shape->own != 0 && a.batch >= kSplitMinBatch &&
+         (a.batch + shape->rows - 1) / shape->rows <= info.max_clusters[shape->cs];
+}
+
 // Whether this call runs the wgmma kernel (with hidden width *h): for "bf16"
 // from batch kWgmmaMinBatch wherever it can, but where the split kernel runs
 // in clusters of 4 (its tiles in one wave of them), which is exact and faster
@@ -951,6 +1059,11 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
       default:
         launch_wgmma<256>(a, info, device, stream);
     }
+    return out;
+  }
+  NarrowShape narrow;
+  if (use_narrow(a, info, &narrow)) {
+    launch_narrow_shape(a, narrow, info, device, stream);
     return out;
   }
   SplitShape split;

@@ -357,8 +357,9 @@ __device__ __forceinline__ void finish_hidden_layer(float (&acc)[kChains][32], u
 }
 
 // Copies this CTA's share of the net into shared memory: both planes of its
-// weights (zero wherever the padding reaches), its biases and time column.
-template <int kOwn, int kCs>
+// weights (zero wherever the padding reaches), its biases and time column;
+// with kScatter x's, eps's and layer 0's inner blocks of kEpsBlock permuted.
+template <int kOwn, int kCs, bool kScatter = kScatterEps<kCs>>
 __device__ __forceinline__ void stage_split_net(const SampleArgs& a, const SplitLayout& lay, char* smem, int rank) {
   const int L = a.num_layers;
   float* bias = reinterpret_cast<float*>(smem + lay.bias_offset());
@@ -376,11 +377,11 @@ __device__ __forceinline__ void stage_split_net(const SampleArgs& a, const Split
     if (l > 0) {
       tile.k_block = kOwn;
       tile.k_xor = rank;
-    } else if (kScatterEps<kCs>) {  // x's blocks permuted
+    } else if (kScatter) {  // x's blocks permuted
       tile.k_block = kEpsBlock;
       tile.k_xor = rank;
     }
-    if (last && kScatterEps<kCs>) {  // eps's blocks permuted
+    if (last && kScatter) {  // eps's blocks permuted
       tile.row_block = kEpsBlock;
       tile.row_xor = rank;
     }
