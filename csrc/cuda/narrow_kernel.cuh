@@ -121,30 +121,44 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, ui
 template <int kN, int kBlock>
 struct BTile {
   uint32_t base;  // shared-memory address
-  // Plane `plane` of k-block kb (16 deep).
-  __device__ __forceinline__ uint32_t at(int kb, int plane) const {
-    const int kk = 16 * kb, block = kk / kBlock, within = kk % kBlock;
-    return base + block * 4 * kBlock * kN + plane * 2 * kBlock * kN + (within / 64) * kN * 128 + (within % 64) / 16 * 32;
+  // Where plane `plane` of k-block kb (16 deep) starts, from base.
+  static constexpr uint32_t offset(int kb, int plane) {
+    return (16 * kb / kBlock) * 4 * kBlock * kN + plane * 2 * kBlock * kN + (16 * kb % kBlock / 64) * kN * 128 +
+           (16 * kb % 64) / 16 * 32;
   }
 };
 
+// A matrix descriptor (wgmma_descriptor) is a constant high word and a low
+// word that grows by 1 every 16 bytes of the address (shared memory is far
+// below the 256 KB where it would carry): the descriptors of a tile's parts
+// are its base's low word plus constants, not each one masked and shifted
+// again (that took 6 instructions per wgmma, most of a step's).
+__device__ __forceinline__ uint32_t descriptor_low(uint32_t addr) {
+  return static_cast<uint32_t>(wgmma_descriptor(addr));
+}
+__device__ __forceinline__ uint64_t descriptor_at(uint32_t low, uint32_t bytes) {
+  return (wgmma_descriptor(0) & 0xFFFFFFFF00000000ull) | (low + (bytes >> 4));
+}
+
 // acc[m * kKSplit + kb % kKSplit] += A rows [64 m, 64 (m + 1)) of the weights
-// (planes at w_big, w_small, w_rows rows, swizzled blocks of 64 deep) times
-// k-blocks [kKb0, kKb1) of the B tile, three products each.
-template <int kN, int kM, int kKSplit, int kKb0, int kKb1, int kBlock>
+// (planes from descriptor low words w_big, w_small; kWRows rows, swizzled
+// blocks of 64 deep) times k-blocks [kKb0, kKb1) of the B tile whose base
+// has descriptor low word `in`, three products each.
+template <int kN, int kM, int kKSplit, int kKb0, int kKb1, int kBlock, int kWRows>
 __device__ __forceinline__ void issue_narrow_products(float (&acc)[kM * kKSplit][kN / 2], uint32_t w_big,
-                                                      uint32_t w_small, int w_rows, const BTile<kN, kBlock>& in) {
+                                                      uint32_t w_small, uint32_t in) {
+  using Tile = BTile<kN, kBlock>;
   wgmma_fence();
 #pragma unroll
   for (int kb = kKb0; kb < kKb1; ++kb) {
-    const uint64_t b_big = wgmma_descriptor(in.at(kb, 0)), b_small = wgmma_descriptor(in.at(kb, 1));
+    const uint64_t b_big = descriptor_at(in, Tile::offset(kb, 0)), b_small = descriptor_at(in, Tile::offset(kb, 1));
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
-      const uint32_t at = (kb / 4) * w_rows * 128 + m * 64 * 128 + (kb % 4) * 32;
+      const uint32_t at = (kb / 4) * kWRows * 128 + m * 64 * 128 + (kb % 4) * 32;
       float(&d)[kN / 2] = acc[m * kKSplit + kb % kKSplit];
-      wgmma_ss<kN>(d, wgmma_descriptor(w_big + at), b_big);
-      wgmma_ss<kN>(d, wgmma_descriptor(w_big + at), b_small);
-      wgmma_ss<kN>(d, wgmma_descriptor(w_small + at), b_big);
+      wgmma_ss<kN>(d, descriptor_at(w_big, at), b_big);
+      wgmma_ss<kN>(d, descriptor_at(w_big, at), b_small);
+      wgmma_ss<kN>(d, descriptor_at(w_small, at), b_big);
     }
   }
   wgmma_commit();
@@ -222,8 +236,8 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, q = lane % 4;
   const int L = a.num_layers, dim = a.dim;
-  auto big_plane = [&](int l) { return base + wl.weight_offset(l); };
-  auto small_plane = [&](int l) { return base + wl.weight_offset(l) + wl.plane_bytes(l); };
+  auto big_plane = [&](int l) { return descriptor_low(base + wl.weight_offset(l)); };
+  auto small_plane = [&](int l) { return descriptor_low(base + wl.weight_offset(l) + wl.plane_bytes(l)); };
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + lay.barrier_offset());
   const BTile<kN, 64> x_tile{base + lay.x_offset()};
   const BTile<kN, kOwn> last_in{base + lay.last_in_offset()};
@@ -309,16 +323,17 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
       float acc[kM * 2][kV];
       start_layer(acc, l, tn);
       if (l == 0) {
-        issue_narrow_products<kN, kM, 2, 0, kWgmmaDimPad / 16>(acc, big_plane(0), small_plane(0), kOwn, x_tile);
+        issue_narrow_products<kN, kM, 2, 0, kWgmmaDimPad / 16, 64, kOwn>(acc, big_plane(0), small_plane(0),
+                                                                       descriptor_low(x_tile.base));
       } else {
         const int b = (exchanges - 1) % lay.act_buffers();
-        const BTile<kN, kOwn> in = act(b);
-        issue_narrow_products<kN, kM, 2, 0, kOwn / 16>(acc, big_plane(l), small_plane(l), kOwn, in);
+        const uint32_t in = descriptor_low(act(b).base), w_big = big_plane(l), w_small = small_plane(l);
+        issue_narrow_products<kN, kM, 2, 0, kOwn / 16, kOwn, kOwn>(acc, w_big, w_small, in);
         if constexpr (kCs > 1) {
           const uint32_t parity = ((exchanges - 1) / lay.act_buffers()) & 1u;
           if (threadIdx.x == 0) mbarrier_expect_local(smem_address(bars + b), kPartners * lay.block_bytes());
           mbarrier_wait(bars + b, parity);
-          issue_narrow_products<kN, kM, 2, kOwn / 16, kH / 16>(acc, big_plane(l), small_plane(l), kOwn, in);
+          issue_narrow_products<kN, kM, 2, kOwn / 16, kH / 16, kOwn, kOwn>(acc, w_big, w_small, in);
         }
       }
       wait_narrow_products(acc);
@@ -342,8 +357,8 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
       part[0][i] = bias[(L - 1) * kOwn + narrow_col(i, warp, g)];
       part[1][i] = opaque_zero();
     }
-    issue_narrow_products<kN, 1, 2, 0, kOwn / 16>(part, big_plane(L - 1), small_plane(L - 1), kWgmmaDimPad,
-                                                  last_in);
+    issue_narrow_products<kN, 1, 2, 0, kOwn / 16, kOwn, kWgmmaDimPad>(part, big_plane(L - 1), small_plane(L - 1),
+                                                                     descriptor_low(last_in.base));
     wait_narrow_products(part);
     float eps[kV];
 #pragma unroll
@@ -432,7 +447,7 @@ __global__ void __launch_bounds__(kNarrowThreads, 1) narrow_sample_kernel(const 
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(requested));
   if (misalignment != 0 && lay.bytes() + kWgmmaAlign - misalignment > requested) __trap();
   const int rank = kCs > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
-  stage_split_net<kOwn, kCs, false>(a, lay.weights(), smem, rank);
+  stage_split_net<kOwn, kCs, false, 8>(a, lay.weights(), smem, rank);
   fence_proxy_async();  // the generic-proxy stores above, before wgmma reads them
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + lay.barrier_offset());
   if (threadIdx.x == 0) {

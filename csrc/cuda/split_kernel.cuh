@@ -136,12 +136,15 @@ struct WeightTile {
 // bf16(w)) at small, in the bf16 kernel's layout (its stage_net). That loop
 // is kept apart, though it is this one without rotation and small plane:
 // sharing this function changed the bf16 kernel's register allocation and
-// cost it 15% at batch 32768 (285 -> 329 us on the H200).
+// cost it 15% at batch 32768 (285 -> 329 us on the H200). kStageBatch
+// 16-byte stores (8 deep each) per thread at a time, with all their loads in
+// flight first: staging is a chain of load latencies. Each group of 8 loads
+// as two float4 where the layer's rows are 16-byte aligned and it lies
+// within them.
+template <int kStageBatch = 4>
 __device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const WeightTile& t, char* big, char* small) {
   const int groups_per_row = t.depth / 8;
-  // kStageBatch 16-byte stores (8 deep each) per thread at a time, with all
-  // their loads in flight first: staging is a chain of load latencies.
-  constexpr int kStageBatch = 4;
+  const bool rows_aligned = la.in % 4 == 0 && reinterpret_cast<uintptr_t>(la.weight) % 16 == 0;
   const int groups = t.rows * groups_per_row;
   for (int i0 = threadIdx.x; i0 < groups; i0 += kStageBatch * kSplitThreads) {
     float v[kStageBatch][8];
@@ -152,8 +155,15 @@ __device__ __forceinline__ void stage_weight_tile(const LayerArgs& la, const Wei
       const int k0 = (kk / t.k_block ^ t.k_xor) * t.k_block + kk % t.k_block;
       const int row = t.row0 + (n / t.row_block ^ t.row_xor) * t.row_block + n % t.row_block;
       const float* w = la.weight + static_cast<size_t>(row) * la.in + k0;
+      const bool in_rows = i < groups && row < la.out;
+      if (rows_aligned && in_rows && k0 + 8 <= t.used) {
+        const float4 p = __ldg(reinterpret_cast<const float4*>(w)), q = __ldg(reinterpret_cast<const float4*>(w) + 1);
+        v[b][0] = p.x, v[b][1] = p.y, v[b][2] = p.z, v[b][3] = p.w;
+        v[b][4] = q.x, v[b][5] = q.y, v[b][6] = q.z, v[b][7] = q.w;
+      } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[b][e] = i < groups && row < la.out && k0 + e < t.used ? __ldg(w + e) : 0.f;
+        for (int e = 0; e < 8; ++e) v[b][e] = in_rows && k0 + e < t.used ? __ldg(w + e) : 0.f;
+      }
     }
 #pragma unroll
     for (int b = 0; b < kStageBatch; ++b) {
@@ -358,8 +368,9 @@ __device__ __forceinline__ void finish_hidden_layer(float (&acc)[kChains][32], u
 
 // Copies this CTA's share of the net into shared memory: both planes of its
 // weights (zero wherever the padding reaches), its biases and time column;
-// with kScatter x's, eps's and layer 0's inner blocks of kEpsBlock permuted.
-template <int kOwn, int kCs, bool kScatter = kScatterEps<kCs>>
+// with kScatter x's, eps's and layer 0's inner blocks of kEpsBlock permuted;
+// kStageBatch: stage_weight_tile's.
+template <int kOwn, int kCs, bool kScatter = kScatterEps<kCs>, int kStageBatch = 4>
 __device__ __forceinline__ void stage_split_net(const SampleArgs& a, const SplitLayout& lay, char* smem, int rank) {
   const int L = a.num_layers;
   float* bias = reinterpret_cast<float*>(smem + lay.bias_offset());
@@ -386,7 +397,7 @@ __device__ __forceinline__ void stage_split_net(const SampleArgs& a, const Split
       tile.row_xor = rank;
     }
     tile.used = l == 0 ? a.dim : la.in;  // layer 0's last column (time) has its own place
-    stage_weight_tile(la, tile, big, big + lay.plane_bytes(l));
+    stage_weight_tile<kStageBatch>(la, tile, big, big + lay.plane_bytes(l));
     for (int n = threadIdx.x; n < tile.rows; n += kSplitThreads) {
       // The output layer's bias goes into rank 0's partial sum only (whose
       // blocks are not permuted).
