@@ -207,6 +207,9 @@ def run_table(name, cfg, args, clock, device):
                 for size in (1, 2, 4):  # (a size that cannot hold the net is ignored)
                     variants[f"split-c{size}"] = ({"DDPM_OPS_CUDA_KERNEL": "split",
                                                    "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
+                for size in (1, 2, 4):  # the narrow kernel, its tile rows by its rule
+                    variants[f"narrow-c{size}"] = ({"DDPM_OPS_CUDA_KERNEL": "narrow",
+                                                    "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")
                 for size in (16, 8, 4, 2):  # the resident kernel's sizes (H / 16, H / 32, H / 128)
                     variants[f"resident-c{size}"] = ({"DDPM_OPS_CUDA_KERNEL": "resident",
                                                       "DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}, "fp32")

@@ -387,13 +387,13 @@ def test_bf16_outside_the_wgmma_kernel_envelope(monkeypatch, capfd, dim, hidden)
     assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
 
 
-@pytest.mark.parametrize("batch, expected", [(1, "resident"), (264, "cluster"), (265, "split"), (1024, "split"),
-                                             (2500, "wgmma"), (5000, "wgmma")])
+@pytest.mark.parametrize("batch, expected", [(1, "resident"), (120, "resident"), (121, "narrow"), (960, "narrow"),
+                                             (1024, "split"), (2500, "wgmma"), (5000, "wgmma")])
 def test_bf16_rule(monkeypatch, capfd, batch, expected):
     """By default "bf16" takes the wgmma kernel from batch 265 (measured faster
-    there on the H200) and the exact resident and cluster kernels below, but the exact split
-    kernel where that runs in clusters of 4 (faster: up to 30 tiles on the
-    H200)."""
+    there on the H200) and the exact resident and narrow kernels below, but
+    the exact narrow or split kernel where the split kernel runs in clusters
+    of 4 (faster: up to 30 tiles on the H200)."""
     if not has_wgmma_kernel():
         pytest.skip("the wgmma kernel needs an sm_90 GPU")
     monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
@@ -551,6 +551,33 @@ def test_narrow_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, cluste
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
+# The H200's shapes: 30 co-resident clusters of 4 and 66 of 2.
+@pytest.mark.parametrize("batch, expected", [
+    (120, None), (121, (4, 8)), (240, (4, 8)), (241, (2, 8)), (528, (2, 8)), (529, (4, 24)), (720, (4, 24)),
+    (721, (4, 32)), (960, (4, 32)), (961, None)])
+def test_narrow_rule(monkeypatch, capfd, batch, expected):
+    """By default the narrow kernel runs from batch 121 (the resident kernel's
+    below) while one wave of its clusters holds the batch, in the shape of
+    least modelled step time: clusters of 4 with 8-row tiles while they fit,
+    then clusters of 2 with 8 rows, then clusters of 4 with 24 and 32 rows
+    (expected: cluster size and rows; None: another kernel)."""
+    if not has_wgmma_kernel() or not is_h200():
+        pytest.skip("the H200's narrow-kernel shapes")
+    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
+    monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
+    monkeypatch.delenv("DDPM_OPS_CUDA_TILE_ROWS", raising=False)
+    problem = make_problem(batch, 64, [256, 256], 3, device="cuda")
+    log, out = logged_call(monkeypatch, capfd, problem)
+    match = NARROW_LOG.match(log)
+    if expected is None:
+        assert match is None, log
+    else:
+        assert match is not None, log
+        assert (int(match.group(5)), int(match.group(2))) == expected, log
+        assert int(match.group(3)) <= int(match.group(4)), log  # one wave
+    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
 @pytest.mark.parametrize("kernel, batch, dim, hidden", [
     ("split", 300, 65, [256]),            # dim beyond 64
     ("split", 300, 12, [1024, 1024]),     # hidden beyond 256
@@ -581,14 +608,14 @@ def test_outside_a_kernels_envelope(monkeypatch, capfd, kernel, batch, dim, hidd
 
 
 @pytest.mark.parametrize("precision, batch, expected, cluster_size", [
-    ("fp32", 264, "cluster", None), ("fp32", 265, "split", 4), ("fp32", 1024, "split", 4),
+    ("fp32", 961, "split", 4), ("fp32", 1920, "split", 4), ("fp32", 1921, "split", 2),
     ("fp32", 32768, "split", 2), ("tf32", 5000, "split", 2), ("bf16", 5000, "wgmma", None)])
 def test_split_rule(monkeypatch, capfd, precision, batch, expected, cluster_size):
-    """By default the split kernel runs from batch 265 (measured faster there
-    on the H200), in every precision but "bf16", where the wgmma kernel runs
-    (but in clusters of 4, test_bf16_rule);
-    in clusters of 4 while the tiles fit in one wave of them (30 on the
-    H200), else in clusters of 2."""
+    """By default the split kernel runs from batch 265 where the narrow kernel
+    does not (measured faster there on the H200), in every precision but
+    "bf16", where the wgmma kernel runs (but in clusters of 4,
+    test_bf16_rule); in clusters of 4 while the tiles fit in one wave of them
+    (30 on the H200), else in clusters of 2."""
     if not has_wgmma_kernel():
         pytest.skip("the split kernel needs an sm_90 GPU")
     monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)

@@ -1,33 +1,40 @@
 // CUDA kernel of ddpm::fused_sample: argument handling, the choice between
-// the kernels of fused_sample_kernels.cuh, wgmma_kernel.cuh, split_kernel.cuh
-// and resident_kernel.cuh, and their launch.
+// the kernels of fused_sample_kernels.cuh, wgmma_kernel.cuh, split_kernel.cuh,
+// narrow_kernel.cuh and resident_kernel.cuh, and their launch.
 //
 // Which kernel (a simple rule, from measurements on an H200; BENCHMARKS.md;
-// details at use_wgmma, use_split, use_resident, choose_tiled and
-// cluster_size_log2):
+// details at use_wgmma, use_resident, use_narrow, use_split, choose_tiled
+// and cluster_size_log2), the first that applies:
 //   - for precision "bf16", from batch kWgmmaMinBatch, the wgmma kernel of
 //     wgmma_kernel.cuh (bf16 operands, fp32 accumulation, the whole net in
 //     shared memory) where the GPU is sm_90 and the net within its envelope
 //     (wgmma_hidden);
-//   - from batch kSplitMinBatch, in any precision, the split kernel of
-//     split_kernel.cuh (exact fp32 from bf16x3 products on wgmma, the net
-//     split over a cluster of 1, 2 or 4) where the GPU is sm_90 and the net
-//     within its envelope (split_shape);
 //   - at small batches (up to 8 rows per cluster, every cluster resident at
 //     once: seed shape, batch 120 on the H200), in any precision, the
 //     resident kernel (exact fp32, every weight in registers) where the net
 //     is within its envelope (resident_shape);
+//   - from batch kNarrowMinBatch, in any precision, the narrow kernel of
+//     narrow_kernel.cuh (the split kernel's exact products on 8- to 32-row
+//     tiles) where the GPU is sm_90, the net within its envelope and one
+//     wave of its clusters holds the batch (narrow_shape: seed shape, up to
+//     960 rows on the H200);
+//   - from batch kSplitMinBatch, in any precision, the split kernel of
+//     split_kernel.cuh (exact fp32 from bf16x3 products on wgmma, the net
+//     split over a cluster of 1, 2 or 4) where the GPU is sm_90 and the net
+//     within its envelope (split_shape);
 //   - the tiled tensor-core kernel (3xTF32 for "fp32", one tf32 product for
 //     "tf32" and "bf16") from batch 768, and from batch 128 for nets whose
 //     weights the cluster kernel cannot keep on chip, when its row tile fits
 //     in shared memory;
 //   - otherwise the cluster kernel (exact fp32 on CUDA cores).
-// DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64|wgmma|split|resident
-// forces one (wgmma only for "bf16"; wgmma, split and resident where the net
-// and batch fit them, else the rule decides) and
+// DDPM_OPS_CUDA_KERNEL=cluster|tiled16|tiled32|tiled64|wgmma|split|narrow|
+// resident forces one (wgmma only for "bf16"; wgmma, split, narrow and
+// resident where the net and batch fit them, else the rule decides) and
 // DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (tests, benchmarks: 1 to 16
 // for the tiled kernel, a power of two for the cluster kernel, 1, 2 or 4
-// for the split kernel, H / 16, H / 32 or H / 128 for the resident kernel);
+// for the split and narrow kernels, H / 16, H / 32 or H / 128 for the
+// resident kernel); DDPM_OPS_CUDA_TILE_ROWS=8|16|24|32 the narrow kernel's
+// tile rows;
 // DDPM_OPS_CUDA_TMA=0 makes the tiled kernel copy its weight chunks with
 // cp.async only (tests, benchmarks; details at use_tma);
 // DDPM_OPS_CUDA_LOG=1 prints each launch's plan to stderr (diagnostics).
@@ -93,6 +100,14 @@ constexpr int64_t kWgmmaMinBatch = 265;
 // seed shape's batches 160 to 264 would run about 10% faster on the split
 // kernel, smaller nets' slower (BENCHMARKS.md).
 constexpr int64_t kSplitMinBatch = 265;
+
+// From this batch the narrow kernel runs (where one wave of it holds the
+// batch); below it the resident kernel's range (seed shape: up to 120 rows on
+// the H200) and the cluster kernel's, which the narrow kernel beats from
+// here: H200, graph-replayed gpu us, seed shape, batch 128: 42.5 against the
+// cluster kernel's 74.4; dim 12, 5 steps: 20.5 against 25.3
+// (BENCHMARKS.md, session 15).
+constexpr int64_t kNarrowMinBatch = 121;
 
 // A split-kernel step takes about the time of own + kSplitStepColumns
 // columns' work (the exchange and the layers' latencies take the rest). H200,
@@ -723,20 +738,29 @@ bool use_split(const SampleArgs& a, const DeviceInfo& info, SplitShape* shape) {
 
 // The narrow kernel's shape for this call (narrow_kernel.cuh): kOwn columns
 // of each hidden layer per CTA in clusters of cs, tiles of `rows` rows (own =
-// 0 where it cannot run the net). It needs the split kernel's envelope and
-// the CTA's share within the shared memory. Of the shapes that hold the net
-// it takes the one with the least time, waves of tiles times a step's
-// (narrow_step_cost). DDPM_OPS_CUDA_CLUSTER_SIZE and DDPM_OPS_CUDA_TILE_ROWS
-// force the cluster size and the tile's rows where a shape of them holds the
-// net (and are ignored elsewhere).
+// 0 where it does not run the call). It needs the split kernel's envelope,
+// the CTA's share within the shared memory, and (unless forced) one wave of
+// clusters that holds the batch: a second wave would double the time, and
+// there the split kernel's 64-row tiles are faster (seed shape, batch 1024:
+// 94.5 us against 99.4 in two waves of 8-row tiles in clusters of 2). Of
+// those shapes it takes the one of least narrow_step_cost.
+// DDPM_OPS_CUDA_CLUSTER_SIZE and DDPM_OPS_CUDA_TILE_ROWS force the cluster
+// size and the tile's rows where a shape of them holds the net (then in any
+// number of waves; ignored elsewhere).
 struct NarrowShape {
   int own = 0;
   int cs = 0;
   int rows = 0;
 };
 
-// A step's time per wave, relative (placeholder until measured).
-int64_t narrow_step_cost(const NarrowShape& s) { return s.own + 96 + 2 * s.rows; }
+// A step's time, in units of about 1/8 us at the seed shape's 16 steps,
+// fitted to the H200's graph-replayed gpu us (BENCHMARKS.md, session 15):
+// the bytes a CTA receives per step (rows x (cs - 1)) and the weights it
+// reads per step (own) bound it. Seed shape, one wave: 42.5 us in clusters
+// of 4 with 8-row tiles (model 328), 56.4 to 58.4 with 16 (448), 68.4 to
+// 73.6 with 24 (568), 79.9 to 83.0 with 32 (688); 56.7 in clusters of 2
+// with 8 (440).
+int64_t narrow_step_cost(const NarrowShape& s) { return 5 * s.rows * (s.cs - 1) + 3 * s.own + 16; }
 
 NarrowShape narrow_shape(const SampleArgs& a, const DeviceInfo& info) {
   if (!info.wgmma || a.num_layers < 2 || a.dim > cuda_kernels::kWgmmaDimPad) return {};
@@ -745,7 +769,9 @@ NarrowShape narrow_shape(const SampleArgs& a, const DeviceInfo& info) {
   const int forced_cs = forced_cluster_size(info);
   const char* forced_rows_env = std::getenv("DDPM_OPS_CUDA_TILE_ROWS");
   const int forced_rows = forced_rows_env != nullptr ? std::atoi(forced_rows_env) : 0;
-  auto best_shape = [&](int only_cs, int only_rows) {
+  // The cheapest shape in clusters of only_cs with tiles of only_rows (0:
+  // any), in one wave unless any_waves.
+  auto best_shape = [&](int only_cs, int only_rows, bool any_waves) {
     NarrowShape best;
     int64_t best_work = 0;
     for (const auto own_cs : {std::pair<int, int>{64, 1}, {128, 1}, {64, 2}, {128, 2}, {64, 4}}) {
@@ -757,8 +783,9 @@ NarrowShape narrow_shape(const SampleArgs& a, const DeviceInfo& info) {
             clusters == 0)
           continue;
         if ((only_cs != 0 && shape.cs != only_cs) || (only_rows != 0 && rows != only_rows)) continue;
-        const int64_t tiles = (static_cast<int64_t>(a.batch) + rows - 1) / rows;
-        const int64_t work = (tiles + clusters - 1) / clusters * narrow_step_cost(shape);
+        const int64_t waves = ((static_cast<int64_t>(a.batch) + rows - 1) / rows + clusters - 1) / clusters;
+        if (waves > 1 && !any_waves) continue;
+        const int64_t work = waves * narrow_step_cost(shape);
         if (best.own == 0 || work < best_work) {
           best = shape;
           best_work = work;
@@ -767,8 +794,9 @@ NarrowShape narrow_shape(const SampleArgs& a, const DeviceInfo& info) {
     }
     return best;
   };
-  const NarrowShape forced = forced_cs != 0 || forced_rows != 0 ? best_shape(forced_cs, forced_rows) : NarrowShape{};
-  return forced.own != 0 ? forced : best_shape(0, 0);
+  const bool forced = forced_cs != 0 || forced_rows != 0;
+  const NarrowShape forced_shape = forced ? best_shape(forced_cs, forced_rows, true) : NarrowShape{};
+  return forced_shape.own != 0 ? forced_shape : best_shape(0, 0, false);
 }
 
 template <int kOwn, int kCs, int kN>
@@ -818,21 +846,24 @@ void launch_narrow_shape(const SampleArgs& a, const NarrowShape& s, const Device
   launch_narrow_rows<64, 4>(a, s.rows, info, device, stream);
 }
 
-// Whether this call runs the narrow kernel (shape *shape): at any batch
-// where DDPM_OPS_CUDA_KERNEL=narrow forces it (placeholder rule: from batch
-// kSplitMinBatch while one wave of its tiles holds the batch).
+// Whether this call runs the narrow kernel (shape *shape): from batch
+// kNarrowMinBatch wherever one wave of it holds the batch, whatever the
+// precision (it is exact, and faster there than the split and tiled
+// kernels; "bf16" takes the wgmma kernel first), at any batch where
+// DDPM_OPS_CUDA_KERNEL=narrow forces it, never where it forces another
+// kernel.
 bool use_narrow(const SampleArgs& a, const DeviceInfo& info, NarrowShape* shape) {
   *shape = narrow_shape(a, info);
   const char* forced = std::getenv("DDPM_OPS_CUDA_KERNEL");
   if (forced != nullptr) return shape->own != 0 && std::strcmp(forced, "narrow") == 0;
-  return shape->own != 0 && a.batch >= kSplitMinBatch &&
-         (a.batch + shape->rows - 1) / shape->rows <= info.max_clusters[shape->cs];
+  return shape->own != 0 && a.batch >= kNarrowMinBatch;
 }
 
 // Whether this call runs the wgmma kernel (with hidden width *h): for "bf16"
-// from batch kWgmmaMinBatch wherever it can, but where the split kernel runs
-// in clusters of 4 (its tiles in one wave of them), which is exact and faster
-// there (H200, seed shape, batch 512: 93 against 120 gpu us); at any batch
+// from batch kWgmmaMinBatch wherever it can, but where the split kernel
+// would run in clusters of 4 (its tiles in one wave of them): there it and
+// the narrow kernel are exact and faster (H200, seed shape, batch 512: 93
+// and 57 against 120 gpu us); at any batch
 // where DDPM_OPS_CUDA_KERNEL=wgmma forces it, never where it forces another
 // kernel.
 bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info, int* h) {
@@ -1061,6 +1092,11 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
     }
     return out;
   }
+  ResidentShape resident;
+  if (use_resident(a, info, &resident)) {
+    launch_resident(a, resident, info, device, stream);
+    return out;
+  }
   NarrowShape narrow;
   if (use_narrow(a, info, &narrow)) {
     launch_narrow_shape(a, narrow, info, device, stream);
@@ -1083,11 +1119,6 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
     } else {
       launch_split<64, 4>(a, info, device, stream);
     }
-    return out;
-  }
-  ResidentShape resident;
-  if (use_resident(a, info, &resident)) {
-    launch_resident(a, resident, info, device, stream);
     return out;
   }
   const TiledChoice tiled = choose_tiled(a, info, cluster_weights_on_chip(a, info));
