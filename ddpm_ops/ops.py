@@ -57,12 +57,15 @@ def fused_sample(
         precision: ``"fp32"`` (default): float32 accuracy, relative error at
             most 1e-5 against float64 (about 1.5e-7 measured). On CUDA it runs
             on tensor cores where that is faster, split so that fp32's
-            precision survives: on an sm_90 GPU (H100, H200), from batch 265,
-            for nets with dim <= 64, hidden widths <= 256, at least one hidden
-            layer and at most 4 Linear layers at width 256 (narrower nets may
-            be deeper), the split kernel holds each operand as two bf16
-            numbers and takes three bf16 products per product (measured the
-            same error as plain fp32); elsewhere, from batch 768 (from batch
+            precision survives: on an sm_90 GPU (H100, H200), for nets with
+            dim <= 64, hidden widths <= 256, at least one hidden layer and at
+            most 4 Linear layers at width 256 (narrower nets may be deeper),
+            the narrow kernel (from batch 121 while one wave of its 8- to
+            32-row tiles holds the batch: seed shape up to 960 rows on an
+            H200) and beyond it, from batch 265, the split kernel hold each
+            operand as two bf16 numbers and take three bf16 products per
+            product (measured the same error as plain fp32); elsewhere, from
+            batch 768 (from batch
             128 for nets whose weights do not fit on chip, such as hidden
             width 1024), the tiled kernel takes three TF32 products (3xTF32);
             otherwise plain fp32 FMAs: at small batches (seed shape up to
@@ -74,16 +77,16 @@ def fused_sample(
             ``"tf32"`` and ``"bf16"`` opt into faster paths on CUDA, with
             relative error up to 5e-3 allowed. ``"tf32"``: one TF32 product
             instead of three wherever the tiled kernel runs (measured 0.7e-5 to
-            2.5e-5 on an H200; where the split kernel runs, it runs that,
-            exact and faster). ``"bf16"``: from batch 265, on an sm_90 GPU,
+            2.5e-5 on an H200; where the narrow or split kernel runs, it
+            runs that, exact and faster). ``"bf16"``: from batch 265, on an sm_90 GPU,
             for nets with dim <= 64, hidden widths <= 256, at least one hidden
             layer and bf16 weights within shared memory (at width 256 that is
             at most 3 Linear layers: 192 KB), bf16 operands with fp32
             accumulation, x and the update in fp32 (measured 3e-5; batch 32768
             of the seed shape about 3x faster than fp32), except where the
-            split kernel runs in clusters of 4 (up to about 1900 rows at the
-            seed shape on an H200), which is exact and faster there, and runs
-            that; elsewhere ``"bf16"`` runs as ``"tf32"``. Everywhere else,
+            split kernel would run in clusters of 4 (up to about 1900 rows at
+            the seed shape on an H200): there the narrow or split kernel runs,
+            exact and faster; elsewhere ``"bf16"`` runs as ``"tf32"``. Everywhere else,
             and on the CPU, the op computes in fp32 whatever is asked.
 
     Returns:
