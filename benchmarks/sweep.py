@@ -25,7 +25,7 @@ import ddpm_ops
 from bench import TOTAL_TIMESTEPS, Clock, Sampler, capture, forced, rel_err
 
 # name: (dim, hidden, depth, steps)
-SHAPES = {"seed": (64, 256, 3, 16), "small": (12, 256, 3, 5), "h128": (32, 128, 4, 10)}
+SHAPES = {"seed": (64, 256, 3, 16), "small": (12, 256, 3, 5), "h128": (32, 128, 4, 10), "h64": (16, 64, 3, 10)}
 
 
 def variants(batch, mode):

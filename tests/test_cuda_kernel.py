@@ -440,7 +440,7 @@ def test_wgmma_kernels_misaligned_weights_and_graph_capture(precision, tolerance
 
 
 @pytest.mark.parametrize("kernel, precision, batch", [("wgmma", "bf16", 100), ("split", "fp32", 100),
-                                                     ("resident", "fp32", 5)])
+                                                     ("narrow", "fp32", 130), ("resident", "fp32", 5)])
 def test_kernels_opcheck(monkeypatch, kernel, precision, batch):
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
     problem = make_problem(batch, 64, [256, 256], 4, device="cuda", t_dtype=torch.int32)
