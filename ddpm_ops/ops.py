@@ -65,9 +65,9 @@ def fused_sample(
             H200) and beyond it, from batch 265, the split kernel hold each
             operand as two bf16 numbers and take three bf16 products per
             product (measured the same error as plain fp32); elsewhere, from
-            batch 768 (from batch
-            128 for nets whose weights do not fit on chip, such as hidden
-            width 1024), the tiled kernel takes three TF32 products (3xTF32);
+            batch 768 (from batch 128 for nets whose weights do not fit on
+            chip, such as hidden width 1024), the tiled kernel takes three TF32
+            products (3xTF32);
             otherwise plain fp32 FMAs: at small batches (seed shape up to
             batch 120 on an H200), for nets of 2 to 4 Linear layers with
             dim <= 64 and equal hidden widths <= 256 (a multiple of 16) whose
@@ -78,16 +78,17 @@ def fused_sample(
             relative error up to 5e-3 allowed. ``"tf32"``: one TF32 product
             instead of three wherever the tiled kernel runs (measured 0.7e-5 to
             2.5e-5 on an H200; where the narrow or split kernel runs, it
-            runs that, exact and faster). ``"bf16"``: from batch 265, on an sm_90 GPU,
-            for nets with dim <= 64, hidden widths <= 256, at least one hidden
-            layer and bf16 weights within shared memory (at width 256 that is
-            at most 3 Linear layers: 192 KB), bf16 operands with fp32
-            accumulation, x and the update in fp32 (measured 3e-5; batch 32768
-            of the seed shape about 3x faster than fp32), except where the
-            split kernel would run in clusters of 4 (up to about 1900 rows at
-            the seed shape on an H200): there the narrow or split kernel runs,
-            exact and faster; elsewhere ``"bf16"`` runs as ``"tf32"``. Everywhere else,
-            and on the CPU, the op computes in fp32 whatever is asked.
+            runs that, exact and faster). ``"bf16"``: from batch 265, on an
+            sm_90 GPU, for nets with dim <= 64, hidden widths <= 256, at least
+            one hidden layer and bf16 weights within shared memory (at width
+            256 that is at most 3 Linear layers: 192 KB), bf16 operands with
+            fp32 accumulation, x and the update in fp32 (measured 3e-5; batch
+            32768 of the seed shape about 3x faster than fp32), except where
+            the split kernel would run in clusters of 4 (up to about 1900 rows
+            at the seed shape on an H200): there the narrow or split kernel
+            runs, exact and faster; elsewhere ``"bf16"`` runs as ``"tf32"``.
+            Everywhere else, and on the CPU, the op computes in fp32 whatever
+            is asked.
 
     Returns:
         A new contiguous ``(batch, dim)`` float32 tensor; inputs are never
