@@ -173,16 +173,6 @@ __device__ __forceinline__ float opaque_zero() {
   return v;
 }
 
-template <int N, int kLen>
-__device__ __forceinline__ void wait_narrow_products(float (&acc)[N][kLen]) {
-  wgmma_wait_all();
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-#pragma unroll
-    for (int i = 0; i < kLen; ++i) asm volatile("" : "+f"(acc[j][i])::"memory");
-  }
-}
-
 __device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, uint32_t r1) {
   asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(addr), "r"(r0), "r"(r1)
                : "memory");
@@ -286,16 +276,11 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
     fence_proxy_async();
     __syncthreads();
     if (kCs > 1 && send && threadIdx.x == 0) {
-      const uint32_t src = act(b).base;
+      const char* own = smem + lay.act_offset() + b * lay.act_bytes();  // block 0 of tile b
 #pragma unroll
       for (int p = 1; p < kCs; ++p) {
-        const uint32_t dst = cluster_address(src + p * lay.block_bytes(), rank ^ p);
-        const uint32_t bar = cluster_address(smem_address(bars + b), rank ^ p);
-        asm volatile(
-            "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                dst),
-            "r"(src), "r"(lay.block_bytes()), "r"(bar)
-            : "memory");
+        const uint32_t dst = cluster_address(smem_address(own) + p * lay.block_bytes(), rank ^ p);
+        bulk_copy_to_cluster(dst, own, lay.block_bytes(), cluster_address(smem_address(bars + b), rank ^ p));
       }
     }
   };
@@ -336,7 +321,7 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
           issue_narrow_products<kN, kM, 2, kOwn / 16, kH / 16, kOwn, kOwn>(acc, w_big, w_small, in);
         }
       }
-      wait_narrow_products(acc);
+      wait_products(acc);
       float out[kM][kV];
       finish_hidden(acc, out);
       if (l + 2 < L) {
@@ -359,7 +344,7 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
     }
     issue_narrow_products<kN, 1, 2, 0, kOwn / 16, kOwn, kWgmmaDimPad>(part, big_plane(L - 1), small_plane(L - 1),
                                                                      descriptor_low(last_in.base));
-    wait_narrow_products(part);
+    wait_products(part);
     float eps[kV];
 #pragma unroll
     for (int i = 0; i < kV; ++i) eps[i] = part[0][i] + part[1][i];
@@ -438,14 +423,8 @@ __global__ void __launch_bounds__(kNarrowThreads, 1) narrow_sample_kernel(const 
   static_assert(kCs == 1 || kCs == 2 || kCs == 4, "the partners r ^ p and the eps sum need 1, 2 or 4");
   static_assert(kOwn % 64 == 0, "whole 64-column blocks (wgmma's M)");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ float4 smem_f4[];
-  char* smem = reinterpret_cast<char*>(smem_f4);
-  const uint32_t misalignment = smem_address(smem) & (kWgmmaAlign - 1);
-  smem += (kWgmmaAlign - misalignment) & (kWgmmaAlign - 1);
   const NarrowLayout lay{kOwn, kCs, a.num_layers, kN};
-  uint32_t requested;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(requested));
-  if (misalignment != 0 && lay.bytes() + kWgmmaAlign - misalignment > requested) __trap();
+  char* smem = aligned_shared_memory(lay);
   const int rank = kCs > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
   stage_split_net<kOwn, kCs, false, 8>(a, lay.weights(), smem, rank);
   fence_proxy_async();  // the generic-proxy stores above, before wgmma reads them

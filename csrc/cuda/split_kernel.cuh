@@ -222,8 +222,8 @@ __device__ __forceinline__ void issue_split_products(float (&acc)[kChains * kKSp
   wgmma_commit();
 }
 
-template <int N>
-__device__ __forceinline__ void wait_products(float (&acc)[N][32]) {
+template <int N, int kLen>
+__device__ __forceinline__ void wait_products(float (&acc)[N][kLen]) {
   wgmma_wait_all();
 #pragma unroll
   for (int j = 0; j < N; ++j) fence_accumulators(acc[j]);
@@ -563,14 +563,8 @@ __global__ void __launch_bounds__(kSplitThreads, 1) split_sample_kernel(const __
   static_assert(kCs == 1 || kCs == 2 || kCs == 4, "the partners r ^ p and the eps exchange need 1, 2 or 4");
   static_assert(!kScatterEps<kCs> || kEpsBlock * kCs == kWgmmaDimPad, "a block of eps per CTA");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ float4 smem_f4[];
-  char* smem = reinterpret_cast<char*>(smem_f4);
-  const uint32_t misalignment = smem_address(smem) & (kWgmmaAlign - 1);
-  smem += (kWgmmaAlign - misalignment) & (kWgmmaAlign - 1);
   const SplitLayout lay{kOwn, kCs, a.num_layers, kBuffers};
-  uint32_t requested;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(requested));
-  if (misalignment != 0 && lay.bytes() + kWgmmaAlign - misalignment > requested) __trap();
+  char* smem = aligned_shared_memory(lay);
   const int rank = kCs > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
   stage_split_net<kOwn, kCs>(a, lay, smem, rank);
   fence_proxy_async();  // the generic-proxy stores above, before wgmma reads them

@@ -72,6 +72,20 @@ __host__ __device__ constexpr int wgmma_request(const Layout& lay, int max_smem)
   return lay.bytes() + kWgmmaAlign < max_smem ? lay.bytes() + kWgmmaAlign : max_smem;
 }
 
+// The dynamic shared memory from its first kWgmmaAlign boundary (the swizzle
+// of the tiles in it repeats every 1024 bytes); traps where the launch left no
+// room for that (wgmma_request).
+template <typename Layout>  // WgmmaLayout, SplitLayout or NarrowLayout
+__device__ __forceinline__ char* aligned_shared_memory(const Layout& lay) {
+  extern __shared__ float4 smem_f4[];
+  char* smem = reinterpret_cast<char*>(smem_f4);
+  const uint32_t misalignment = smem_address(smem) & (kWgmmaAlign - 1);
+  uint32_t requested;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(requested));
+  if (misalignment != 0 && lay.bytes() + kWgmmaAlign - misalignment > requested) __trap();
+  return smem + ((kWgmmaAlign - misalignment) & (kWgmmaAlign - 1));
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half: the lower column
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -88,9 +102,10 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Keeps the compiler from moving reads of the accumulators above the wait.
-__device__ __forceinline__ void fence_accumulators(float (&d)[32]) {
+template <int kLen>
+__device__ __forceinline__ void fence_accumulators(float (&d)[kLen]) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kLen; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // d (+)= A (registers, this warpgroup's 64 x 16 rows) * B (64 columns x 16
@@ -334,14 +349,8 @@ __device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaL
 template <int kH>
 __global__ void __launch_bounds__(kWgmmaThreads, 1) wgmma_sample_kernel(const __grid_constant__ SampleArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ float4 smem_f4[];
-  char* smem = reinterpret_cast<char*>(smem_f4);
-  const uint32_t misalignment = smem_address(smem) & (kWgmmaAlign - 1);
-  smem += (kWgmmaAlign - misalignment) & (kWgmmaAlign - 1);
   const WgmmaLayout lay{kH, a.num_layers};
-  uint32_t requested;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(requested));
-  if (misalignment != 0 && lay.bytes() + kWgmmaAlign - misalignment > requested) __trap();
+  char* smem = aligned_shared_memory(lay);
   stage_net(a, lay, smem);
   fence_proxy_async();  // the generic-proxy stores above, before wgmma reads them
   __syncthreads();
