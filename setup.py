@@ -1,54 +1,60 @@
 """Builds ddpm_ops._C with torch.utils.cpp_extension and ninja.
 
-The CUDA kernel is compiled when torch was built with CUDA and nvcc is found;
-otherwise (or with DDPM_OPS_FORCE_CPU=1) the extension holds the CPU kernel
-alone. TORCH_CUDA_ARCH_LIST picks the GPU targets (9.0 for H100/H200); 9.0
-is built as 9.0a (sm_90a runs on the same GPUs and has wgmma, which the bf16
-and split kernels need).
+The CUDA kernels are compiled when the installed torch has CUDA, nvcc is found
+(CUDA_HOME) and there is an architecture to build for: TORCH_CUDA_ARCH_LIST,
+or else the GPUs this machine sees. Without one (a CUDA build of torch on a
+machine with no GPU, the default of ``pip install torch`` on Linux), or with
+DDPM_OPS_FORCE_CPU=1, the extension holds the CPU kernel alone and the build
+says so. 9.0 is built as 9.0a: sm_90a runs on the same GPUs (H100, H200) and
+has wgmma, which the bf16x3 and bf16 kernels need.
+
+The C++ standard is left to torch.utils.cpp_extension, which passes the one
+the installed torch's headers require (C++17 or C++20, by version).
 """
 import glob
 import os
+import sys
 
 import torch
 from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 
-def build_with_cuda() -> bool:
+def cuda_arch_list() -> tuple[str | None, str]:
+    """The architectures to build CUDA for (9.0 as 9.0a), or None with the reason."""
     if os.environ.get("DDPM_OPS_FORCE_CPU", "0") not in ("", "0"):
-        return False
-    return torch.version.cuda is not None and CUDA_HOME is not None
-
-
-def sm90a_arch_list() -> str | None:
-    """TORCH_CUDA_ARCH_LIST (or, unset, the visible GPUs' architectures) with
-    9.0 as 9.0a; None where neither names one."""
+        return None, "DDPM_OPS_FORCE_CPU is set"
+    if torch.version.cuda is None:
+        return None, f"torch {torch.__version__} is a CPU build"
+    if CUDA_HOME is None:
+        return None, "nvcc was not found (set CUDA_HOME)"
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(" ", ";")
     if not archs and torch.cuda.is_available():
         archs = ";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i)
                                  for i in range(torch.cuda.device_count())}))
     if not archs:
-        return None
+        return None, ("no GPU is visible and TORCH_CUDA_ARCH_LIST is unset "
+                      "(for example TORCH_CUDA_ARCH_LIST=9.0 builds the CUDA kernels for H100/H200)")
     archs = archs.replace("Hopper", "9.0+PTX")
     return ";".join(a.replace("9.0", "9.0a", 1) if a.split("+")[0] == "9.0" else a
-                    for a in archs.split(";") if a)
+                    for a in archs.split(";") if a), ""
 
 
 def extension():
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
-    cxx_flags = ["-O3", "-std=c++17"]
-    if not build_with_cuda():
+    cxx_flags = ["-O3"]
+    archs, why_not = cuda_arch_list()
+    if archs is None:
+        print(f"ddpm_ops: building the CPU kernel only: {why_not}", file=sys.stderr)
         return CppExtension("ddpm_ops._C", sources, extra_compile_args={"cxx": cxx_flags})
-    sources += sorted(glob.glob("csrc/cuda/*.cu"))
-    nvcc_flags = ["-O3", "-std=c++17", "-lineinfo", "-Xptxas=-v"]
-    archs = sm90a_arch_list()
-    if archs is not None:
-        os.environ["TORCH_CUDA_ARCH_LIST"] = archs  # read by BuildExtension
-        if any(a.split("+")[0] == "9.0a" for a in archs.split(";")):
-            nvcc_flags.append("-DDDPM_OPS_SM90A")
+    print(f"ddpm_ops: building the CPU kernel and the CUDA kernels for {archs}", file=sys.stderr)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = archs  # read by BuildExtension
+    nvcc_flags = ["-O3", "-lineinfo", "-Xptxas=-v"]
+    if any(a.split("+")[0] == "9.0a" for a in archs.split(";")):
+        nvcc_flags.append("-DDDPM_OPS_SM90A")
     return CUDAExtension(
         "ddpm_ops._C",
-        sources,
+        sources + sorted(glob.glob("csrc/cuda/*.cu")),
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
     )
 

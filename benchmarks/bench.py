@@ -1,7 +1,7 @@
-"""Benchmark: the DDPM sampling loop of DESIGN.md against ddpm::fused_sample.
+"""Benchmark: the plain DDPM sampling loop against ddpm::fused_sample.
 
 One process, all contenders on the same inputs:
-  eager           the reference loop (an nn.Module like DESIGN.md's Sampler)
+  eager           the reference loop (an nn.Module that writes the loop out)
   graph           that loop captured in one CUDA graph, replayed
   compile         torch.compile(default), dynamic batch (one compile per table)
   compile-ro      torch.compile(mode="reduce-overhead"), dynamic batch
@@ -47,7 +47,7 @@ TOTAL_TIMESTEPS = 1000
 
 
 class Sampler(nn.Module):
-    """DESIGN.md's reference loop with configurable width and depth (Linear layers)."""
+    """The plain sampling loop with configurable width and depth (Linear layers)."""
 
     def __init__(self, dim, hidden, depth, steps, total_timesteps=TOTAL_TIMESTEPS):
         super().__init__()

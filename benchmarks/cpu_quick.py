@@ -1,4 +1,4 @@
-"""CPU timing of issue 5: eager Sampler loop (DESIGN.md) vs ddpm::fused_sample.
+"""CPU timing: the eager sampling loop (bench.Sampler) against ddpm::fused_sample.
 
 Median of alternating runs in one process, torch's default thread count (the
 seed shape: 16 steps, dim 64, hidden 256, depth 3). bench.py --device cpu
@@ -12,7 +12,7 @@ import time
 import torch
 
 import ddpm_ops
-from bench import Sampler  # DESIGN.md's loop (this folder is on sys.path)
+from bench import Sampler  # the plain loop (this folder is on sys.path)
 
 
 def timed(fn, reps):

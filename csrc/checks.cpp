@@ -88,6 +88,11 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
   check_float32_on(coef_eps, "coef_eps", x);
 
   TORCH_CHECK(num_steps >= 0, "ddpm::fused_sample: num_steps must be >= 0, got ", num_steps);
+  // Step k reads timestep t_start - k, so K steps need K distinct table rows:
+  // more steps than rows cannot be in range for any t_start.
+  TORCH_CHECK(sqrt_recip_alphas.sym_size(0) >= num_steps, "ddpm::fused_sample: num_steps must "
+              "be at most the length of the coefficient tables (", sqrt_recip_alphas.sym_size(0),
+              "), got ", num_steps);
   TORCH_CHECK(total_timesteps >= 1,
               "ddpm::fused_sample: total_timesteps must be >= 1 (it divides t), got ",
               total_timesteps);

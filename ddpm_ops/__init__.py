@@ -5,7 +5,11 @@ the torch.compile rewrite that runs users' own sampling loops as that one op
 (see :mod:`ddpm_ops.graph_pass`; off with :func:`disable_auto_rewrite` or
 ``DDPM_OPS_DISABLE_AUTO_REWRITE=1``). :func:`fuse_exported_program` does the
 same for ``torch.export`` programs.
+
+The op's contract is :func:`fused_sample`'s docstring; maintainers' notes
+(kernels, their choice, the rewrite's rules) are in the repository's docs/.
 """
+from ._version import __version__
 from ._library import LIBRARY_PATH
 from .export import fuse_exported_program
 from .graph_pass import (
@@ -19,6 +23,7 @@ from .reference import reference
 from .schedules import coefficient_tables, cosine_betas, linear_betas
 
 __all__ = [
+    "__version__",
     "DDPMSamplingRewrite",
     "LIBRARY_PATH",
     "auto_rewrite_enabled",

@@ -14,7 +14,7 @@ def fuse_exported_program(ep: ExportedProgram) -> ExportedProgram:
     """A copy of ``ep`` in which every DDPM sampling loop calls ``ddpm::fused_sample``.
 
     ``ep`` is ``torch.export.export(model, (x, t_start))`` of a module whose
-    forward runs the reference loop of DESIGN.md (any spelling the
+    forward runs the loop of :func:`ddpm_ops.reference` (any spelling the
     ``torch.compile`` rewrite accepts; the matcher is the same, see
     :mod:`ddpm_ops.graph_pass`). Both the default (training) IR and the output of
     ``ep.run_decompositions()`` are understood. The result has the same inputs,

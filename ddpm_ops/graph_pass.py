@@ -1,7 +1,7 @@
 """The automatic rewrite: a user's DDPM sampling loop becomes one ``ddpm::fused_sample``.
 
 After ``import ddpm_ops`` a plain ``torch.compile(model)`` runs the loop of
-DESIGN.md (any number of steps, any MLP depth and widths, any spelling that
+:func:`ddpm_ops.reference` (any number of steps, any MLP depth and widths, any spelling that
 lowers to the same ATen graph) as ONE call of the fused op. The same matcher
 rewrites exported programs (:func:`ddpm_ops.fuse_exported_program`).
 

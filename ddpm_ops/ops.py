@@ -30,7 +30,7 @@ def fused_sample(
 ) -> torch.Tensor:
     """Run ``num_steps`` reverse-diffusion (DDPM) steps of an MLP noise network as one op.
 
-    Equal to :func:`ddpm_ops.reference.reference` (the loop of DESIGN.md)::
+    Equal to :func:`ddpm_ops.reference` (the plain loop)::
 
         for k in range(num_steps):
             t = t_start - k
@@ -39,14 +39,16 @@ def fused_sample(
 
     Args:
         x: ``(batch, dim)`` float32, the samples at timestep ``t_start``.
-        t_start: ``(batch,)`` int64 or int32, each sample's first timestep.
+        t_start: ``(batch,)`` int64 or int32, each sample's first timestep, or
+            a Python int shared by the whole batch.
         weights: the MLP's ``nn.Linear`` weights ``(out_l, in_l)``; ``in_0 = dim + 1``
             (the last input column is ``t / total_timesteps``), the last layer
             outputs ``dim``. SiLU between layers, none after the last.
         biases: one ``(out_l,)`` bias per weight.
         sqrt_recip_alphas, coef_eps: 1-D float32 tables of equal length, indexed
             by timestep (see :func:`ddpm_ops.coefficient_tables`).
-        num_steps: how many steps K >= 0 to run; 0 returns a copy of ``x``.
+        num_steps: how many steps K >= 0 to run, at most the tables' length;
+            0 returns a copy of ``x``.
         total_timesteps: T, the divisor of the time input.
         validate: on CUDA, check every timestep on the host before launching
             and raise a ``RuntimeError`` for one outside the tables (this
@@ -54,41 +56,12 @@ def fused_sample(
             synchronises: a sample whose timesteps ``t_start - k`` fall outside
             the tables is never read out of bounds, and its output row is NaN.
             On the CPU the check always runs and always raises.
-        precision: ``"fp32"`` (default): float32 accuracy, relative error at
-            most 1e-5 against float64 (about 1.5e-7 measured). On CUDA it runs
-            on tensor cores where that is faster, split so that fp32's
-            precision survives: on an sm_90 GPU (H100, H200), for nets with
-            dim <= 64, hidden widths <= 256, at least one hidden layer and at
-            most 4 Linear layers at width 256 (narrower nets may be deeper),
-            the narrow kernel (from batch 121 while one wave of its 8- to
-            32-row tiles holds the batch: seed shape up to 960 rows on an
-            H200) and beyond it, from batch 265, the split kernel hold each
-            operand as two bf16 numbers and take three bf16 products per
-            product (measured the same error as plain fp32); elsewhere, from
-            batch 768 (from batch 128 for nets whose weights do not fit on
-            chip, such as hidden width 1024), the tiled kernel takes three TF32
-            products (3xTF32);
-            otherwise plain fp32 FMAs: at small batches (seed shape up to
-            batch 120 on an H200), for nets of 2 to 4 Linear layers with
-            dim <= 64 and equal hidden widths <= 256 (a multiple of 16) whose
-            weights after the first layer are 16-byte aligned (as torch
-            allocates them), with every weight in registers; else with the
-            weights in shared memory or L2.
-            ``"tf32"`` and ``"bf16"`` opt into faster paths on CUDA, with
-            relative error up to 5e-3 allowed. ``"tf32"``: one TF32 product
-            instead of three wherever the tiled kernel runs (measured 0.7e-5 to
-            2.5e-5 on an H200; where the narrow or split kernel runs, it
-            runs that, exact and faster). ``"bf16"``: from batch 265, on an
-            sm_90 GPU, for nets with dim <= 64, hidden widths <= 256, at least
-            one hidden layer and bf16 weights within shared memory (at width
-            256 that is at most 3 Linear layers: 192 KB), bf16 operands with
-            fp32 accumulation, x and the update in fp32 (measured 3e-5; batch
-            32768 of the seed shape about 3x faster than fp32), except where
-            the split kernel would run in clusters of 4 (up to about 1900 rows
-            at the seed shape on an H200): there the narrow or split kernel
-            runs, exact and faster; elsewhere ``"bf16"`` runs as ``"tf32"``.
-            Everywhere else, and on the CPU, the op computes in fp32 whatever
-            is asked.
+        precision: ``"fp32"`` (default): relative error at most 1e-5 against
+            float64 (about 1.5e-7 measured), on every device and kernel.
+            ``"tf32"`` and ``"bf16"`` allow relative error up to 5e-3 on CUDA
+            in exchange for faster tensor-core kernels where those run; the
+            CPU always computes in fp32. Which kernel runs where, and why, is
+            in ``docs/kernels.md``.
 
     Returns:
         A new contiguous ``(batch, dim)`` float32 tensor; inputs are never
@@ -98,12 +71,20 @@ def fused_sample(
         RuntimeError: for a bad argument (the message names it, what was
             expected and what was given), and when called under grad mode with
             an input that requires grad: the op is inference-only.
+        TypeError: for a count that is not an int.
     """
     return torch.ops.ddpm.fused_sample(
-        x, t_start, list(weights), list(biases), sqrt_recip_alphas, coef_eps,
+        x, _as_timesteps(t_start, x), list(weights), list(biases), sqrt_recip_alphas, coef_eps,
         _as_int("num_steps", num_steps), _as_int("total_timesteps", total_timesteps), validate,
         precision,
     )
+
+
+def _as_timesteps(t_start, x: torch.Tensor) -> torch.Tensor:
+    """``t_start`` as the op takes it: a Python int becomes one int64 timestep per row of ``x``."""
+    if isinstance(t_start, torch.Tensor):
+        return t_start
+    return torch.full((x.shape[0],), _as_int("t_start", t_start), dtype=torch.int64, device=x.device)
 
 
 def _as_int(name: str, value) -> int:
@@ -181,8 +162,14 @@ class FusedDDPMSampler(nn.Module):
     """``num_steps`` DDPM steps of an MLP noise network, run by the fused op.
 
     Holds (shares, does not copy) the parameters of ``eps_net`` and the two
-    coefficient tables as buffers; ``forward(x, t_start)`` is the reference
-    loop of DESIGN.md.
+    coefficient tables as buffers; ``forward(x, t_start)`` equals
+    :func:`ddpm_ops.reference` with these arguments.
+
+    Raises ``ValueError`` at construction for a network the op cannot compute
+    (see :func:`mlp_parameters`), an unknown precision, or counts that cannot
+    describe a run: ``num_steps`` beyond the tables' length or beyond
+    ``total_timesteps`` (the usual sign of the two counts given in the other
+    order).
     """
 
     def __init__(
@@ -199,6 +186,16 @@ class FusedDDPMSampler(nn.Module):
         mlp_parameters(eps_net)  # fail at construction, not at the first call
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+        num_steps = _as_int("num_steps", num_steps)
+        total_timesteps = _as_int("total_timesteps", total_timesteps)
+        if num_steps > total_timesteps:
+            raise ValueError(
+                f"num_steps: expected at most total_timesteps = {total_timesteps}, got {num_steps}; "
+                "the arguments are (eps_net, sqrt_recip_alphas, coef_eps, num_steps, total_timesteps): "
+                "are the two counts swapped?")
+        if num_steps > sqrt_recip_alphas.numel():
+            raise ValueError(f"num_steps: expected at most the tables' length "
+                             f"{sqrt_recip_alphas.numel()}, got {num_steps}")
         self.eps_net = eps_net
         self.register_buffer("sqrt_recip_alphas", sqrt_recip_alphas)
         self.register_buffer("coef_eps", coef_eps)

@@ -20,7 +20,7 @@ def cosine_betas(total_timesteps: int, s: float = 0.008, max_beta: float = 0.999
 
 
 def coefficient_tables(betas: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn betas into ``(sqrt_recip_alphas, coef_eps)`` as DESIGN.md defines them.
+    """Turn betas into ``(sqrt_recip_alphas, coef_eps)``, the tables of the DDPM update.
 
     ``sqrt_recip_alphas[t] = 1 / sqrt(1 - beta_t)`` and
     ``coef_eps[t] = beta_t / sqrt(1 - prod_{s<=t} (1 - beta_s))``, computed in

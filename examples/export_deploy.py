@@ -30,7 +30,7 @@ from quickstart import train, two_moons  # the same tiny noise network training
 
 
 class Sampler(nn.Module):
-    """The user's own sampling loop (DESIGN.md): nothing ddpm_ops-specific in it."""
+    """The user's own sampling loop: nothing ddpm_ops-specific in it."""
 
     def __init__(self, eps_net: nn.Module, total_timesteps: int, num_steps: int):
         super().__init__()

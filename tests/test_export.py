@@ -160,6 +160,15 @@ def test_preserved_module_call_signature(preserved):
         assert relative_error(torch.export.unflatten(fused)(x, t), ref) < 1e-5
 
 
+def run_or_show(command):
+    """Runs ``command``; on failure the test fails with its whole output, which
+    says why (cmake's configuration messages, a compiler error)."""
+    res = subprocess.run(command, capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.fail(f"{' '.join(command)} exited with {res.returncode}:\n{res.stdout}\n{res.stderr}")
+    return res
+
+
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
 def test_cpp_runs_aoti_package(tmp_path):
     """examples/cpp: a C++ program dlopens the op library and runs the package."""
@@ -170,13 +179,12 @@ def test_cpp_runs_aoti_package(tmp_path):
     package = torch._inductor.aoti_compile_and_package(fused, package_path=str(tmp_path / "s.pt2"))
     source = pathlib.Path(__file__).parents[1] / "examples" / "cpp"
     build = tmp_path / "build"
-    subprocess.run(["cmake", "-S", str(source), "-B", str(build),
-                    f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"],
-                   check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
+    run_or_show([
+        "cmake", "-S", str(source), "-B", str(build),
+        f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"])
+    run_or_show(["cmake", "--build", str(build)])
     batch = 3
-    res = subprocess.run([str(build / "run_sampler"), ddpm_ops.LIBRARY_PATH, package, str(batch)],
-                         capture_output=True, text=True, check=True)
+    res = run_or_show([str(build / "run_sampler"), ddpm_ops.LIBRARY_PATH, package, str(batch)])
     values = torch.tensor([float(v) for v in res.stdout.strip().splitlines()[-1].split()])
     x = torch.arange(batch * 2, dtype=torch.float32).reshape(batch, 2) * (4.0 / (batch * 2)) - 2.0
     t = torch.full((batch,), 99, dtype=torch.int64)

@@ -146,7 +146,16 @@ def test_huge_num_steps_with_negative_t_start_raises_not_crashes():
     except subprocess.TimeoutExpired:
         pytest.fail("fused_sample ran past 60 s instead of refusing t_start = -3")
     assert result.returncode == 0, f"crashed with return code {result.returncode}: {result.stderr[-500:]}"
-    assert "raised:" in result.stdout and "t_start out of range" in result.stdout
+    assert "raised:" in result.stdout and "num_steps must be at most the length" in result.stdout
+
+
+@pytest.mark.parametrize("num_steps", [51, 200])
+def test_more_steps_than_table_rows_names_num_steps(num_steps):
+    p = make_problem(2, 4, [8], 3, total_timesteps=50)
+    p.num_steps = num_steps
+    with pytest.raises(RuntimeError, match=rf"num_steps must be at most the length of the "
+                       rf"coefficient tables \(50\), got {num_steps}"):
+        ddpm_ops.fused_sample(*p.args())
 
 
 @pytest.mark.parametrize("t_dtype", [torch.int32, torch.int64])
@@ -265,7 +274,7 @@ def test_non_finite_x_stays_in_its_row(batch, value):
 # ---- Python helpers
 
 class DesignSampler(nn.Module):
-    """The reference Sampler of DESIGN.md, verbatim."""
+    """The plain sampling loop as a user writes it, in an nn.Module."""
 
     def __init__(self, dim=64, num_fused_steps=16, total_timesteps=1000):
         super().__init__()
@@ -447,3 +456,23 @@ def test_forward_mode_ad_is_refused(mode):
         else:
             with torch.autograd.forward_ad.dual_level():
                 call(torch.autograd.forward_ad.make_dual(p.x, torch.ones_like(p.x)))
+
+
+def test_python_int_t_start_is_one_timestep_for_the_batch():
+    p = make_problem(5, 4, [8], 3, total_timesteps=50)
+    out = ddpm_ops.fused_sample(p.x, 20, *p.args()[2:])
+    p.t_start = torch.full((5,), 20)
+    assert torch.equal(out, ddpm_ops.fused_sample(*p.args()))
+    with pytest.raises(TypeError, match=r"t_start: expected an int, got float 2.5"):
+        ddpm_ops.fused_sample(p.x, 2.5, *p.args()[2:])
+
+
+def test_sampler_refuses_swapped_counts():
+    net = ddpm_ops.silu_mlp([5, 8, 4])
+    c1, c2 = ddpm_ops.coefficient_tables(ddpm_ops.linear_betas(1000))
+    with pytest.raises(ValueError, match=r"num_steps: expected at most total_timesteps = 16, "
+                                         r"got 1000.*swapped"):
+        ddpm_ops.FusedDDPMSampler(net, c1, c2, 1000, 16)
+    with pytest.raises(ValueError, match=r"num_steps: expected at most the tables' length 100, got 200"):
+        ddpm_ops.FusedDDPMSampler(net, c1[:100], c2[:100], 200, 1000)
+    ddpm_ops.FusedDDPMSampler(net, c1, c2, 16, 1000)

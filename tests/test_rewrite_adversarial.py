@@ -1,6 +1,6 @@
 """Adversarial probes of the torch.compile / torch.export rewrite (ddpm_ops/graph_pass.py).
 
-Each model is a near variant of the DESIGN.md loop. The compiled (or fused
+Each model is a near variant of the plain sampling loop (ddpm_ops.reference). The compiled (or fused
 exported) result must equal eager (1e-5 relative) whether or not the pass
 rewrote it; ``FUSED`` says how many ``ddpm::fused_sample`` calls are expected.
 

@@ -20,7 +20,7 @@ def tables(total_timesteps):
 
 
 class Sampler(nn.Module):
-    """The reference loop of DESIGN.md, with knobs for the spellings users write."""
+    """The plain sampling loop (ddpm_ops.reference), with knobs for the spellings users write."""
 
     def __init__(self, dim=4, hidden=(16,), num_steps=3, total_timesteps=1000, *,
                  bcast="index", tcast="float", cat_dim=1, first_plain=False, lookup="index"):

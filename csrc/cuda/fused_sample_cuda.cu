@@ -91,7 +91,7 @@ constexpr int64_t kWgmmaMinBatch = 265;
 
 // From this batch every precision takes the split kernel (exact fp32 on
 // wgmma) where it can hold the net; below it the cluster kernel is mostly
-// faster. H200, graph-replayed gpu us, session 12: the split kernel takes
+// faster. H200, graph-replayed gpu us: the split kernel takes
 // about 93 at the seed shape at any batch up to 64 x 30 rows (one tile per
 // cluster of 4), the cluster kernel 75 at batch 128, 101 to 105 from 160 to
 // 264, 161 from 320 (from batch 265 its clusters carry 5 rows; see
@@ -106,7 +106,7 @@ constexpr int64_t kSplitMinBatch = 265;
 // the H200) and the cluster kernel's, which the narrow kernel beats from
 // here: H200, graph-replayed gpu us, seed shape, batch 128: 42.5 against the
 // cluster kernel's 74.4; dim 12, 5 steps: 20.5 against 25.3
-// (BENCHMARKS.md, session 15).
+// (docs/kernels.md).
 constexpr int64_t kNarrowMinBatch = 121;
 
 // A split-kernel step takes about the time of own + kSplitStepColumns
@@ -754,7 +754,7 @@ struct NarrowShape {
 };
 
 // A step's time, in units of about 1/8 us at the seed shape's 16 steps,
-// fitted to the H200's graph-replayed gpu us (BENCHMARKS.md, session 15):
+// fitted to the H200's graph-replayed gpu us (docs/kernels.md):
 // the bytes a CTA receives per step (rows x (cs - 1)) and the weights it
 // reads per step (own) bound it. Seed shape, one wave: 42.5 us in clusters
 // of 4 with 8-row tiles (model 328), 56.4 to 58.4 with 16 (448), 68.4 to
@@ -886,7 +886,7 @@ bool use_wgmma(const SampleArgs& a, Precision precision, const DeviceInfo& info,
 // calls of at least kResidentManySteps steps the fewer rows per cluster
 // (each step is cheaper), for shorter ones the fewer outputs per warp (fewer
 // weights to load per CTA: about 6 us at 16 outputs per warp). H200,
-// graph-replayed gpu us (BENCHMARKS.md, session 14), seed shape (16
+// graph-replayed gpu us (docs/kernels.md), seed shape (16
 // steps): batch 1 20.6 in clusters of 8 (1 x 4), 25.1 in clusters of 16
 // (1 x 2); batch 16 25.2 in clusters of 8 (2 x 4), 31.6 in clusters of 2
 // (1 x 16); batch 60 36.2 in clusters of 8 (4 x 4), 32.2 in clusters of 2

@@ -10,7 +10,7 @@
 // at least 64, its N as small as 8, so a cluster carries a tile of kN = 8 to
 // 32 rows where the split kernel needs 64: 4 to 8 times the clusters on the
 // same batch, and a CTA sends a quarter to an eighth of the bytes per step,
-// which bound the split kernel's steps (BENCHMARKS.md, session 12).
+// which bound the split kernel's steps (docs/kernels.md).
 //   - A layer's accumulators (columns x rows) are split into both bf16
 //     planes and written with stmatrix.trans straight into the next layer's
 //     B tile (K-major, 128-byte swizzle, the weights' layout); a hidden
