@@ -19,8 +19,11 @@ from .graph_pass import (
     enable_auto_rewrite,
 )
 from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, silu_mlp
-from .reference import reference
+from . import conditioning, step_rules
+from .conditioning import cond_bias, split_first_linear, time_bias, time_bias_from_module
+from .reference import reference, reference_sample
 from .schedules import coefficient_tables, cosine_betas, linear_betas
+from .step_rules import StepRule
 
 __all__ = [
     "__version__",
@@ -36,8 +39,16 @@ __all__ = [
     "fused_sample",
     "linear_betas",
     "mlp_parameters",
+    "StepRule",
+    "cond_bias",
+    "conditioning",
     "reference",
+    "reference_sample",
     "silu_mlp",
+    "split_first_linear",
+    "step_rules",
+    "time_bias",
+    "time_bias_from_module",
 ]
 
 # The torch.compile rewrite (ddpm_ops/graph_pass.py): installed into inductor's

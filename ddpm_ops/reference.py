@@ -1,12 +1,33 @@
 """The reference semantics of ``ddpm::fused_sample`` as plain PyTorch.
 
-This is the loop of DESIGN.md written against the op's arguments. It silently
-wraps negative timesteps like any Python indexing does; the op refuses them.
+:func:`reference` is the original contract written against the op's
+arguments: ``num_steps`` DDPM posterior-mean steps of a SiLU MLP whose input is
+``cat([x, t / total_timesteps])``, each ``x = sqrt_recip_alphas[t] * (x -
+coef_eps[t] * eps)`` at timestep ``t = t_start - k``. It silently wraps
+negative timesteps like any Python indexing does; the op refuses them.
+
+:func:`reference_sample` is the general form: any :class:`~ddpm_ops.step_rules.StepRule`,
+per-layer activations, a per-step time bias and a per-sample conditioning bias
+on the first layer, and explicit noise.
 """
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from .step_rules import StepRule
+
+# The activations the op knows, by name: "gelu" is the erf form.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "mish": F.mish,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "tanh": torch.tanh,
+    "identity": lambda h: h,
+}
 
 
 def reference(
@@ -37,3 +58,127 @@ def reference(
         c2 = coef_eps[t_idx].view(-1, 1)
         x_cur = c1 * (x_cur - c2 * h)
     return x_cur
+
+
+def resolve_activations(activations: str | Sequence[str], num_hidden: int) -> list[str]:
+    """One activation name per hidden layer.
+
+    Args:
+        activations: one name from ``ACTIVATIONS`` for every hidden layer, or a
+            sequence of ``num_hidden`` names.
+        num_hidden: the number of hidden layers (Linear layers but the last).
+
+    Returns:
+        The list of ``num_hidden`` names.
+
+    Raises:
+        ValueError: an unknown name, or a sequence of the wrong length.
+    """
+    names = [activations] * num_hidden if isinstance(activations, str) else list(activations)
+    if len(names) != num_hidden:
+        raise ValueError(
+            f"activations: expected one name or {num_hidden} (one per hidden layer), got {len(names)}"
+        )
+    for name in names:
+        if name not in ACTIVATIONS:
+            raise ValueError(f"activations: expected names from {', '.join(ACTIVATIONS)}, got {name!r}")
+    return names
+
+
+def reference_sample(
+    x: torch.Tensor,
+    t_start: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor],
+    rule: StepRule,
+    num_steps: int,
+    *,
+    activations: str | Sequence[str] = "silu",
+    time_bias: torch.Tensor | None = None,
+    cond_bias: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+    return_chain: bool = False,
+) -> torch.Tensor:
+    """Run ``num_steps`` steps of ``rule`` with an MLP network, as plain PyTorch.
+
+    Step ``k`` uses step index ``s = t_start - k`` (per sample) into every
+    table::
+
+        h = x @ weights[0].T + biases[0] (+ time_bias[s]) (+ cond_bias)
+        e = the remaining Linear layers, activations[i] after each but the last
+        x0 = A[s] x - B[s] e, clamped to rule.clip
+        x = C[s] x0 + D[s] x + E[s] e + S[s] noise[k], clamped to rule.post_clip
+
+    Computes in the dtype of ``x``: the rule's tables and every other tensor
+    are converted to it (float64 ``x`` gives a float64 reference).
+
+    Args:
+        x: ``(batch, dim)`` samples at step index ``t_start``.
+        t_start: ``(batch,)`` integer tensor, each sample's first step index;
+            needs ``num_steps - 1 <= t_start < len(rule)``.
+        weights, biases: the MLP's Linear layers; ``weights[0]`` is
+            ``(H0, dim)`` (it sees ``x`` alone), the last outputs ``dim``.
+        rule: the :class:`StepRule`.
+        num_steps: K >= 0.
+        activations: a name from ``ACTIVATIONS`` or one per hidden layer.
+        time_bias: ``(len(rule), H0)`` or ``None``: added to the first layer at
+            each step index.
+        cond_bias: ``(batch, H0)`` or ``None``: added to the first layer.
+        noise: ``(num_steps, batch, dim)`` or ``None`` (no noise).
+        return_chain: return every sample ``(num_steps + 1, batch, dim)``,
+            the input first, instead of the last.
+
+    Returns:
+        ``(batch, dim)`` (or the chain) in the dtype of ``x``.
+
+    Raises:
+        ValueError: step indices outside the tables, a noise tensor of the
+            wrong shape, or bad activations.
+    """
+    names = resolve_activations(activations, len(weights) - 1)
+    batch = x.shape[0]
+    if num_steps < 0:
+        raise ValueError(f"num_steps: expected an integer >= 0, got {num_steps}")
+    if num_steps > 0 and (int(t_start.min()) < num_steps - 1 or int(t_start.max()) >= len(rule)):
+        raise ValueError(
+            f"t_start: expected values in [{num_steps - 1}, {len(rule)}) for {num_steps} steps of a rule "
+            f"of length {len(rule)}, got {int(t_start.min())}..{int(t_start.max())}"
+        )
+    if noise is not None and tuple(noise.shape) != (num_steps, *x.shape):
+        raise ValueError(f"noise: expected shape {(num_steps, *x.shape)}, got {tuple(noise.shape)}")
+
+    def cast(t):
+        return None if t is None else t.to(device=x.device, dtype=x.dtype)
+
+    A, B, C, D, E, S = cast(rule.tables())
+    weights = [cast(w) for w in weights]
+    biases = [cast(b) for b in biases]
+    time_bias, cond_bias, noise = cast(time_bias), cast(cond_bias), cast(noise)
+    t_start = t_start.to(x.device)
+
+    chain = [x]
+    x_cur = x
+    for k in range(num_steps):
+        s = t_start - k
+        h = F.linear(x_cur, weights[0], biases[0])
+        if time_bias is not None:
+            h = h + time_bias[s]
+        if cond_bias is not None:
+            h = h + cond_bias
+        for layer in range(1, len(weights)):
+            h = F.linear(ACTIVATIONS[names[layer - 1]](h), weights[layer], biases[layer])
+        e = h
+
+        def col(table):
+            return table[s].view(batch, 1)
+
+        x0 = col(A) * x_cur - col(B) * e
+        if rule.clip is not None:
+            x0 = x0.clamp(*rule.clip)
+        x_cur = col(C) * x0 + col(D) * x_cur + col(E) * e
+        if noise is not None:
+            x_cur = x_cur + col(S) * noise[k]
+        if rule.post_clip is not None:
+            x_cur = x_cur.clamp(*rule.post_clip)
+        chain.append(x_cur)
+    return torch.stack(chain) if return_chain else x_cur

@@ -181,7 +181,7 @@ def test_cpp_runs_aoti_package(tmp_path):
     build = tmp_path / "build"
     run_or_show([
         "cmake", "-S", str(source), "-B", str(build),
-        f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"])
+        f"-DTORCH_ROOT={pathlib.Path(torch.__file__).parent}"])
     run_or_show(["cmake", "--build", str(build)])
     batch = 3
     res = run_or_show([str(build / "run_sampler"), ddpm_ops.LIBRARY_PATH, package, str(batch)])
