@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <iterator>
 #include <sstream>
 
 namespace ddpm_ops {
@@ -23,13 +25,8 @@ void check_float32_on(const at::Tensor& t, const std::string& name,
               " must be on x's device ", x.device(), ", got ", t.device());
 }
 
-}  // namespace
-
-void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
-                             at::TensorList weights, at::TensorList biases,
-                             const at::Tensor& sqrt_recip_alphas,
-                             const at::Tensor& coef_eps, int64_t num_steps,
-                             int64_t total_timesteps, c10::string_view precision) {
+// x: (batch, dim) float32; t_start: (batch,) int64 or int32 on x's device.
+void check_x_and_t_start(const at::Tensor& x, const at::Tensor& t_start) {
   TORCH_CHECK(x.dim() == 2,
               "ddpm::fused_sample: x must be 2-D (batch, dim), got shape ",
               shape_of(x));
@@ -49,12 +46,17 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
   TORCH_CHECK(t_start.device() == x.device(),
               "ddpm::fused_sample: t_start must be on x's device ", x.device(),
               ", got ", t_start.device());
+}
 
+// weights and biases: an MLP of nn.Linear layers from first_in_features to
+// x's dim, float32 on x's device.
+void check_mlp(const at::Tensor& x, at::TensorList weights, at::TensorList biases,
+               const c10::SymInt& first_in_features, const char* first_note) {
   TORCH_CHECK(!weights.empty(),
               "ddpm::fused_sample: weights must hold at least one Linear weight, got an empty list");
   TORCH_CHECK(biases.size() == weights.size(), "ddpm::fused_sample: biases must hold one bias per "
               "weight (", weights.size(), "), got ", biases.size());
-  c10::SymInt in_features = dim + 1;  // the last input column is t / total_timesteps
+  c10::SymInt in_features = first_in_features;
   for (size_t l = 0; l < weights.size(); ++l) {
     const std::string w_name = "weights[" + std::to_string(l) + "]";
     const std::string b_name = "biases[" + std::to_string(l) + "]";
@@ -62,11 +64,11 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
     const at::Tensor& b = biases[l];
     TORCH_CHECK(w.dim() == 2 && w.sym_size(1) == in_features, "ddpm::fused_sample: ", w_name,
                 " must have the nn.Linear layout (out_features, ", in_features, ")",
-                l == 0 ? " where in_features = dim + 1 (the time column)" : "",
+                l == 0 ? first_note : "",
                 ", got shape ", shape_of(w));
     const bool last = l + 1 == weights.size();
-    TORCH_CHECK(!last || w.sym_size(0) == dim, "ddpm::fused_sample: ", w_name,
-                " is the last layer and must output dim = ", dim,
+    TORCH_CHECK(!last || w.sym_size(0) == x.sym_size(1), "ddpm::fused_sample: ", w_name,
+                " is the last layer and must output dim = ", x.sym_size(1),
                 " features, got shape ", shape_of(w));
     TORCH_CHECK(w.sym_size(0) >= 1, "ddpm::fused_sample: ", w_name,
                 " must have at least one output feature, got shape ", shape_of(w));
@@ -77,6 +79,17 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
     check_float32_on(b, b_name, x);
     in_features = w.sym_size(0);
   }
+}
+
+}  // namespace
+
+void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
+                             at::TensorList weights, at::TensorList biases,
+                             const at::Tensor& sqrt_recip_alphas,
+                             const at::Tensor& coef_eps, int64_t num_steps,
+                             int64_t total_timesteps, c10::string_view precision) {
+  check_x_and_t_start(x, t_start);
+  check_mlp(x, weights, biases, x.sym_size(1) + 1, " where in_features = dim + 1 (the time column)");
 
   TORCH_CHECK(sqrt_recip_alphas.dim() == 1 && sqrt_recip_alphas.sym_size(0) >= 1,
               "ddpm::fused_sample: sqrt_recip_alphas must be a non-empty 1-D table, got shape ",
@@ -97,6 +110,92 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
               "ddpm::fused_sample: total_timesteps must be >= 1 (it divides t), got ",
               total_timesteps);
   parse_precision(precision);
+}
+
+void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
+                            at::TensorList weights, at::TensorList biases,
+                            const at::Tensor& step_tables, int64_t num_steps,
+                            const std::vector<std::string>& activations,
+                            const std::optional<at::Tensor>& time_bias,
+                            const std::optional<at::Tensor>& cond_bias,
+                            OptionalRange clip,
+                            OptionalRange post_clip,
+                            const std::optional<at::Tensor>& noise, c10::string_view precision) {
+  check_x_and_t_start(x, t_start);
+  check_mlp(x, weights, biases, x.sym_size(1), " where in_features = dim (x alone)");
+  parse_activations(activations, static_cast<int64_t>(weights.size()));
+
+  TORCH_CHECK(step_tables.dim() == 2 && step_tables.sym_size(0) == kStepTables &&
+                  step_tables.sym_size(1) >= 1,
+              "ddpm::fused_sample: step_tables must have shape (6, steps) (the rows A, B, C, D, "
+              "E, S of the step rule), got shape ", shape_of(step_tables));
+  check_float32_on(step_tables, "step_tables", x);
+  const c10::SymInt& table_length = step_tables.sym_size(1);
+  TORCH_CHECK(num_steps >= 0, "ddpm::fused_sample: num_steps must be >= 0, got ", num_steps);
+  TORCH_CHECK(table_length >= num_steps, "ddpm::fused_sample: num_steps must be at most the "
+              "length of the step tables (", table_length, "), got ", num_steps);
+
+  const c10::SymInt& hidden0 = weights[0].sym_size(0);
+  if (time_bias.has_value()) {
+    TORCH_CHECK(time_bias->dim() == 2 && time_bias->sym_size(0) == table_length &&
+                    time_bias->sym_size(1) == hidden0,
+                "ddpm::fused_sample: time_bias must have shape (steps, out_features of "
+                "weights[0]) = (", table_length, ", ", hidden0, "), got shape ",
+                shape_of(*time_bias));
+    check_float32_on(*time_bias, "time_bias", x);
+  }
+  if (cond_bias.has_value()) {
+    TORCH_CHECK(cond_bias->dim() == 2 && cond_bias->sym_size(0) == x.sym_size(0) &&
+                    cond_bias->sym_size(1) == hidden0,
+                "ddpm::fused_sample: cond_bias must have shape (batch, out_features of "
+                "weights[0]) = (", x.sym_size(0), ", ", hidden0, "), got shape ",
+                shape_of(*cond_bias));
+    check_float32_on(*cond_bias, "cond_bias", x);
+  }
+  parse_clip(clip, "clip");
+  parse_clip(post_clip, "post_clip");
+  if (noise.has_value()) {
+    TORCH_CHECK(noise->dim() == 3 && noise->sym_size(0) == num_steps &&
+                    noise->sym_size(1) == x.sym_size(0) && noise->sym_size(2) == x.sym_size(1),
+                "ddpm::fused_sample: noise must have shape (num_steps, batch, dim) = (",
+                num_steps, ", ", x.sym_size(0), ", ", x.sym_size(1), "), got shape ",
+                shape_of(*noise));
+    check_float32_on(*noise, "noise", x);
+  }
+  parse_precision(precision);
+}
+
+std::vector<Activation> parse_activations(const std::vector<std::string>& names,
+                                          int64_t num_layers) {
+  TORCH_CHECK(static_cast<int64_t>(names.size()) == num_layers - 1,
+              "ddpm::fused_sample: activations must name one activation per hidden layer (",
+              num_layers - 1, " for ", num_layers, " weights), got ", names.size());
+  static const std::pair<const char*, Activation> known[] = {
+      {"silu", Activation::kSilu},       {"mish", Activation::kMish},
+      {"relu", Activation::kRelu},       {"gelu", Activation::kGelu},
+      {"gelu_tanh", Activation::kGeluTanh}, {"tanh", Activation::kTanh},
+      {"identity", Activation::kIdentity}};
+  std::vector<Activation> parsed;
+  for (size_t l = 0; l < names.size(); ++l) {
+    const auto* hit = std::find_if(std::begin(known), std::end(known),
+                                   [&](const auto& k) { return names[l] == k.first; });
+    TORCH_CHECK(hit != std::end(known), "ddpm::fused_sample: activations[", l, "] must be one of "
+                "silu, mish, relu, gelu, gelu_tanh, tanh, identity, got \"", names[l], "\"");
+    parsed.push_back(hit->second);
+  }
+  return parsed;
+}
+
+std::optional<std::pair<float, float>> parse_clip(OptionalRange range,
+                                                  const char* name) {
+  if (!range.has_value()) return std::nullopt;
+  TORCH_CHECK(range->size() == 2, "ddpm::fused_sample: ", name, " must be a (lo, hi) pair, got ",
+              range->size(), " values");
+  const double lo = (*range)[0], hi = (*range)[1];
+  // !(lo <= hi) also refuses NaN bounds.
+  TORCH_CHECK(lo <= hi, "ddpm::fused_sample: ", name, " must have lo <= hi, got (", lo, ", ",
+              hi, ")");
+  return std::make_pair(static_cast<float>(lo), static_cast<float>(hi));
 }
 
 void check_timesteps_in_range(const at::Tensor& t_start, int64_t num_steps,

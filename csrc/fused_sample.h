@@ -5,7 +5,18 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "activation.h"
+
 namespace ddpm_ops {
+
+// A schema `float[]?` (clip ranges). Not c10::OptionalArrayRef: torch cannot
+// infer a schema type from it.
+using OptionalRange = std::optional<c10::ArrayRef<double>>;
 
 // Shape, dtype and device checks that do not look at tensor values. Written
 // against symbolic sizes so the Meta kernel (torch.compile, torch.export) runs
@@ -15,6 +26,30 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
                              const at::Tensor& sqrt_recip_alphas,
                              const at::Tensor& coef_eps, int64_t num_steps,
                              int64_t total_timesteps, c10::string_view precision);
+
+// The checks of the step-rule overload (fused_sample.rule), the same way.
+void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
+                            at::TensorList weights, at::TensorList biases,
+                            const at::Tensor& step_tables, int64_t num_steps,
+                            const std::vector<std::string>& activations,
+                            const std::optional<at::Tensor>& time_bias,
+                            const std::optional<at::Tensor>& cond_bias,
+                            OptionalRange clip,
+                            OptionalRange post_clip,
+                            const std::optional<at::Tensor>& noise, c10::string_view precision);
+
+// step_tables' rows, in this order: x0 = A x - B e; x = C x0 + D x + E e + S z.
+constexpr int64_t kStepTables = 6;
+enum StepTable : int64_t { kA, kB, kC, kD, kE, kS };
+
+// One activation per hidden layer (num_layers - 1 names), or an error naming
+// the argument.
+std::vector<Activation> parse_activations(const std::vector<std::string>& names,
+                                          int64_t num_layers);
+
+// A clamp range (lo, hi) with lo <= hi, or nullopt; `name` is the argument's.
+std::optional<std::pair<float, float>> parse_clip(OptionalRange range,
+                                                  const char* name);
 
 // The data-dependent check: every timestep t_start - k, k < num_steps, must
 // index the coefficient tables. Reads t_start's values, so on CUDA it
@@ -38,6 +73,18 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
                             const at::Tensor& coef_eps, int64_t num_steps,
                             int64_t total_timesteps, bool validate,
                             c10::string_view precision);
+
+// The step-rule overload's CPU kernel.
+at::Tensor fused_sample_rule_cpu(const at::Tensor& x, const at::Tensor& t_start,
+                                 at::TensorList weights, at::TensorList biases,
+                                 const at::Tensor& step_tables, int64_t num_steps,
+                                 const std::vector<std::string>& activations,
+                                 const std::optional<at::Tensor>& time_bias,
+                                 const std::optional<at::Tensor>& cond_bias,
+                                 OptionalRange clip,
+                                 OptionalRange post_clip,
+                                 const std::optional<at::Tensor>& noise, bool return_chain,
+                                 bool validate, c10::string_view precision);
 
 at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
                              at::TensorList weights, at::TensorList biases,

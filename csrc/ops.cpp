@@ -1,6 +1,13 @@
 // The schema of ddpm::fused_sample (the one place it is written), its Meta
-// kernel for torch.compile / torch.export, and its inference-only Autograd
-// kernel. Backend kernels register themselves in csrc/cpu and csrc/cuda.
+// kernels for torch.compile / torch.export, and its inference-only Autograd
+// kernels. Backend kernels register themselves in csrc/cpu and csrc/cuda.
+//
+// Two overloads:
+//   fused_sample       the time-column loop: input cat([x, t / T]), SiLU,
+//                      x = sqrt_recip_alphas[t] * (x - coef_eps[t] * eps);
+//   fused_sample.rule  the general step: layer 0 on x alone plus bias rows
+//                      (time_bias[s], cond_bias), an activation per layer, the
+//                      step rule's six tables, clamps, noise, optionally the chain.
 #include "fused_sample.h"
 
 #include <ATen/ATen.h>
@@ -9,6 +16,31 @@
 
 namespace ddpm_ops {
 namespace {
+
+// Neither derivative exists: refuse a call that would need one, instead of
+// returning an output whose gradient or tangent is silently missing.
+// Forward-mode tangents (torch.func.jvp, torch.autograd.forward_ad) are
+// carried whatever the grad mode.
+void refuse_derivatives(const at::Tensor& t, const std::string& what) {
+  const bool needs_grad = at::GradMode::is_enabled() && t.requires_grad();
+  const bool has_tangent = t._fw_grad(/*level=*/0).defined();
+  TORCH_CHECK(!needs_grad, "ddpm::fused_sample is inference-only (it has no backward), but ",
+              what, " requires grad. Call it under torch.no_grad() or torch.inference_mode(), "
+              "or pass detached tensors.");
+  TORCH_CHECK(!has_tangent, "ddpm::fused_sample is inference-only (it has no forward-mode "
+              "derivative), but ", what, " carries a forward-mode tangent (torch.func.jvp or "
+              "torch.autograd.forward_ad). Pass the primal tensor instead.");
+}
+
+void refuse_derivatives_of_each(at::TensorList list, const char* name) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    refuse_derivatives(list[i], std::string(name) + "[" + std::to_string(i) + "]");
+  }
+}
+
+void refuse_derivatives_if_given(const std::optional<at::Tensor>& t, const char* name) {
+  if (t.has_value()) refuse_derivatives(*t, name);
+}
 
 at::Tensor fused_sample_meta(const at::Tensor& x, const at::Tensor& t_start,
                              at::TensorList weights, at::TensorList biases,
@@ -29,29 +61,11 @@ at::Tensor fused_sample_autograd(const at::Tensor& x, const at::Tensor& t_start,
                                  const at::Tensor& coef_eps, int64_t num_steps,
                                  int64_t total_timesteps, bool validate,
                                  c10::string_view precision) {
-  // Neither derivative exists: refuse a call that would need one, instead of
-  // returning an output whose gradient or tangent is silently missing.
-  // Forward-mode tangents (torch.func.jvp, torch.autograd.forward_ad) are
-  // carried whatever the grad mode.
-  const bool grad_mode = at::GradMode::is_enabled();
-  auto refuse_derivatives = [grad_mode](const at::Tensor& t, const char* name, int64_t index) {
-    const bool needs_grad = grad_mode && t.requires_grad();
-    const bool has_tangent = t._fw_grad(/*level=*/0).defined();
-    if (!needs_grad && !has_tangent) return;
-    const std::string what = index < 0 ? std::string(name)
-                                       : std::string(name) + "[" + std::to_string(index) + "]";
-    TORCH_CHECK(!needs_grad, "ddpm::fused_sample is inference-only (it has no backward), but ",
-                what, " requires grad. Call it under torch.no_grad() or torch.inference_mode(), "
-                "or pass detached tensors.");
-    TORCH_CHECK(false, "ddpm::fused_sample is inference-only (it has no forward-mode derivative), "
-                "but ", what, " carries a forward-mode tangent (torch.func.jvp or "
-                "torch.autograd.forward_ad). Pass the primal tensor instead.");
-  };
-  refuse_derivatives(x, "x", -1);
-  for (size_t l = 0; l < weights.size(); ++l) refuse_derivatives(weights[l], "weights", l);
-  for (size_t l = 0; l < biases.size(); ++l) refuse_derivatives(biases[l], "biases", l);
-  refuse_derivatives(sqrt_recip_alphas, "sqrt_recip_alphas", -1);
-  refuse_derivatives(coef_eps, "coef_eps", -1);
+  refuse_derivatives(x, "x");
+  refuse_derivatives_of_each(weights, "weights");
+  refuse_derivatives_of_each(biases, "biases");
+  refuse_derivatives(sqrt_recip_alphas, "sqrt_recip_alphas");
+  refuse_derivatives(coef_eps, "coef_eps");
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("ddpm::fused_sample", "")
                        .typed<decltype(fused_sample_autograd)>();
@@ -60,19 +74,74 @@ at::Tensor fused_sample_autograd(const at::Tensor& x, const at::Tensor& t_start,
                  total_timesteps, validate, precision);
 }
 
+at::Tensor fused_sample_rule_meta(const at::Tensor& x, const at::Tensor& t_start,
+                                  at::TensorList weights, at::TensorList biases,
+                                  const at::Tensor& step_tables, int64_t num_steps,
+                                  const std::vector<std::string>& activations,
+                                  const std::optional<at::Tensor>& time_bias,
+                                  const std::optional<at::Tensor>& cond_bias,
+                                  OptionalRange clip,
+                                  OptionalRange post_clip,
+                                  const std::optional<at::Tensor>& noise, bool return_chain,
+                                  bool /*validate*/, c10::string_view precision) {
+  check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
+                         time_bias, cond_bias, clip, post_clip, noise, precision);
+  if (return_chain) {
+    return at::empty_symint({num_steps + 1, x.sym_size(0), x.sym_size(1)}, x.options());
+  }
+  return at::empty_symint(x.sym_sizes(), x.options());
+}
+
+at::Tensor fused_sample_rule_autograd(const at::Tensor& x, const at::Tensor& t_start,
+                                      at::TensorList weights, at::TensorList biases,
+                                      const at::Tensor& step_tables, int64_t num_steps,
+                                      const std::vector<std::string>& activations,
+                                      const std::optional<at::Tensor>& time_bias,
+                                      const std::optional<at::Tensor>& cond_bias,
+                                      OptionalRange clip,
+                                      OptionalRange post_clip,
+                                      const std::optional<at::Tensor>& noise, bool return_chain,
+                                      bool validate, c10::string_view precision) {
+  refuse_derivatives(x, "x");
+  refuse_derivatives_of_each(weights, "weights");
+  refuse_derivatives_of_each(biases, "biases");
+  refuse_derivatives(step_tables, "step_tables");
+  refuse_derivatives_if_given(time_bias, "time_bias");
+  refuse_derivatives_if_given(cond_bias, "cond_bias");
+  refuse_derivatives_if_given(noise, "noise");
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("ddpm::fused_sample", "rule")
+                       .typed<decltype(fused_sample_rule_autograd)>();
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
+                 cond_bias, clip, post_clip, noise, return_chain, validate, precision);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(ddpm, m) {
-  // New capabilities arrive as trailing arguments with defaults, so programs
-  // saved with an older schema keep loading.
+  // New capabilities arrive as trailing arguments with defaults, or as a new
+  // overload, so programs saved with an older schema keep loading.
   m.def(
       "fused_sample(Tensor x, Tensor t_start, Tensor[] weights, Tensor[] biases, "
       "Tensor sqrt_recip_alphas, Tensor coef_eps, int num_steps, int total_timesteps, "
       "bool validate=False, str precision=\"fp32\") -> Tensor");
+  m.def(
+      "fused_sample.rule(Tensor x, Tensor t_start, Tensor[] weights, Tensor[] biases, "
+      "Tensor step_tables, int num_steps, str[] activations, Tensor? time_bias=None, "
+      "Tensor? cond_bias=None, float[]? clip=None, float[]? post_clip=None, "
+      "Tensor? noise=None, bool return_chain=False, bool validate=False, "
+      "str precision=\"fp32\") -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(ddpm, Meta, m) { m.impl("fused_sample", &fused_sample_meta); }
+TORCH_LIBRARY_IMPL(ddpm, Meta, m) {
+  m.impl("fused_sample", &fused_sample_meta);
+  m.impl("fused_sample.rule", &fused_sample_rule_meta);
+}
 
-TORCH_LIBRARY_IMPL(ddpm, Autograd, m) { m.impl("fused_sample", &fused_sample_autograd); }
+TORCH_LIBRARY_IMPL(ddpm, Autograd, m) {
+  m.impl("fused_sample", &fused_sample_autograd);
+  m.impl("fused_sample.rule", &fused_sample_rule_autograd);
+}
 
 }  // namespace ddpm_ops

@@ -18,7 +18,7 @@ from .graph_pass import (
     disable_auto_rewrite,
     enable_auto_rewrite,
 )
-from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, silu_mlp
+from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, sample, silu_mlp
 from . import conditioning, step_rules
 from .conditioning import cond_bias, split_first_linear, time_bias, time_bias_from_module
 from .reference import reference, reference_sample
@@ -44,6 +44,7 @@ __all__ = [
     "conditioning",
     "reference",
     "reference_sample",
+    "sample",
     "silu_mlp",
     "split_first_linear",
     "step_rules",

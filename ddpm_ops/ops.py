@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 from . import _library  # noqa: F401  (registers ddpm::fused_sample)
+from .reference import resolve_activations
+from .step_rules import StepRule
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 
@@ -78,6 +80,107 @@ def fused_sample(
         _as_int("num_steps", num_steps), _as_int("total_timesteps", total_timesteps), validate,
         precision,
     )
+
+
+def sample(
+    x: torch.Tensor,
+    t_start: torch.Tensor | int,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor],
+    rule: StepRule,
+    num_steps: int,
+    *,
+    activations: str | Sequence[str] = "silu",
+    time_bias: torch.Tensor | None = None,
+    cond_bias: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    return_chain: bool = False,
+    precision: str = "fp32",
+    validate: bool = False,
+) -> torch.Tensor:
+    """Run ``num_steps`` steps of a diffusion sampler with an MLP network as one op.
+
+    Equal to :func:`ddpm_ops.reference_sample`: at step ``k`` every sample is at
+    step index ``s = t_start - k`` (an index into the rule's tables, not
+    necessarily a training timestep: a strided DDIM rule has one entry per
+    inference step), and::
+
+        h  = x @ weights[0].T + biases[0] + time_bias[s] + cond_bias
+        e  = the rest of the MLP on h (activations[l] after every Linear but the last)
+        x0 = rule.A[s] * x - rule.B[s] * e,   clamped to rule.clip
+        x  = rule.C[s] * x0 + rule.D[s] * x + rule.E[s] * e + rule.S[s] * z_k,
+             clamped to rule.post_clip
+
+    Args:
+        x: ``(batch, dim)`` float32, or ``(batch, *event)`` (an action chunk
+            ``(batch, horizon, action_dim)``, say), flattened to ``dim``
+            features for the network and shaped back on return.
+        t_start: ``(batch,)`` int64/int32 step indices, or one Python int for
+            the whole batch; every ``t_start - k`` must index the rule's tables.
+        weights, biases: the MLP's ``nn.Linear`` parameters; ``weights[0]`` is
+            ``(H0, dim)``, the first Linear's columns for x alone (see
+            :func:`ddpm_ops.split_first_linear` for a network whose input
+            concatenates x with a time embedding or an observation); the last
+            layer outputs ``dim``.
+        rule: the :class:`~ddpm_ops.StepRule` (see :mod:`ddpm_ops.step_rules`);
+            moved to x's device if it lives elsewhere.
+        num_steps: K >= 0, at most ``len(rule)``.
+        activations: one name for every hidden layer, or one per hidden layer:
+            ``"silu"``, ``"mish"``, ``"relu"``, ``"gelu"``, ``"gelu_tanh"``,
+            ``"tanh"``, ``"identity"``.
+        time_bias: ``(len(rule), H0)``: row ``s`` is added to the first Linear's
+            output at step index ``s`` (:func:`ddpm_ops.time_bias_from_module`).
+        cond_bias: ``(batch, H0)``, or ``(H0,)`` for the whole batch: added to the
+            first Linear's output at every step (:func:`ddpm_ops.cond_bias`).
+        noise: ``z``, shaped ``(num_steps, *x.shape)``. When it is not given and
+            the rule adds noise, it is drawn with ``torch.randn`` from
+            ``generator`` (or torch's default generator) before the op runs, so
+            a run is reproducible from the generator's state.
+        generator: the ``torch.Generator`` to draw the noise from.
+        return_chain: return every sample ``x_0 .. x_K`` stacked,
+            ``(num_steps + 1, *x.shape)``, ``x_0`` being the input.
+        precision: ``"fp32"``: relative error at most 1e-5 against float64.
+        validate: on CUDA, check the step indices on the host and raise for one
+            outside the tables (a sync); without it such rows are NaN. The CPU
+            always checks and raises.
+
+    Returns:
+        A new float32 tensor shaped like ``x`` (or the chain); inputs are never
+        mutated.
+
+    Raises:
+        RuntimeError: a bad argument (the message names it, what was expected
+            and what was given), or a call under grad mode with an input that
+            requires grad (the op is inference-only).
+        TypeError, ValueError: a count that is not an int; unknown activations.
+    """
+    if not isinstance(rule, StepRule):
+        raise TypeError(f"rule: expected a ddpm_ops.StepRule, got {type(rule).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"x: expected (batch, dim) or (batch, *event), got shape {tuple(x.shape)}")
+    num_steps = _as_int("num_steps", num_steps)
+    batch, event = x.shape[0], x.shape[1:]
+    flat = x.reshape(batch, -1)
+    if rule.device != x.device:
+        rule = rule.to(x.device)
+    if cond_bias is not None and cond_bias.dim() == 1:
+        cond_bias = cond_bias.expand(batch, -1)
+    if noise is not None:
+        if noise.shape != (num_steps, *x.shape):
+            raise ValueError(f"noise: expected shape {(num_steps, *x.shape)} (num_steps, *x.shape), "
+                             f"got {tuple(noise.shape)}")
+        noise = noise.reshape(num_steps, batch, -1)
+    elif rule.adds_noise and num_steps > 0:
+        noise = torch.randn((num_steps, *flat.shape), generator=generator, dtype=x.dtype, device=x.device)
+    out = torch.ops.ddpm.fused_sample.rule(
+        flat, _as_timesteps(t_start, x), list(weights), list(biases), rule.tables(), num_steps,
+        resolve_activations(activations, len(weights) - 1), time_bias, cond_bias,
+        None if rule.clip is None else list(rule.clip),
+        None if rule.post_clip is None else list(rule.post_clip),
+        noise, return_chain, validate, precision,
+    )
+    return out.reshape(num_steps + 1, *x.shape) if return_chain else out.reshape(x.shape)
 
 
 def _as_timesteps(t_start, x: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -119,25 +120,40 @@ const Tuning& tuning(bool simd) {
   return t;
 }
 
-}  // namespace
+// Both overloads, once their arguments are in a plan: weights[0] is layer 0 on
+// x alone (a view of the time-column overload's weight), the time-column
+// weights, bias tensors and step tables set in `plan` by the caller.
+struct CpuProblem {
+  const at::Tensor& x;
+  const at::Tensor& t_start;
+  std::vector<at::Tensor> weights;  // weights[0]: (out_0, dim), any row stride
+  at::TensorList biases;
+  std::vector<Activation> activations;
+  bool return_chain = false;
+};
 
-at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
-                            at::TensorList weights, at::TensorList biases,
-                            const at::Tensor& sqrt_recip_alphas,
-                            const at::Tensor& coef_eps, int64_t num_steps,
-                            int64_t total_timesteps, bool /*validate: always on*/,
-                            c10::string_view precision) {
-  check_fused_sample_args(x, t_start, weights, biases, sqrt_recip_alphas, coef_eps,
-                          num_steps, total_timesteps, precision);
-  const int64_t table_length = sqrt_recip_alphas.size(0);
-  check_timesteps_in_range(t_start, num_steps, table_length);
+// A row-major view with unit column stride (no copy when it already is one).
+at::Tensor rows_unit_stride(const at::Tensor& t) {
+  return t.stride(-1) == 1 && t.stride(0) >= t.size(-1) ? t : t.contiguous();
+}
 
-  at::Tensor out = x.clone(at::MemoryFormat::Contiguous);
+at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
+  const at::Tensor& x = problem.x;
   const int64_t batch = x.size(0);
   const int64_t dim = x.size(1);
-  const int64_t num_layers = static_cast<int64_t>(weights.size());
+  const int64_t num_layers = static_cast<int64_t>(problem.weights.size());
+  const int64_t num_steps = plan.num_steps;
+  at::Tensor chain, out;
+  if (problem.return_chain) {
+    chain = at::empty({num_steps + 1, batch, dim}, x.options());
+    chain[0].copy_(x);
+    // The working rows are a buffer of their own: chain[k + 1] is written after step k.
+    out = num_steps == 0 ? chain[0] : x.clone(at::MemoryFormat::Contiguous);
+  } else {
+    out = x.clone(at::MemoryFormat::Contiguous);
+  }
   if (num_steps == 0 || batch == 0) {
-    return out;
+    return problem.return_chain ? chain : out;
   }
   const Kernels& kern = kernels();
 
@@ -156,39 +172,33 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
   tile_rows = (batch + num_tiles - 1) / num_tiles;  // balance the tiles
 
   // ---- Everything the step loop reads, prepared before it.
-  std::vector<int64_t> in_f(num_layers), out_f(num_layers);
+  std::vector<int64_t> in_f(num_layers), out_f(num_layers), weight_ld(num_layers);
   std::vector<at::Tensor> weight_c(num_layers), bias_c(num_layers);
-  int64_t widest = dim + 1;
+  std::vector<const float*> weight_p(num_layers), bias_p(num_layers);
+  int64_t widest = dim;
   for (int64_t l = 0; l < num_layers; ++l) {
-    weight_c[l] = weights[l].contiguous();
-    bias_c[l] = biases[l].contiguous();
-    out_f[l] = weights[l].size(0);
-    in_f[l] = weights[l].size(1);
+    weight_c[l] = rows_unit_stride(problem.weights[l]);
+    bias_c[l] = problem.biases[l].contiguous();
+    out_f[l] = weight_c[l].size(0);
+    in_f[l] = weight_c[l].size(1);
+    weight_ld[l] = weight_c[l].stride(0);
+    weight_p[l] = weight_c[l].data_ptr<float>();
+    bias_p[l] = bias_c[l].data_ptr<float>();
     widest = std::max(widest, out_f[l]);
   }
-  const at::Tensor t_long = t_start.to(at::kLong).contiguous();
-  const at::Tensor c1_table = sqrt_recip_alphas.contiguous();
-  const at::Tensor c2_table = coef_eps.contiguous();
-
-  MlpPlan plan;
+  const at::Tensor t_long = problem.t_start.to(at::kLong).contiguous();
+  plan.batch = batch;
   plan.dim = dim;
   plan.num_layers = num_layers;
-  plan.num_steps = num_steps;
   plan.act_ld = round_up(widest, kPad);
   plan.in_f = in_f.data();
   plan.out_f = out_f.data();
-  plan.t_start = t_long.data_ptr<int64_t>();
-  plan.c1 = c1_table.data_ptr<float>();
-  plan.c2 = c2_table.data_ptr<float>();
-  plan.total_timesteps = static_cast<float>(total_timesteps);
-
-  std::vector<const float*> weight_p(num_layers), bias_p(num_layers);
-  for (int64_t l = 0; l < num_layers; ++l) {
-    weight_p[l] = weight_c[l].data_ptr<float>();
-    bias_p[l] = bias_c[l].data_ptr<float>();
-  }
+  plan.act = problem.activations.data();
   plan.weight = weight_p.data();
+  plan.weight_ld = weight_ld.data();
   plan.bias = bias_p.data();
+  plan.t_start = t_long.data_ptr<int64_t>();
+  plan.chain = problem.return_chain ? chain.data_ptr<float>() : nullptr;
   const bool use_dot = use_vec && tile_rows <= tune.dot_rows;
 
   // Vectorised path: (in, out_pad) weight panels and padded biases, zero-filled.
@@ -205,8 +215,7 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
       const int64_t op = round_up(out_f[l], kPad);
       float* panel = p;
       float* b = panel + in_f[l] * op;
-      kern.pack_layer(weight_c[l].data_ptr<float>(), bias_c[l].data_ptr<float>(), out_f[l],
-                      in_f[l], panel, b);
+      kern.pack_layer(weight_p[l], weight_ld[l], bias_p[l], out_f[l], in_f[l], panel, b);
       packed_w[l] = panel;
       packed_b[l] = b;
       p += (in_f[l] + 1) * op;
@@ -219,8 +228,9 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
   const int64_t ld = plan.act_ld;
 
   auto run_tiles = [&](int64_t tile_begin, int64_t tile_end) {
-    // Scratch for this thread's tiles, allocated once, before any step loop.
-    std::vector<float> scratch(2 * tile_rows * ld);
+    // Scratch for this thread's tiles, allocated once, before any step loop:
+    // two activation buffers and layer 0's bias rows.
+    std::vector<float> scratch(3 * tile_rows * ld, 0.f);
     if (use_vec) {
       for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
         const int64_t row0 = tile * tile_rows;
@@ -234,28 +244,34 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const at::TensorOptions opts = x.options();
     float* bufs[2] = {scratch.data(), scratch.data() + tile_rows * ld};
+    float* row_bias = scratch.data() + 2 * tile_rows * ld;
     std::vector<at::Tensor> w_t(num_layers);
     for (int64_t l = 0; l < num_layers; ++l) w_t[l] = weight_c[l].t();
     for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
       const int64_t row0 = tile * tile_rows;
       const int64_t rows = std::min(tile_rows, batch - row0);
-      // Views of the scratch buffers for every layer, made before the step loop.
+      float* x_tile = x_data + row0 * dim;
+      // Views of x and the scratch buffers for every layer, made before the step loop.
       std::vector<at::Tensor> layer_in(num_layers), layer_out(num_layers);
       for (int64_t l = 0; l < num_layers; ++l) {
-        layer_in[l] = at::from_blob(bufs[l % 2], {rows, in_f[l]}, {ld, 1}, opts);
-        layer_out[l] = at::from_blob(bufs[(l + 1) % 2], {rows, out_f[l]}, {ld, 1}, opts);
+        layer_in[l] = l == 0 ? at::from_blob(x_tile, {rows, dim}, {dim, 1}, opts)
+                             : at::from_blob(bufs[(l - 1) % 2], {rows, in_f[l]}, {ld, 1}, opts);
+        layer_out[l] = at::from_blob(bufs[l % 2], {rows, out_f[l]}, {ld, 1}, opts);
       }
-      float* x_tile = x_data + row0 * dim;
       for (int64_t k = 0; k < num_steps; ++k) {
-        kern.fill_input(plan, x_tile, row0, rows, bufs[0], ld, k);
-        for (int64_t l = 0; l + 1 < num_layers; ++l) {
+        if (plan.row_bias()) kern.first_bias(plan, row0, rows, row_bias, ld, k);
+        for (int64_t l = 0; l < num_layers; ++l) {
           at::mm_out(layer_out[l], layer_in[l], w_t[l]);
-          kern.bias_act(bufs[(l + 1) % 2], ld, rows, out_f[l], bias_c[l].data_ptr<float>(), true);
+          const bool own_rows = l == 0 && plan.row_bias();
+          const bool last = l + 1 == num_layers;
+          if (!last || own_rows) {
+            kern.bias_act(bufs[l % 2], ld, rows, out_f[l], own_rows ? row_bias : bias_p[l],
+                          own_rows ? ld : 0, last ? Activation::kIdentity : plan.act[l]);
+          }
         }
-        const int64_t last = num_layers - 1;
-        at::mm_out(layer_out[last], layer_in[last], w_t[last]);
-        kern.ddpm_update(plan, x_tile, row0, rows, bufs[num_layers % 2], ld,
-                         bias_c[last].data_ptr<float>(), k);
+        const bool bias_added = num_layers == 1 && plan.row_bias();
+        kern.step_update(plan, x_tile, row0, rows, bufs[(num_layers - 1) % 2], ld,
+                         bias_added ? nullptr : bias_p[num_layers - 1], k);
       }
     }
   };
@@ -264,9 +280,88 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
   } else {
     at::parallel_for(0, num_tiles, 1, run_tiles);
   }
-  return out;
+  return problem.return_chain ? chain : out;
 }
 
-TORCH_LIBRARY_IMPL(ddpm, CPU, m) { m.impl("fused_sample", &fused_sample_cpu); }
+// A table row that is all `value` needs no arithmetic: null it (the plan's
+// identity for that term), so a rule without a term runs as fast as one
+// that never had it.
+const float* unless_all(const at::Tensor& row, float value) {
+  return at::all(row == value).item<bool>() ? nullptr : row.data_ptr<float>();
+}
+
+}  // namespace
+
+at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
+                            at::TensorList weights, at::TensorList biases,
+                            const at::Tensor& sqrt_recip_alphas,
+                            const at::Tensor& coef_eps, int64_t num_steps,
+                            int64_t total_timesteps, bool /*validate: always on*/,
+                            c10::string_view precision) {
+  check_fused_sample_args(x, t_start, weights, biases, sqrt_recip_alphas, coef_eps,
+                          num_steps, total_timesteps, precision);
+  check_timesteps_in_range(t_start, num_steps, sqrt_recip_alphas.size(0));
+  const int64_t dim = x.size(1);
+  // The t / T input column is layer 0's last: a bias row (s / T) * w[:, dim].
+  CpuProblem problem{x, t_start, std::vector<at::Tensor>(weights.begin(), weights.end()), biases,
+                     std::vector<Activation>(weights.size() - 1, Activation::kSilu)};
+  problem.weights[0] = weights[0].narrow(1, 0, dim);
+  const at::Tensor time_weight = weights[0].select(1, dim).contiguous();
+  const at::Tensor c1 = sqrt_recip_alphas.contiguous(), c2 = coef_eps.contiguous();
+  MlpPlan plan;
+  plan.num_steps = num_steps;
+  plan.time_weight = time_weight.data_ptr<float>();
+  plan.total_timesteps = static_cast<float>(total_timesteps);
+  plan.B = c2.data_ptr<float>();
+  plan.C = c1.data_ptr<float>();
+  return run(problem, plan);
+}
+
+at::Tensor fused_sample_rule_cpu(const at::Tensor& x, const at::Tensor& t_start,
+                                 at::TensorList weights, at::TensorList biases,
+                                 const at::Tensor& step_tables, int64_t num_steps,
+                                 const std::vector<std::string>& activations,
+                                 const std::optional<at::Tensor>& time_bias,
+                                 const std::optional<at::Tensor>& cond_bias,
+                                 OptionalRange clip,
+                                 OptionalRange post_clip,
+                                 const std::optional<at::Tensor>& noise, bool return_chain,
+                                 bool /*validate: always on*/, c10::string_view precision) {
+  check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
+                         time_bias, cond_bias, clip, post_clip, noise, precision);
+  check_timesteps_in_range(t_start, num_steps, step_tables.size(1));
+  CpuProblem problem{x, t_start, std::vector<at::Tensor>(weights.begin(), weights.end()), biases,
+                     parse_activations(activations, static_cast<int64_t>(weights.size())),
+                     return_chain};
+  const at::Tensor tables = step_tables.contiguous();
+  const at::Tensor time = time_bias.has_value() ? time_bias->contiguous() : at::Tensor();
+  const at::Tensor cond = cond_bias.has_value() ? cond_bias->contiguous() : at::Tensor();
+  const at::Tensor z = noise.has_value() ? noise->contiguous() : at::Tensor();
+  MlpPlan plan;
+  plan.num_steps = num_steps;
+  plan.time_bias = time.defined() ? time.data_ptr<float>() : nullptr;
+  plan.cond_bias = cond.defined() ? cond.data_ptr<float>() : nullptr;
+  plan.A = unless_all(tables[kA], 1.f);
+  plan.B = tables[kB].data_ptr<float>();
+  plan.C = tables[kC].data_ptr<float>();
+  plan.D = unless_all(tables[kD], 0.f);
+  plan.E = unless_all(tables[kE], 0.f);
+  plan.S = unless_all(tables[kS], 0.f);
+  plan.noise = z.defined() ? z.data_ptr<float>() : nullptr;
+  if (const auto range = parse_clip(clip, "clip")) {
+    plan.clip = true;
+    std::tie(plan.clip_lo, plan.clip_hi) = *range;
+  }
+  if (const auto range = parse_clip(post_clip, "post_clip")) {
+    plan.post_clip = true;
+    std::tie(plan.post_lo, plan.post_hi) = *range;
+  }
+  return run(problem, plan);
+}
+
+TORCH_LIBRARY_IMPL(ddpm, CPU, m) {
+  m.impl("fused_sample", &fused_sample_cpu);
+  m.impl("fused_sample.rule", &fused_sample_rule_cpu);
+}
 
 }  // namespace ddpm_ops

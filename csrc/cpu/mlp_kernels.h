@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "../activation.h"
+
 namespace ddpm_ops {
 namespace cpu {
 
@@ -16,16 +18,26 @@ constexpr int64_t kPad = 16;
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// Everything the step loop reads, prepared once per call before it.
+// Everything the step loop reads, prepared once per call before it. One step
+// of row r at step index s = t_start[r] - k:
+//   h  = W0 x + b0 + time_bias[s] + (s / T) * time_weight + cond_bias[r]
+//   e  = the rest of the MLP (act[l] after every layer l but the last)
+//   x0 = A[s] x - B[s] e, clamped to [clip_lo, clip_hi] when clip
+//   x  = C[s] x0 + D[s] x + E[s] e + S[s] noise[k, r], then clamped when post_clip
+// A null table stands for its identity (A: 1; D, E, S: 0), so a rule that
+// lacks a term costs nothing for it.
 struct MlpPlan {
-  int64_t dim = 0;         // features of x; layer 0 reads dim + 1 (the time column)
-  int64_t num_layers = 0;  // L >= 1, SiLU between layers
+  int64_t batch = 0;
+  int64_t dim = 0;         // features of x, the input of layer 0
+  int64_t num_layers = 0;  // L >= 1
   int64_t num_steps = 0;   // K
   int64_t act_ld = 0;      // row stride of the activation buffers (multiple of kPad)
   const int64_t* in_f = nullptr;   // [L] input features of layer l
   const int64_t* out_f = nullptr;  // [L] output features of layer l
-  // nn.Linear weights (out_f, in_f) and biases, contiguous.
+  const Activation* act = nullptr; // [L - 1] activation after layer l
+  // nn.Linear weights (out_f, in_f) with row stride weight_ld[l], and biases.
   const float* const* weight = nullptr;
+  const int64_t* weight_ld = nullptr;
   const float* const* bias = nullptr;
   // Vectorised path: weights packed transposed, (in_f[l], round_up(out_f[l], kPad))
   // row-major with zero columns past out_f[l]; biases zero-padded the same way.
@@ -34,28 +46,42 @@ struct MlpPlan {
   // When packed_w is nullptr, vec_tile runs the dot-product kernel on `weight`
   // row by row instead (no packing: the fastest for a single row).
   const int64_t* t_start = nullptr;  // [batch] int64
-  const float* c1 = nullptr;         // sqrt_recip_alphas table
-  const float* c2 = nullptr;         // coef_eps table
+
+  // Layer 0's extra bias rows; any may be null.
+  const float* time_bias = nullptr;    // (steps table, out_f[0]), row stride out_f[0]
+  const float* time_weight = nullptr;  // (out_f[0]): the t / T input column's weights
   float total_timesteps = 1.f;
+  const float* cond_bias = nullptr;    // (batch, out_f[0]), row stride out_f[0]
+
+  const float *A = nullptr, *B = nullptr, *C = nullptr, *D = nullptr, *E = nullptr, *S = nullptr;
+  bool clip = false, post_clip = false;
+  float clip_lo = 0.f, clip_hi = 0.f, post_lo = 0.f, post_hi = 0.f;
+  const float* noise = nullptr;  // (K, batch, dim); null: no noise term
+  float* chain = nullptr;        // (K + 1, batch, dim): x after step k goes to chain[k + 1]
+
+  // Whether layer 0 needs bias rows of its own (else it uses bias[0] for every row).
+  bool row_bias() const { return time_bias != nullptr || time_weight != nullptr || cond_bias != nullptr; }
 };
 
 // One instruction set's kernels.
 struct Kernels {
   const char* name;
   // All K steps for rows [row0, row0 + rows) of x (row-major, stride dim, updated
-  // in place). scratch holds 2 * rows * plan.act_ld floats.
+  // in place). scratch holds 3 * rows * plan.act_ld floats, zero-filled.
   void (*vec_tile)(const MlpPlan& plan, float* x, int64_t row0, int64_t rows, float* scratch);
-  // a[r, j] = act(a[r, j] + bias[j]) for r < rows, j < cols; act = SiLU or identity.
-  void (*bias_act)(float* a, int64_t ld, int64_t rows, int64_t cols, const float* bias, bool silu);
-  // x[r, :] = c1[t] * (x[r, :] - c2[t] * (eps[r, :] + bias)), t = t_start[row0 + r] - k.
-  void (*ddpm_update)(const MlpPlan& plan, float* x, int64_t row0, int64_t rows,
+  // a[r, j] = act(a[r, j] + bias[r * bias_ld + j]) for r < rows, j < cols.
+  void (*bias_act)(float* a, int64_t ld, int64_t rows, int64_t cols, const float* bias,
+                   int64_t bias_ld, Activation act);
+  // Layer 0's bias rows for step k: out[r, :out_f[0]] (row stride ld).
+  void (*first_bias)(const MlpPlan& plan, int64_t row0, int64_t rows, float* out, int64_t ld,
+                     int64_t k);
+  // The step update of rows [row0, row0 + rows) from e = eps + bias (bias may be
+  // null), then the chain record of step k.
+  void (*step_update)(const MlpPlan& plan, float* x, int64_t row0, int64_t rows,
                       const float* eps, int64_t ld, const float* bias, int64_t k);
-  // in[r, :dim] = x[r, :], in[r, dim] = (t_start[row0 + r] - k) / T.
-  void (*fill_input)(const MlpPlan& plan, const float* x, int64_t row0, int64_t rows,
-                     float* in, int64_t ld, int64_t k);
   // Packs one nn.Linear layer for vec_tile: panel = w^T as (in_f, round_up(out_f,
   // kPad)) row-major, zero columns past out_f; packed_bias likewise padded.
-  void (*pack_layer)(const float* w, const float* bias, int64_t out_f, int64_t in_f,
+  void (*pack_layer)(const float* w, int64_t ld_w, const float* bias, int64_t out_f, int64_t in_f,
                      float* panel, float* packed_bias);
 };
 

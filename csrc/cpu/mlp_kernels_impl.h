@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "mlp_kernels.h"
 
@@ -45,13 +47,57 @@ inline Vec silu(Vec v) {
   return v / (Vec(1.f) + (Vec(0.f) - v).exp());
 }
 
-template <int MR, int NB, bool SILU>
+inline Vec mish(Vec v) {
+  // v * tanh(log1p(exp(v))) with one exp: tanh(log(1 + n)) = n (n + 2) / (n (n + 2) + 2).
+  // Past v = 20 the factor is 1 in float32 (and n (n + 2) would overflow).
+  const Vec n = at::vec::minimum(v, Vec(20.f)).exp();
+  const Vec p = n * (n + Vec(2.f));
+  return Vec::blendv(v * p / (p + Vec(2.f)), v, v > Vec(20.f));
+}
+
+template <Activation ACT>
+inline Vec activate(Vec v) {
+  if constexpr (ACT == Activation::kSilu) {
+    return silu(v);
+  } else if constexpr (ACT == Activation::kMish) {
+    return mish(v);
+  } else if constexpr (ACT == Activation::kRelu) {
+    return at::vec::clamp_min(v, Vec(0.f));
+  } else if constexpr (ACT == Activation::kGelu) {
+    return Vec(0.5f) * v * (Vec(1.f) + (v * Vec(static_cast<float>(M_SQRT1_2))).erf());
+  } else if constexpr (ACT == Activation::kGeluTanh) {
+    const Vec inner = Vec(0.7978845608028654f) * (v + Vec(0.044715f) * v * v * v);
+    return Vec(0.5f) * v * (Vec(1.f) + inner.tanh());
+  } else if constexpr (ACT == Activation::kTanh) {
+    return v.tanh();
+  } else {
+    return v;
+  }
+}
+
+// Calls fn(std::integral_constant<Activation, act>{}): one instantiation per
+// activation, chosen once per layer rather than per element.
+template <typename Fn>
+inline void with_activation(Activation act, Fn&& fn) {
+  using A = Activation;
+  switch (act) {
+    case A::kSilu: return fn(std::integral_constant<A, A::kSilu>{});
+    case A::kMish: return fn(std::integral_constant<A, A::kMish>{});
+    case A::kRelu: return fn(std::integral_constant<A, A::kRelu>{});
+    case A::kGelu: return fn(std::integral_constant<A, A::kGelu>{});
+    case A::kGeluTanh: return fn(std::integral_constant<A, A::kGeluTanh>{});
+    case A::kTanh: return fn(std::integral_constant<A, A::kTanh>{});
+    case A::kIdentity: return fn(std::integral_constant<A, A::kIdentity>{});
+  }
+}
+
+// bias_ld: the row stride of the bias rows; 0 shares one bias row.
+template <int MR, int NB, Activation ACT>
 inline void block(const float* in, int64_t ld_in, int64_t in_f, const float* w, int64_t ld_w,
-                  const float* bias, float* out, int64_t ld_out) {
+                  const float* bias, int64_t bias_ld, float* out, int64_t ld_out) {
   Vec acc[MR][NB];
-  for (int n = 0; n < NB; ++n) {
-    const Vec b = Vec::loadu(bias + n * kV);
-    for (int r = 0; r < MR; ++r) acc[r][n] = b;
+  for (int r = 0; r < MR; ++r) {
+    for (int n = 0; n < NB; ++n) acc[r][n] = Vec::loadu(bias + r * bias_ld + n * kV);
   }
   for (int64_t i = 0; i < in_f; ++i) {
     const float* w_row = w + i * ld_w;
@@ -64,54 +110,55 @@ inline void block(const float* in, int64_t ld_in, int64_t in_f, const float* w, 
   }
   for (int r = 0; r < MR; ++r) {
     for (int n = 0; n < NB; ++n) {
-      Vec v = acc[r][n];
-      if (SILU) v = silu(v);
-      v.store(out + r * ld_out + n * kV);
+      activate<ACT>(acc[r][n]).store(out + r * ld_out + n * kV);
     }
   }
 }
 
 // All output vectors [0, nvec) of MR rows, NB at a time, remainder below.
-template <int MR, bool SILU, int NB = max_nb(MR)>
+template <int MR, Activation ACT, int NB = max_nb(MR)>
 inline void row_block(const float* in, int64_t ld_in, int64_t in_f, const float* w,
-                      int64_t ld_w, const float* bias, float* out, int64_t ld_out, int64_t nvec) {
+                      int64_t ld_w, const float* bias, int64_t bias_ld, float* out,
+                      int64_t ld_out, int64_t nvec) {
   int64_t v0 = 0;
   for (; v0 + NB <= nvec; v0 += NB) {
-    block<MR, NB, SILU>(in, ld_in, in_f, w + v0 * kV, ld_w, bias + v0 * kV, out + v0 * kV, ld_out);
+    block<MR, NB, ACT>(in, ld_in, in_f, w + v0 * kV, ld_w, bias + v0 * kV, bias_ld,
+                       out + v0 * kV, ld_out);
   }
   if constexpr (NB > 1) {
     if (v0 < nvec) {
-      row_block<MR, SILU, NB - 1>(in, ld_in, in_f, w + v0 * kV, ld_w, bias + v0 * kV,
-                                  out + v0 * kV, ld_out, nvec - v0);
+      row_block<MR, ACT, NB - 1>(in, ld_in, in_f, w + v0 * kV, ld_w, bias + v0 * kV, bias_ld,
+                                 out + v0 * kV, ld_out, nvec - v0);
     }
   }
 }
 
-template <bool SILU, int MR = kMaxRows>
+template <Activation ACT, int MR = kMaxRows>
 inline void rows_dispatch(int64_t rows, const float* in, int64_t ld_in, int64_t in_f,
-                          const float* w, int64_t ld_w, const float* bias, float* out,
-                          int64_t ld_out, int64_t nvec) {
+                          const float* w, int64_t ld_w, const float* bias, int64_t bias_ld,
+                          float* out, int64_t ld_out, int64_t nvec) {
   if constexpr (MR >= 1) {
     if (rows == MR) {
-      row_block<MR, SILU>(in, ld_in, in_f, w, ld_w, bias, out, ld_out, nvec);
+      row_block<MR, ACT>(in, ld_in, in_f, w, ld_w, bias, bias_ld, out, ld_out, nvec);
     } else {
-      rows_dispatch<SILU, MR - 1>(rows, in, ld_in, in_f, w, ld_w, bias, out, ld_out, nvec);
+      rows_dispatch<ACT, MR - 1>(rows, in, ld_in, in_f, w, ld_w, bias, bias_ld, out, ld_out, nvec);
     }
   }
 }
 
-// One layer for `rows` rows: out = act(in @ W^T + b) over padded columns.
-void layer(const float* in, int64_t ld, int64_t rows, int64_t in_f, const float* w,
-           int64_t out_pad, const float* bias, float* out, bool silu) {
+// One layer for `rows` rows: out = act(in @ W^T + bias rows) over padded columns.
+void layer(const float* in, int64_t ld_in, int64_t rows, int64_t in_f, const float* w,
+           int64_t out_pad, const float* bias, int64_t bias_ld, float* out, int64_t ld_out,
+           Activation act) {
   const int64_t nvec = out_pad / kV;
-  for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
-    const int64_t mr = std::min<int64_t>(kMaxRows, rows - r0);
-    if (silu) {
-      rows_dispatch<true>(mr, in + r0 * ld, ld, in_f, w, out_pad, bias, out + r0 * ld, ld, nvec);
-    } else {
-      rows_dispatch<false>(mr, in + r0 * ld, ld, in_f, w, out_pad, bias, out + r0 * ld, ld, nvec);
+  with_activation(act, [&](auto a) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
+      const int64_t mr = std::min<int64_t>(kMaxRows, rows - r0);
+      rows_dispatch<decltype(a)::value>(mr, in + r0 * ld_in, ld_in, in_f, w, out_pad,
+                                        bias + r0 * bias_ld, bias_ld, out + r0 * ld_out, ld_out,
+                                        nvec);
     }
-  }
+  });
 }
 
 // ---- Dot-product path for single rows (batch 1): reads the nn.Linear weights
@@ -154,9 +201,10 @@ inline Vec reduce_lanes(const Vec* acc) {
 #endif
 }
 
-// out[j] = act(bias[j] + sum_i x[i] * w[j, i]) for j < out_f, one row.
-template <bool SILU>
-void dot_layer_row(const float* x, int64_t in_f, const float* w, const float* bias,
+// out[j] = act(bias[j] + sum_i x[i] * w[j, i]) for j < out_f, one row; w's
+// rows have stride ld_w.
+template <Activation ACT>
+void dot_layer_row(const float* x, int64_t in_f, const float* w, int64_t ld_w, const float* bias,
                    int64_t out_f, float* out) {
   const int64_t in_full = in_f - in_f % kV;
   const int64_t tail = in_f - in_full;
@@ -164,17 +212,17 @@ void dot_layer_row(const float* x, int64_t in_f, const float* w, const float* bi
   Vec acc[kV];
   for (int64_t j0 = 0; j0 < out_f; j0 += kV) {
     const int64_t nj = std::min<int64_t>(kV, out_f - j0);
-    const float* wj = w + j0 * in_f;
+    const float* wj = w + j0 * ld_w;
     if (j0 < j_full) {
       for (int j = 0; j < kV; ++j) acc[j] = Vec(0.f);
       for (int64_t i = 0; i < in_full; i += kV) {
         const Vec xv = Vec::loadu(x + i);
-        for (int j = 0; j < kV; ++j) acc[j] = at::vec::fmadd(Vec::loadu(wj + j * in_f + i), xv, acc[j]);
+        for (int j = 0; j < kV; ++j) acc[j] = at::vec::fmadd(Vec::loadu(wj + j * ld_w + i), xv, acc[j]);
       }
       if (tail > 0) {
         const Vec xv = Vec::loadu(x + in_full, tail);  // masked: never reads past the row
         for (int j = 0; j < kV; ++j) {
-          acc[j] = at::vec::fmadd(Vec::loadu(wj + j * in_f + in_full, tail), xv, acc[j]);
+          acc[j] = at::vec::fmadd(Vec::loadu(wj + j * ld_w + in_full, tail), xv, acc[j]);
         }
       }
     } else {  // the last, partial block of outputs
@@ -182,92 +230,107 @@ void dot_layer_row(const float* x, int64_t in_f, const float* w, const float* bi
       for (int64_t j = 0; j < nj; ++j) {
         Vec a(0.f);
         for (int64_t i = 0; i < in_full; i += kV) {
-          a = at::vec::fmadd(Vec::loadu(wj + j * in_f + i), Vec::loadu(x + i), a);
+          a = at::vec::fmadd(Vec::loadu(wj + j * ld_w + i), Vec::loadu(x + i), a);
         }
         if (tail > 0) {
-          a = at::vec::fmadd(Vec::loadu(wj + j * in_f + in_full, tail), Vec::loadu(x + in_full, tail), a);
+          a = at::vec::fmadd(Vec::loadu(wj + j * ld_w + in_full, tail), Vec::loadu(x + in_full, tail), a);
         }
         acc[j] = a;
       }
     }
-    Vec v = reduce_lanes(acc) + Vec::loadu(bias + j0, nj);
-    if (SILU) v = silu(v);
-    v.store(out + j0, nj);
+    activate<ACT>(reduce_lanes(acc) + Vec::loadu(bias + j0, nj)).store(out + j0, nj);
   }
 }
 
-void fill_input(const MlpPlan& p, const float* x, int64_t row0, int64_t rows, float* in,
-                int64_t ld, int64_t k) {
-  const int64_t dim = p.dim;
+// Calls fn(offset, n) over [0, cols) in vectors of kV and one masked remainder.
+template <typename Fn>
+inline void for_vectors(int64_t cols, Fn&& fn) {
+  int64_t j = 0;
+  for (; j + kV <= cols; j += kV) fn(j, static_cast<int64_t>(kV));
+  if (j < cols) fn(j, cols - j);
+}
+
+inline Vec load(const float* p, int64_t n) { return n == kV ? Vec::loadu(p) : Vec::loadu(p, n); }
+inline void store(Vec v, float* p, int64_t n) { n == kV ? v.store(p) : v.store(p, n); }
+
+void first_bias(const MlpPlan& p, int64_t row0, int64_t rows, float* out, int64_t ld, int64_t k) {
+  const int64_t h = p.out_f[0];
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;
-    float* ir = in + r * ld;
-    int64_t j = 0;
-    for (; j + kV <= dim; j += kV) Vec::loadu(xr + j).store(ir + j);
-    for (; j < dim; ++j) ir[j] = xr[j];
-    ir[dim] = static_cast<float>(p.t_start[row0 + r] - k) / p.total_timesteps;
+    const int64_t s = p.t_start[row0 + r] - k;
+    const float* cond = p.cond_bias != nullptr ? p.cond_bias + (row0 + r) * h : nullptr;
+    const float* time = p.time_bias != nullptr ? p.time_bias + s * h : nullptr;
+    const Vec t_norm(static_cast<float>(s) / p.total_timesteps);
+    float* o = out + r * ld;
+    for_vectors(h, [&](int64_t j, int64_t n) {
+      Vec v = load(p.bias[0] + j, n);
+      if (cond != nullptr) v = v + load(cond + j, n);
+      if (time != nullptr) v = v + load(time + j, n);
+      if (p.time_weight != nullptr) v = at::vec::fmadd(t_norm, load(p.time_weight + j, n), v);
+      store(v, o + j, n);
+    });
   }
 }
 
-void ddpm_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const float* eps,
+void step_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const float* eps,
                  int64_t ld, const float* bias, int64_t k) {
   const int64_t dim = p.dim;
+  const Vec lo(p.clip_lo), hi(p.clip_hi), post_lo(p.post_lo), post_hi(p.post_hi);
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = p.t_start[row0 + r] - k;
-    const float c1 = p.c1[t], c2 = p.c2[t];
-    const Vec vc1(c1), vc2(c2);
+    const int64_t s = p.t_start[row0 + r] - k;
+    const Vec a(p.A != nullptr ? p.A[s] : 1.f), b(p.B[s]), c(p.C[s]);
+    const Vec d(p.D != nullptr ? p.D[s] : 0.f), e_coef(p.E != nullptr ? p.E[s] : 0.f);
+    const float* z = p.S != nullptr && p.noise != nullptr ? p.noise + (k * p.batch + row0 + r) * dim
+                                                          : nullptr;
+    const Vec sigma(z != nullptr ? p.S[s] : 0.f);
     float* xr = x + r * dim;
     const float* er = eps + r * ld;
-    int64_t j = 0;
-    if (bias != nullptr) {
-      for (; j + kV <= dim; j += kV) {
-        const Vec e = Vec::loadu(er + j) + Vec::loadu(bias + j);
-        (vc1 * (Vec::loadu(xr + j) - vc2 * e)).store(xr + j);
-      }
-      for (; j < dim; ++j) xr[j] = c1 * (xr[j] - c2 * (er[j] + bias[j]));
-    } else {
-      for (; j + kV <= dim; j += kV) {
-        (vc1 * (Vec::loadu(xr + j) - vc2 * Vec::loadu(er + j))).store(xr + j);
-      }
-      for (; j < dim; ++j) xr[j] = c1 * (xr[j] - c2 * er[j]);
+    for_vectors(dim, [&](int64_t j, int64_t n) {
+      const Vec xv = load(xr + j, n);
+      const Vec e = bias != nullptr ? load(er + j, n) + load(bias + j, n) : load(er + j, n);
+      Vec x0 = p.A != nullptr ? a * xv - b * e : xv - b * e;
+      if (p.clip) x0 = at::vec::clamp(x0, lo, hi);
+      Vec next = c * x0;
+      if (p.D != nullptr) next = next + d * xv;
+      if (p.E != nullptr) next = next + e_coef * e;
+      if (z != nullptr) next = next + sigma * load(z + j, n);
+      if (p.post_clip) next = at::vec::clamp(next, post_lo, post_hi);
+      store(next, xr + j, n);
+    });
+    if (p.chain != nullptr) {
+      std::memcpy(p.chain + ((k + 1) * p.batch + row0 + r) * dim, xr, dim * sizeof(float));
     }
   }
 }
 
-void bias_act(float* a, int64_t ld, int64_t rows, int64_t cols, const float* bias, bool silu_on) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* ar = a + r * ld;
-    int64_t j = 0;
-    for (; j + kV <= cols; j += kV) {
-      Vec v = Vec::loadu(ar + j) + Vec::loadu(bias + j);
-      if (silu_on) v = silu(v);
-      v.store(ar + j);
+void bias_act(float* a, int64_t ld, int64_t rows, int64_t cols, const float* bias,
+              int64_t bias_ld, Activation act) {
+  with_activation(act, [&](auto tag) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* ar = a + r * ld;
+      const float* br = bias + r * bias_ld;
+      for_vectors(cols, [&](int64_t j, int64_t n) {
+        store(activate<decltype(tag)::value>(load(ar + j, n) + load(br + j, n)), ar + j, n);
+      });
     }
-    if (j < cols) {
-      const int64_t n = cols - j;
-      Vec v = Vec::loadu(ar + j, n) + Vec::loadu(bias + j, n);
-      if (silu_on) v = silu(v);
-      v.store(ar + j, n);
-    }
-  }
+  });
 }
 
-void pack_layer(const float* w, const float* bias, int64_t out_f, int64_t in_f, float* panel,
-                float* packed_bias) {
+void pack_layer(const float* w, int64_t ld_w, const float* bias, int64_t out_f, int64_t in_f,
+                float* panel, float* packed_bias) {
   const int64_t op = round_up(out_f, kPad);
   constexpr int64_t B = 16;
   const int64_t j_full = out_f - out_f % B, i_full = in_f - in_f % B;
   for (int64_t j0 = 0; j0 < j_full; j0 += B) {
     for (int64_t i0 = 0; i0 < i_full; i0 += B) {
-      at::vec::transpose_mxn<float, B, B>(w + j0 * in_f + i0, in_f, panel + i0 * op + j0, op);
+      at::vec::transpose_mxn<float, B, B>(w + j0 * ld_w + i0, ld_w, panel + i0 * op + j0, op);
     }
     for (int64_t i = i_full; i < in_f; ++i) {
-      for (int64_t j = j0; j < j0 + B; ++j) panel[i * op + j] = w[j * in_f + i];
+      for (int64_t j = j0; j < j0 + B; ++j) panel[i * op + j] = w[j * ld_w + i];
     }
   }
   for (int64_t i = 0; i < in_f; ++i) {
     float* dst = panel + i * op;
-    for (int64_t j = j_full; j < out_f; ++j) dst[j] = w[j * in_f + i];
+    for (int64_t j = j_full; j < out_f; ++j) dst[j] = w[j * ld_w + i];
     for (int64_t j = out_f; j < op; ++j) dst[j] = 0.f;
   }
   for (int64_t j = 0; j < out_f; ++j) packed_bias[j] = bias[j];
@@ -277,28 +340,33 @@ void pack_layer(const float* w, const float* bias, int64_t out_f, int64_t in_f, 
 void vec_tile(const MlpPlan& p, float* x_all, int64_t row0, int64_t rows, float* scratch) {
   const int64_t ld = p.act_ld;
   float* bufs[2] = {scratch, scratch + rows * ld};
+  float* row_bias = scratch + 2 * rows * ld;  // zero past out_f[0]: padded outputs stay 0
   float* x = x_all + row0 * p.dim;
   for (int64_t k = 0; k < p.num_steps; ++k) {
-    fill_input(p, x, row0, rows, bufs[0], ld, k);
-    const float* in = bufs[0];
+    if (p.row_bias()) first_bias(p, row0, rows, row_bias, ld, k);
+    const float* in = x;  // layer 0 reads x itself
+    int64_t in_ld = p.dim;
     for (int64_t l = 0; l < p.num_layers; ++l) {
-      float* out = bufs[(l + 1) % 2];
-      const bool silu_on = l + 1 < p.num_layers;
+      float* out = bufs[l % 2];
+      const Activation act = l + 1 < p.num_layers ? p.act[l] : Activation::kIdentity;
+      const bool own_rows = l == 0 && p.row_bias();
+      const int64_t bias_ld = own_rows ? ld : 0;
       if (p.packed_w == nullptr) {
-        for (int64_t r = 0; r < rows; ++r) {
-          if (silu_on) {
-            dot_layer_row<true>(in + r * ld, p.in_f[l], p.weight[l], p.bias[l], p.out_f[l], out + r * ld);
-          } else {
-            dot_layer_row<false>(in + r * ld, p.in_f[l], p.weight[l], p.bias[l], p.out_f[l], out + r * ld);
+        const float* bias = own_rows ? row_bias : p.bias[l];
+        with_activation(act, [&](auto a) {
+          for (int64_t r = 0; r < rows; ++r) {
+            dot_layer_row<decltype(a)::value>(in + r * in_ld, p.in_f[l], p.weight[l], p.weight_ld[l],
+                                              bias + r * bias_ld, p.out_f[l], out + r * ld);
           }
-        }
+        });
       } else {
-        layer(in, ld, rows, p.in_f[l], p.packed_w[l], round_up(p.out_f[l], kPad), p.packed_b[l],
-              out, silu_on);
+        layer(in, in_ld, rows, p.in_f[l], p.packed_w[l], round_up(p.out_f[l], kPad),
+              own_rows ? row_bias : p.packed_b[l], bias_ld, out, ld, act);
       }
       in = out;
+      in_ld = ld;
     }
-    ddpm_update(p, x, row0, rows, in, ld, nullptr, k);
+    step_update(p, x, row0, rows, in, ld, nullptr, k);
   }
 }
 
@@ -308,7 +376,7 @@ const Kernels kKernels = {
     DDPM_STR(CPU_CAPABILITY),
 #undef DDPM_STR
 #undef DDPM_STR2
-    &vec_tile, &bias_act, &ddpm_update, &fill_input, &pack_layer};
+    &vec_tile, &bias_act, &first_bias, &step_update, &pack_layer};
 
 }  // namespace
 
