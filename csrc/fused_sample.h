@@ -86,6 +86,18 @@ at::Tensor fused_sample_rule_cpu(const at::Tensor& x, const at::Tensor& t_start,
                                  const std::optional<at::Tensor>& noise, bool return_chain,
                                  bool validate, c10::string_view precision);
 
+// The step-rule overload as a loop of ATen ops, for any device (the kernel of
+// devices without a fused one).
+at::Tensor fused_sample_rule_unfused(const at::Tensor& x, const at::Tensor& t_start,
+                                     at::TensorList weights, at::TensorList biases,
+                                     const at::Tensor& step_tables, int64_t num_steps,
+                                     const std::vector<std::string>& activations,
+                                     const std::optional<at::Tensor>& time_bias,
+                                     const std::optional<at::Tensor>& cond_bias,
+                                     OptionalRange clip, OptionalRange post_clip,
+                                     const std::optional<at::Tensor>& noise, bool return_chain,
+                                     bool validate, c10::string_view precision);
+
 at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
                              at::TensorList weights, at::TensorList biases,
                              const at::Tensor& sqrt_recip_alphas,

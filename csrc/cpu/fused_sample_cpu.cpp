@@ -99,7 +99,9 @@ constexpr int64_t kDotRows = 1;
 // DDPM_OPS_CPU_VEC_TILE (max rows per vectorised tile), DDPM_OPS_CPU_BLAS_TILE,
 // DDPM_OPS_CPU_SERIAL_BATCH, DDPM_OPS_CPU_DOT_ROWS, and DDPM_OPS_CPU_BLAS=0/1
 // (let large tiles use BLAS; default on only for the generic build). They
-// exist so tests can force every path on any machine.
+// exist so tests can force every path on any machine. DDPM_OPS_CPU_UNFUSED=1
+// runs the step-rule overload as the ATen loop other devices use, so that
+// loop is tested where there is no other device.
 int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
@@ -107,16 +109,18 @@ int64_t env_int(const char* name, int64_t fallback) {
 
 struct Tuning {
   int64_t vec_rows, blas_rows, serial_batch, dot_rows;
-  bool allow_blas;
+  bool allow_blas, unfused;
 };
 
-const Tuning& tuning(bool simd) {
+const Tuning& tuning() {
+  static const bool simd = std::string(kernels().name) != "DEFAULT";
   static const Tuning t{
       std::max<int64_t>(1, env_int("DDPM_OPS_CPU_VEC_TILE", simd ? kVecTileRows : kGenericVecTileRows)),
       std::max<int64_t>(1, env_int("DDPM_OPS_CPU_BLAS_TILE", kBlasTileRows)),
       env_int("DDPM_OPS_CPU_SERIAL_BATCH", kSerialBatch),
       env_int("DDPM_OPS_CPU_DOT_ROWS", kDotRows),
-      env_int("DDPM_OPS_CPU_BLAS", simd ? 0 : 1) != 0};
+      env_int("DDPM_OPS_CPU_BLAS", simd ? 0 : 1) != 0,
+      env_int("DDPM_OPS_CPU_UNFUSED", 0) != 0};
   return t;
 }
 
@@ -160,7 +164,7 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
   // ---- Tiling: one tile on this thread for tiny batches; otherwise at least
   // one tile per thread, vectorised kernels for small tiles, BLAS for large.
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const Tuning& tune = tuning(std::string(kern.name) != "DEFAULT");
+  const Tuning& tune = tuning();
   const int64_t vec_rows = tune.vec_rows, blas_rows = tune.blas_rows;
   const int64_t serial_batch = tune.serial_batch;
   const bool allow_blas = tune.allow_blas;
@@ -326,7 +330,12 @@ at::Tensor fused_sample_rule_cpu(const at::Tensor& x, const at::Tensor& t_start,
                                  OptionalRange clip,
                                  OptionalRange post_clip,
                                  const std::optional<at::Tensor>& noise, bool return_chain,
-                                 bool /*validate: always on*/, c10::string_view precision) {
+                                 bool validate, c10::string_view precision) {
+  if (tuning().unfused) {
+    return fused_sample_rule_unfused(x, t_start, weights, biases, step_tables, num_steps,
+                                     activations, time_bias, cond_bias, clip, post_clip, noise,
+                                     return_chain, validate, precision);
+  }
   check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
                          time_bias, cond_bias, clip, post_clip, noise, precision);
   check_timesteps_in_range(t_start, num_steps, step_tables.size(1));
