@@ -2,9 +2,9 @@
 
 Importing the package registers ``torch.ops.ddpm.fused_sample`` and installs
 the torch.compile rewrite that runs users' own sampling loops as that one op
-(see :mod:`ddpm_ops.graph_pass`; off with :func:`disable_auto_rewrite` or
-``DDPM_OPS_DISABLE_AUTO_REWRITE=1``). :func:`fuse_exported_program` does the
-same for ``torch.export`` programs.
+(see :mod:`ddpm_ops.graph_pass`, and :mod:`ddpm_ops.rewrite` for the matcher;
+off with :func:`disable_auto_rewrite` or ``DDPM_OPS_DISABLE_AUTO_REWRITE=1``).
+:func:`fuse_exported_program` does the same for ``torch.export`` programs.
 
 The op's contract is :func:`fused_sample`'s docstring; maintainers' notes
 (kernels, their choice, the rewrite's rules) are in the repository's docs/.
@@ -52,7 +52,7 @@ __all__ = [
     "time_bias_from_module",
 ]
 
-# The torch.compile rewrite (ddpm_ops/graph_pass.py): installed into inductor's
+# The torch.compile pass (ddpm_ops/graph_pass.py): installed into inductor's
 # config on import unless DDPM_OPS_DISABLE_AUTO_REWRITE=1.
 from . import graph_pass as _graph_pass  # noqa: E402
 

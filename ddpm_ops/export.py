@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch.export import ExportedProgram
 
-from .graph_pass import rewrite_graph
+from .rewrite import rewrite_graph
 
 
 def fuse_exported_program(ep: ExportedProgram) -> ExportedProgram:
@@ -16,7 +16,7 @@ def fuse_exported_program(ep: ExportedProgram) -> ExportedProgram:
     ``ep`` is ``torch.export.export(model, (x, t_start))`` of a module whose
     forward runs the loop of :func:`ddpm_ops.reference` (any spelling the
     ``torch.compile`` rewrite accepts; the matcher is the same, see
-    :mod:`ddpm_ops.graph_pass`). Both the default (training) IR and the output of
+    :mod:`ddpm_ops.rewrite`). Both the default (training) IR and the output of
     ``ep.run_decompositions()`` are understood. The result has the same inputs,
     outputs, parameters and buffers (parameters the op takes over stay as
     inputs, unchanged); ``ep`` itself is not modified. What the matcher does not
