@@ -18,6 +18,7 @@ from .graph_pass import (
     disable_auto_rewrite,
     enable_auto_rewrite,
 )
+from .modules import DiffusionSampler, mlp_layers
 from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, sample, silu_mlp
 from . import conditioning, step_rules
 from .conditioning import cond_bias, split_first_linear, time_bias, time_bias_from_module
@@ -28,6 +29,7 @@ from .step_rules import StepRule
 __all__ = [
     "__version__",
     "DDPMSamplingRewrite",
+    "DiffusionSampler",
     "LIBRARY_PATH",
     "auto_rewrite_enabled",
     "disable_auto_rewrite",
@@ -38,6 +40,7 @@ __all__ = [
     "cosine_betas",
     "fused_sample",
     "linear_betas",
+    "mlp_layers",
     "mlp_parameters",
     "StepRule",
     "cond_bias",

@@ -13,7 +13,7 @@ step), ``cond_bias`` one row per sample (the conditioning is fixed during
 sampling). Example, a Diffusion-QL policy ``mid(cat([x, time_mlp(t), state]))``
 sampled with a diffusers scheduler::
 
-    rule, timesteps = ddpm_ops.from_diffusers(scheduler)
+    rule, timesteps = ddpm_ops.step_rules.from_diffusers(scheduler)
     W_x, (W_t, W_c) = split_first_linear(mid[0], (action_dim, t_dim, state_dim))
     tb = time_bias_from_module(time_mlp, W_t, timesteps)       # (len(rule), 256)
     cb = cond_bias(W_c, state)                                 # (batch, 256)

@@ -74,3 +74,94 @@ def run_python(script: str, env: dict | None = None, timeout: float = 300) -> su
                                               full_env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-c", script], env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+RULES = ("ddpm_epsilon", "ddpm_sample", "ddpm_v", "ddim_eta", "ddim_strided")
+
+
+def make_rule(kind: str, table_length: int, clip=None, post_clip=None) -> "ddpm_ops.StepRule":
+    """A step rule of ``table_length`` step indices: DDPM posteriors of each
+    prediction type, or DDIM (eta 0.5 on every timestep, or eta 0 strided)."""
+    if kind.startswith("ddpm"):
+        prediction = {"ddpm_epsilon": "epsilon", "ddpm_sample": "sample", "ddpm_v": "v_prediction"}[kind]
+        variance = "fixed_large" if kind == "ddpm_v" else "fixed_small"
+        rule = ddpm_ops.step_rules.ddpm(ddpm_ops.cosine_betas(table_length), prediction=prediction,
+                                        variance=variance)
+    else:
+        alphas_cumprod = torch.cumprod(1 - ddpm_ops.linear_betas(10 * table_length), 0)
+        stride = 1 if kind == "ddim_eta" else 10
+        timesteps = torch.arange(table_length) * stride + (0 if stride == 1 else 9)
+        rule = ddpm_ops.step_rules.ddim(alphas_cumprod[: timesteps[-1] + 1], timesteps,
+                                        eta=0.5 if kind == "ddim_eta" else 0.0)
+    return ddpm_ops.StepRule(*[getattr(rule, n) for n in "ABCDES"], clip=clip, post_clip=post_clip)
+
+
+@dataclass
+class RuleProblem:
+    """Arguments of ``fused_sample.rule`` (every optional feature given or None)."""
+    x: torch.Tensor
+    t_start: torch.Tensor
+    weights: list
+    biases: list
+    rule: "ddpm_ops.StepRule"
+    num_steps: int
+    activations: list
+    time_bias: torch.Tensor | None
+    cond_bias: torch.Tensor | None
+    noise: torch.Tensor | None
+    return_chain: bool = False
+
+    def args(self):
+        rule = self.rule
+        return (self.x, self.t_start, self.weights, self.biases, rule.tables(), self.num_steps,
+                self.activations, self.time_bias, self.cond_bias,
+                None if rule.clip is None else list(rule.clip),
+                None if rule.post_clip is None else list(rule.post_clip), self.noise, self.return_chain)
+
+    def reference64(self) -> torch.Tensor:
+        def f64(t):
+            return None if t is None else t.detach().cpu().double()
+        return ddpm_ops.reference_sample(
+            f64(self.x), self.t_start.cpu(), [f64(w) for w in self.weights],
+            [f64(b) for b in self.biases], self.rule.to("cpu"), self.num_steps,
+            activations=self.activations, time_bias=f64(self.time_bias),
+            cond_bias=f64(self.cond_bias), noise=f64(self.noise), return_chain=self.return_chain)
+
+
+def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation="mish",
+                      rule="ddpm_epsilon", table_length=50, device="cpu", t_dtype=torch.int64,
+                      generator=None) -> RuleProblem:
+    """A random problem of the step-rule overload. ``features`` names the
+    optional parts to give: "time", "cond", "clip", "post_clip", "noise", "chain";
+    ``activation`` one name for every hidden layer or "mixed" (a different one
+    per layer)."""
+    g = generator if generator is not None else torch.Generator().manual_seed(torch.seed())
+    widths = [dim, *hidden, dim]
+    weights, biases = [], []
+    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+        bound = fan_in ** -0.5
+        weights.append((torch.rand(fan_out, fan_in, generator=g) * 2 - 1) * bound)
+        biases.append((torch.rand(fan_out, generator=g) * 2 - 1) * bound)
+    names = ["silu", "mish", "relu", "gelu", "gelu_tanh", "tanh", "identity"]
+    activations = ([names[(i + int(torch.randint(7, (), generator=g))) % 7] for i in range(len(hidden))]
+                   if activation == "mixed" else [activation] * len(hidden))
+    step_rule = make_rule(rule, table_length, clip=(-1.0, 1.0) if "clip" in features else None,
+                          post_clip=(-1.5, 1.2) if "post_clip" in features else None)
+    h0 = widths[1]
+    t_start = torch.randint(max(num_steps - 1, 0), table_length, (batch,), generator=g)
+    x = torch.randn(batch, dim, generator=g) * 1.5
+    problem = RuleProblem(
+        x=x, t_start=t_start.to(t_dtype), weights=weights, biases=biases, rule=step_rule,
+        num_steps=num_steps, activations=activations,
+        time_bias=torch.randn(table_length, h0, generator=g) * 0.5 if "time" in features else None,
+        cond_bias=torch.randn(batch, h0, generator=g) * 0.5 if "cond" in features else None,
+        noise=torch.randn(num_steps, batch, dim, generator=g) if "noise" in features else None,
+        return_chain="chain" in features)
+    for name in ("x", "t_start", "time_bias", "cond_bias", "noise"):
+        value = getattr(problem, name)
+        if value is not None:
+            setattr(problem, name, value.to(device))
+    problem.weights = [w.to(device) for w in weights]
+    problem.biases = [b.to(device) for b in biases]
+    problem.rule = step_rule.to(device)
+    return problem

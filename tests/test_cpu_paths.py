@@ -49,3 +49,33 @@ def test_cpu_path_matches_float64_reference(path):
     result = run_python(SCRIPT, PATHS[path])
     assert result.returncode == 0, result.stderr
     assert float(result.stdout.strip().splitlines()[-1]) <= 1e-5
+
+
+RULE_SCRIPT = textwrap.dedent("""
+    import itertools
+    import torch
+    from problems import RULES, make_rule_problem, relative_error
+    features = ("time", "cond", "clip", "post_clip", "noise", "chain")
+    worst = 0.0
+    shapes = [(1, 6, [32, 32], 5), (5, 7, [15, 17], 3), (13, 1, [], 4), (40, 17, [33, 65, 9], 3),
+              (257, 12, [64], 2)]
+    for i, shape in enumerate(shapes):
+        for j, activation in enumerate(("mixed", "mish", "gelu", "relu")):
+            subset = features[: (i + j) % (len(features) + 1)] + features[len(features) - j:]
+            p = make_rule_problem(*shape, features=subset, activation=activation,
+                                  rule=RULES[(i + j) % len(RULES)])
+            out = torch.ops.ddpm.fused_sample.rule(*p.args())
+            worst = max(worst, relative_error(out, p.reference64()))
+    print(worst)
+""")
+
+
+# The rule overload also has the ATen loop that devices without a fused kernel run.
+RULE_PATHS = {**PATHS, "unfused ATen loop": {"DDPM_OPS_CPU_UNFUSED": "1"}}
+
+
+@pytest.mark.parametrize("path", sorted(RULE_PATHS))
+def test_cpu_path_of_the_rule_overload_matches_float64_reference(path):
+    result = run_python(RULE_SCRIPT, RULE_PATHS[path])
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout.strip().splitlines()[-1]) <= 1e-5

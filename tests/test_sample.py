@@ -1,0 +1,260 @@
+"""The step-rule overload ``ddpm::fused_sample.rule`` and ``ddpm_ops.sample``:
+every feature and their combinations against the float64 reference, noise,
+bad input, opcheck, torch.compile, export and AOTInductor."""
+import itertools
+import pathlib
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import ddpm_ops
+from problems import DEVICES, RULES, make_rule, make_rule_problem, relative_error
+
+TOLERANCE = 1e-5
+FEATURES = ("time", "cond", "clip", "post_clip", "noise", "chain")
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+
+def poisoned_call(problem):
+    """Calls the op right after freeing a NaN block of the output's size, so an
+    output element the kernel never writes shows up as NaN."""
+    size = (problem.num_steps + 1 if problem.return_chain else 1) * problem.x.numel()
+    poison = torch.full((max(size, 1),), float("nan"), device=problem.x.device)
+    del poison
+    return torch.ops.ddpm.fused_sample.rule(*problem.args())
+
+
+# Every subset of the features, each rule and activation somewhere, and the
+# shapes at the kernels' vector and register-block edges.
+CASES = [
+    (features, RULES[i % len(RULES)], ["mixed", "mish", "relu", "gelu", "silu"][i % 5], shape)
+    for i, (features, shape) in enumerate(itertools.product(
+        [subset for r in range(len(FEATURES) + 1) for subset in itertools.combinations(FEATURES, r)][::3],
+        [(1, 6, [32, 32], 5), (7, 17, [33], 3), (50, 6, [256, 256, 256], 5)]))
+] + [
+    (FEATURES, "ddpm_epsilon", "tanh", (3, 1, [], 4)),            # a single Linear
+    (FEATURES, "ddim_strided", "gelu_tanh", (13, 7, [5, 65, 9], 9)),
+    (FEATURES, "ddpm_v", "identity", (129, 12, [64, 64], 2)),
+    (FEATURES, "ddpm_sample", "mixed", (300, 3, [48, 48], 6)),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("features, rule, activation, shape", CASES,
+                         ids=[f"{'+'.join(f) or 'plain'}-{r}-{a}-{s[0]}x{s[1]}" for f, r, a, s in CASES])
+def test_matches_float64_reference(device, features, rule, activation, shape):
+    batch, dim, hidden, steps = shape
+    problem = make_rule_problem(batch, dim, hidden, steps, features=features, activation=activation,
+                                rule=rule, device=device)
+    out = poisoned_call(problem)
+    expected = problem.reference64()
+    assert out.shape == expected.shape
+    assert relative_error(out, expected) <= TOLERANCE, (features, rule, problem.activations)
+
+
+@pytest.mark.parametrize("t_dtype", [torch.int32, torch.int64])
+def test_clamps_bind(t_dtype):
+    """The clip ranges are narrow enough to change the result: the comparison
+    above would not notice a kernel that skipped them otherwise."""
+    problem = make_rule_problem(20, 5, [16], 4, features=("clip", "post_clip", "noise"), t_dtype=t_dtype)
+    clamped = torch.ops.ddpm.fused_sample.rule(*problem.args())
+    assert relative_error(clamped, problem.reference64()) <= TOLERANCE
+    problem.rule = ddpm_ops.StepRule(*[getattr(problem.rule, n) for n in "ABCDES"])
+    assert relative_error(clamped, problem.reference64()) > 1e-3
+    assert clamped.min() >= -1.5 and clamped.max() <= 1.2
+
+
+def test_first_signature_equals_its_rule_form():
+    """The time-column overload is the rule overload with A = 1, B = coef_eps,
+    C = sqrt_recip_alphas and the t / T column as a time bias."""
+    from problems import make_problem
+    p = make_problem(9, 5, [16, 16], 6, total_timesteps=60)
+    rule = ddpm_ops.StepRule.from_coefficients(p.sqrt_recip_alphas, p.coef_eps)
+    w0 = p.weights[0]
+    time_bias = (torch.arange(60, dtype=torch.float64)[:, None] / 60) * w0[:, 5].double()[None]
+    out = ddpm_ops.sample(p.x, p.t_start, [w0[:, :5]] + p.weights[1:], p.biases, rule, 6,
+                          time_bias=time_bias.float())
+    assert relative_error(out, p.reference64()) <= TOLERANCE
+    assert relative_error(ddpm_ops.fused_sample(*p.args()), p.reference64()) <= TOLERANCE
+
+
+def test_saved_first_version_program_keeps_its_numbers():
+    program = torch.export.load(str(FIXTURES / "fused_sampler_v1.pt2"))
+    io = torch.load(FIXTURES / "fused_sampler_v1_io.pt")
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert targets == ["ddpm.fused_sample.default"]
+    out = program.module()(io["x"], io["t_start"])
+    assert relative_error(out, io["out"].double()) <= 1e-6
+
+
+# ---- noise
+
+
+def test_generator_runs_are_reproducible_and_independent():
+    problem = make_rule_problem(64, 4, [16], 5, rule="ddpm_epsilon")
+    args = (problem.x, problem.t_start, problem.weights, problem.biases, problem.rule, 5)
+    first = ddpm_ops.sample(*args, generator=torch.Generator().manual_seed(7))
+    again = ddpm_ops.sample(*args, generator=torch.Generator().manual_seed(7))
+    other = ddpm_ops.sample(*args, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(first, again)
+    assert relative_error(first, other.double()) > 1e-3
+    drawn = torch.randn((5, 64, 4), generator=torch.Generator().manual_seed(7))
+    assert torch.equal(first, ddpm_ops.sample(*args, noise=drawn))
+
+
+def test_generator_noise_is_distributed_like_randn():
+    """x = S z with every other table 0: the chain is the noise itself."""
+    steps, batch, dim = 3, 20000, 4
+    ones, zeros = torch.ones(steps), torch.zeros(steps)
+    rule = ddpm_ops.StepRule(A=zeros, B=zeros, C=zeros, D=zeros, E=zeros, S=ones * 2)
+    weights, biases = [torch.randn(dim, dim)], [torch.randn(dim)]
+    chain = ddpm_ops.sample(torch.randn(batch, dim), steps - 1, weights, biases, rule, steps,
+                            generator=torch.Generator().manual_seed(3), return_chain=True)
+    z = chain[1:].reshape(steps, -1) / 2
+    n = z.shape[1]
+    assert (z.mean(1).abs() < 4 / n ** 0.5).all()
+    assert ((z.var(1) - 1).abs() < 4 * (2 / n) ** 0.5).all()
+    assert ((z ** 4).mean(1) - 3).abs().max() < 0.25                      # Gaussian kurtosis
+    assert torch.corrcoef(z).sub(torch.eye(steps)).abs().max() < 4 / n ** 0.5  # steps independent
+
+
+def test_rule_without_noise_draws_none():
+    problem = make_rule_problem(8, 4, [16], 5, rule="ddim_strided")
+    assert not problem.rule.adds_noise
+    args = (problem.x, problem.t_start, problem.weights, problem.biases, problem.rule, 5)
+    assert torch.equal(ddpm_ops.sample(*args, generator=torch.Generator().manual_seed(1)),
+                       ddpm_ops.sample(*args, generator=torch.Generator().manual_seed(2)))
+
+
+def test_sample_flattens_event_dims_and_shares_cond_and_t():
+    batch, horizon, action = 6, 4, 3
+    rule = make_rule("ddpm_epsilon", 30, clip=(-1.0, 1.0))
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(32, 12, generator=g) * 0.3, torch.randn(12, 32, generator=g) * 0.2]
+    biases = [torch.randn(32, generator=g) * 0.1, torch.randn(12, generator=g) * 0.1]
+    x, cond, noise = torch.randn(batch, horizon, action), torch.randn(32), torch.randn(5, batch, horizon, action)
+    out = ddpm_ops.sample(x, 29, weights, biases, rule, 5, activations="mish", cond_bias=cond, noise=noise)
+    expected = ddpm_ops.reference_sample(
+        x.reshape(batch, -1).double(), torch.full((batch,), 29), [w.double() for w in weights],
+        [b.double() for b in biases], rule, 5, activations="mish",
+        cond_bias=cond.double().expand(batch, -1), noise=noise.reshape(5, batch, -1).double())
+    assert out.shape == x.shape
+    assert relative_error(out.reshape(batch, -1), expected) <= TOLERANCE
+
+
+# ---- bad input
+
+
+def _bad(**changes):
+    problem = make_rule_problem(4, 5, [8], 3, features=("time", "cond", "noise"))
+    args = dict(zip(["x", "t_start", "weights", "biases", "step_tables", "num_steps", "activations",
+                     "time_bias", "cond_bias", "clip", "post_clip", "noise", "return_chain"],
+                    problem.args()))
+    args.update(changes)
+    return args
+
+
+BAD = {
+    "tables rows": (dict(step_tables=torch.randn(5, 50)), r"step_tables must have shape \(6, steps\).*got shape \[5, 50\]"),
+    "tables dtype": (dict(step_tables=torch.randn(6, 50, dtype=torch.float64)), r"step_tables must be float32, got Double"),
+    "steps beyond tables": (dict(num_steps=51, noise=None), r"num_steps must be at most the length of the step tables \(50\), got 51"),
+    "time_bias width": (dict(time_bias=torch.randn(50, 7)), r"time_bias must have shape .* = \(50, 8\), got shape \[50, 7\]"),
+    "time_bias rows": (dict(time_bias=torch.randn(49, 8)), r"time_bias must have shape .* = \(50, 8\), got shape \[49, 8\]"),
+    "cond_bias rows": (dict(cond_bias=torch.randn(3, 8)), r"cond_bias must have shape .* = \(4, 8\), got shape \[3, 8\]"),
+    "noise shape": (dict(noise=torch.randn(2, 4, 5)), r"noise must have shape \(num_steps, batch, dim\) = \(3, 4, 5\), got shape \[2, 4, 5\]"),
+    "clip order": (dict(clip=[1.0, -1.0]), r"clip must have lo <= hi, got \(1, -1\)"),
+    "clip nan": (dict(post_clip=[float("nan"), 1.0]), r"post_clip must have lo <= hi"),
+    "clip length": (dict(clip=[1.0]), r"clip must be a \(lo, hi\) pair, got 1 values"),
+    "unknown activation": (dict(activations=["swish"]), r"activations\[0\] must be one of silu, mish, .* got \"swish\""),
+    "activation count": (dict(activations=["silu", "silu"]), r"activations must name one activation per hidden layer \(1 for 2 weights\), got 2"),
+    "first layer width": (dict(weights=[torch.randn(8, 6), torch.randn(5, 8)]), r"weights\[0\] must have the nn.Linear layout \(out_features, 5\) where in_features = dim \(x alone\), got shape \[8, 6\]"),
+    "t_start range": (dict(t_start=torch.tensor([1, 60, 3, 4])), r"t_start out of range: .* \[2, 49\] .* got t_start in \[1, 60\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_names_argument(case):
+    changes, message = BAD[case]
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.ddpm.fused_sample.rule(**_bad(**changes))
+
+
+def test_python_api_errors_name_the_argument():
+    problem = make_rule_problem(4, 5, [8], 3)
+    args = (problem.x, problem.t_start, problem.weights, problem.biases)
+    with pytest.raises(TypeError, match=r"rule: expected a ddpm_ops.StepRule, got Tensor"):
+        ddpm_ops.sample(*args, problem.rule.tables(), 3)
+    with pytest.raises(ValueError, match=r"noise: expected shape \(3, 4, 5\)"):
+        ddpm_ops.sample(*args, problem.rule, 3, noise=torch.randn(3, 4, 6))
+    with pytest.raises(ValueError, match=r"activations: expected one name or 1"):
+        ddpm_ops.sample(*args, problem.rule, 3, activations=["mish", "mish"])
+    with pytest.raises(RuntimeError, match=r"inference-only .* time_bias requires grad"):
+        ddpm_ops.sample(*args, problem.rule, 3, time_bias=torch.randn(50, 8, requires_grad=True))
+
+
+# ---- torch.library, torch.compile, export
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("features", [(), FEATURES, ("time", "clip"), ("cond", "noise", "chain")])
+def test_opcheck(device, features):
+    problem = make_rule_problem(5, 6, [16, 16], 3, features=features, activation="mixed", device=device)
+    opcheck(torch.ops.ddpm.fused_sample.rule, problem.args())
+
+
+class RuleSampler(torch.nn.Module):
+    """A policy: a fixed rule, a time-bias table and a state-conditioned MLP."""
+
+    def __init__(self, rule_kind="ddim_strided", steps=5, dim=4, hidden=16):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.Mish(),
+                                       torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                                       torch.nn.Linear(hidden, dim))
+        self.rule = make_rule(rule_kind, steps, clip=(-1.0, 1.0))
+        self.register_buffer("tables", self.rule.tables())
+        self.register_buffer("time_bias", torch.randn(steps, hidden) * 0.3)
+        self.state_proj = torch.nn.Linear(3, hidden, bias=False)
+        self.steps = steps
+
+    def forward(self, x, state):
+        weights, biases, acts = ddpm_ops.mlp_layers(self.net)
+        return torch.ops.ddpm.fused_sample.rule(
+            x, torch.full((x.shape[0],), self.steps - 1, device=x.device), weights, biases,
+            self.tables, self.steps, acts, self.time_bias, self.state_proj(state), [-1.0, 1.0])
+
+    def reference(self, x, state):
+        weights, biases, acts = ddpm_ops.mlp_layers(self.net)
+        return ddpm_ops.reference_sample(
+            x.double(), torch.full((x.shape[0],), self.steps - 1), [w.double() for w in weights],
+            [b.double() for b in biases], self.rule, self.steps, activations=acts,
+            time_bias=self.time_bias.double(), cond_bias=self.state_proj(state).double())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    model = RuleSampler().to(device)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        for batch in (3, 8):
+            x, state = torch.randn(batch, 4, device=device), torch.randn(batch, 3, device=device)
+            assert relative_error(compiled(x, state), model.reference(x.cpu(), state.cpu())) <= TOLERANCE
+
+
+def test_export_save_load_and_aoti(tmp_path):
+    model = RuleSampler(rule_kind="ddpm_epsilon")
+    x, state = torch.randn(6, 4), torch.randn(6, 3)
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    with torch.no_grad():
+        program = torch.export.export(model, (x, state), dynamic_shapes=({0: batch}, {0: batch}))
+    assert "ddpm.fused_sample.rule" in [str(n.target) for n in program.graph.nodes]
+    path = tmp_path / "rule.pt2"
+    torch.export.save(program, str(path))
+    loaded = torch.export.load(str(path))
+    x2, s2 = torch.randn(9, 4), torch.randn(9, 3)
+    with torch.no_grad():
+        expected = model.reference(x2, s2)
+        assert relative_error(loaded.module()(x2, s2), expected) <= TOLERANCE
+        package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "rule_aoti.pt2"))
+        runner = torch._inductor.aoti_load_package(package)
+        assert relative_error(runner(x2, s2), expected) <= TOLERANCE
