@@ -23,7 +23,7 @@ Both biases are computed in float64 and rounded once to float32, so they
 carry less rounding than the float32 matmul of the concatenated input does;
 the split form agrees with the unfused network to float32 accuracy.
 """
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -91,7 +91,7 @@ def time_bias(
 
 
 def time_bias_from_module(
-    time_embedding: nn.Module,
+    time_embedding: nn.Module | Callable[[torch.Tensor], torch.Tensor],
     weight_block: torch.Tensor,
     timesteps: torch.Tensor,
     *,
@@ -104,7 +104,8 @@ def time_bias_from_module(
     is in, on the device of its parameters (else of ``weight_block``).
 
     Args:
-        time_embedding: maps ``(S,)`` timesteps to ``(S, n)`` features, e.g.
+        time_embedding: a module or function mapping ``(S,)`` timesteps to
+            ``(S, n)`` features, e.g.
             Diffusion-QL's ``SinusoidalPosEmb -> Linear -> Mish -> Linear``.
         weight_block: ``(H0, n)``, the columns the embedding feeds.
         timesteps: ``(S,)``, the training timestep of each step index (the
@@ -127,7 +128,8 @@ def time_bias_from_module(
     timesteps = torch.as_tensor(timesteps)
     if timesteps.dim() != 1:
         raise ValueError(f"timesteps: expected a 1-D tensor, got shape {tuple(timesteps.shape)}")
-    device = next(iter(time_embedding.parameters()), weight_block).device
+    parameters = time_embedding.parameters() if isinstance(time_embedding, nn.Module) else ()
+    device = next(iter(parameters), weight_block).device
     with torch.no_grad():
         features = time_embedding(timesteps.to(device=device, dtype=dtype))
     return _project("time_embedding output", weight_block, features, out_dtype)

@@ -1,0 +1,140 @@
+"""ddpm_ops.DiffusionSampler and mlp_layers: a user's own network and a diffusers
+scheduler, sampled as one fused op, against the scheduler's own loop."""
+import math
+
+import diffusers
+import pytest
+import torch
+from torch import nn
+
+import ddpm_ops
+from problems import relative_error
+
+
+class SinusoidalPosEmb(nn.Module):
+    """Diffusion-QL's time embedding."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, t):
+        half = self.dim // 2
+        freqs = torch.exp(torch.arange(half, device=t.device) * -(math.log(10000) / (half - 1)))
+        angles = t[:, None].float() * freqs[None]
+        return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def diffusion_ql_net(action_dim=6, state_dim=17, t_dim=16, hidden=256):
+    time_mlp = nn.Sequential(SinusoidalPosEmb(t_dim), nn.Linear(t_dim, t_dim * 2), nn.Mish(),
+                             nn.Linear(t_dim * 2, t_dim))
+    mid = nn.Sequential(nn.Linear(action_dim + t_dim + state_dim, hidden), nn.Mish(),
+                        nn.Linear(hidden, hidden), nn.Mish(), nn.Linear(hidden, hidden), nn.Mish(),
+                        nn.Linear(hidden, action_dim))
+    return time_mlp, mid
+
+
+def scheduler_loop(scheduler, net, x, noise, **step_kwargs):
+    """The diffusers loop, its noise draws replaced by ``noise[k]``."""
+    import diffusers.schedulers.scheduling_ddim as ddim_module
+    import diffusers.schedulers.scheduling_ddpm as ddpm_module
+    for k, t in enumerate(scheduler.timesteps):
+        draw = lambda *args, k=k, **kwargs: noise[k]  # noqa: E731
+        saved = ddpm_module.randn_tensor, ddim_module.randn_tensor
+        ddpm_module.randn_tensor = ddim_module.randn_tensor = draw
+        try:
+            x = scheduler.step(net(x, t), t, x, variance_noise=noise[k], **step_kwargs).prev_sample \
+                if isinstance(scheduler, diffusers.DDIMScheduler) else \
+                scheduler.step(net(x, t), t, x).prev_sample
+        finally:
+            ddpm_module.randn_tensor, ddim_module.randn_tensor = saved
+    return x
+
+
+@pytest.mark.parametrize("scheduler_cls, config, eta", [
+    (diffusers.DDPMScheduler, dict(clip_sample=True, beta_schedule="squaredcos_cap_v2"), None),
+    (diffusers.DDPMScheduler, dict(clip_sample=False, prediction_type="v_prediction",
+                                   variance_type="fixed_large"), None),
+    (diffusers.DDIMScheduler, dict(clip_sample=True, clip_sample_range=2.0), 0.0),
+    (diffusers.DDIMScheduler, dict(clip_sample=False, prediction_type="sample"), 0.7),
+])
+def test_diffusion_ql_net_with_a_diffusers_scheduler(scheduler_cls, config, eta):
+    torch.manual_seed(torch.seed())
+    time_mlp, mid = diffusion_ql_net()
+    scheduler = scheduler_cls(num_train_timesteps=100, **config)
+    scheduler.set_timesteps(10)
+    rule, timesteps = ddpm_ops.step_rules.from_diffusers(scheduler, **({} if eta is None else {"eta": eta}))
+    sampler = ddpm_ops.DiffusionSampler(mid, rule, timesteps, layout=(("x", 6), ("time", 16), ("cond", 17)),
+                                        time_embedding=time_mlp)
+    state, x = torch.randn(50, 17), torch.randn(50, 6)
+    noise = torch.randn(10, 50, 6)
+
+    def net(sample, t):
+        return mid(torch.cat([sample, time_mlp(t.expand(len(sample))), state], dim=1))
+
+    with torch.no_grad():
+        out = sampler(x, cond=state, noise=noise)
+        expected = scheduler_loop(scheduler, net, x, noise, **({} if eta is None else {"eta": eta}))
+        chain = sampler(x, cond=state, noise=noise, return_chain=True)
+    # diffusers computes in float32: the bound allows for its rounding too.
+    assert relative_error(out, expected.double()) <= 1e-5
+    assert chain.shape == (11, 50, 6) and torch.equal(chain[-1], out) and torch.equal(chain[0], x)
+
+
+def test_layout_order_and_shared_condition():
+    torch.manual_seed(torch.seed())
+    mid = nn.Sequential(nn.Linear(3 + 4 + 1, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 4))
+    rule = ddpm_ops.step_rules.ddpm(ddpm_ops.linear_betas(20), noise=False)
+    timesteps = torch.arange(20)
+    sampler = ddpm_ops.DiffusionSampler(mid, rule, timesteps, layout=(("cond", 3), ("x", 4), ("time", 1)),
+                                        time_embedding=lambda t: t[:, None].float() / 20)
+    obs, x = torch.randn(3), torch.randn(5, 4)
+    with torch.no_grad():
+        out = sampler(x, cond=obs, num_steps=7)
+        expected = x.double()
+        for k in range(7):
+            s = 19 - k
+            e = mid.double()(torch.cat([obs.double().expand(5, 3), expected,
+                                        torch.full((5, 1), s / 20, dtype=torch.float64)], 1))
+            expected = rule.C[s].double() * (rule.A[s].double() * expected - rule.B[s].double() * e) \
+                + rule.D[s].double() * expected
+        mid.float()
+    assert relative_error(out, expected) <= 1e-5
+
+
+def test_errors_name_the_argument():
+    time_mlp, mid = diffusion_ql_net()
+    rule = ddpm_ops.step_rules.ddpm(ddpm_ops.linear_betas(5))
+    with pytest.raises(ValueError, match=r"layout: expected columns summing to the first Linear's in_features 39"):
+        ddpm_ops.DiffusionSampler(mid, rule, torch.arange(5), layout=(("x", 6), ("time", 16)),
+                                  time_embedding=time_mlp)
+    with pytest.raises(ValueError, match=r"time_embedding: expected one exactly when layout has 'time'"):
+        ddpm_ops.DiffusionSampler(mid, rule, torch.arange(5), layout=(("x", 6), ("time", 16), ("cond", 17)))
+    with pytest.raises(ValueError, match=r"timesteps: expected one per step index \(5\), got 4"):
+        ddpm_ops.DiffusionSampler(mid, rule, torch.arange(4), layout=(("x", 6), ("time", 16), ("cond", 17)),
+                                  time_embedding=time_mlp)
+    sampler = ddpm_ops.DiffusionSampler(mid, rule, torch.arange(5), layout=(("x", 6), ("time", 16), ("cond", 17)),
+                                        time_embedding=time_mlp)
+    with pytest.raises(ValueError, match=r"cond: expected a tensor"):
+        sampler(torch.randn(2, 6))
+
+
+@pytest.mark.parametrize("net, message", [
+    (nn.Sequential(nn.Linear(3, 4), nn.LeakyReLU(), nn.Linear(4, 3)), r"layer 1 should be one of SiLU"),
+    (nn.Sequential(nn.Linear(3, 4, bias=False)), r"layer 0 should be nn.Linear with bias"),
+    (nn.Sequential(nn.Linear(3, 4), nn.ReLU()), r"expected Linear, activation, \.\.\., Linear, got 2 layers"),
+    (nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 3)), r"layer 1 should be one of"),
+])
+def test_mlp_layers_refuses_what_the_op_does_not_compute(net, message):
+    with pytest.raises(ValueError, match=message):
+        ddpm_ops.mlp_layers(net)
+
+
+def test_mlp_layers_reads_every_activation():
+    acts = [nn.SiLU(), nn.Mish(), nn.ReLU(), nn.GELU(), nn.GELU(approximate="tanh"), nn.Tanh(), nn.Identity()]
+    layers = [nn.Linear(4, 4)]
+    for act in acts:
+        layers += [act, nn.Linear(4, 4)]
+    weights, biases, names = ddpm_ops.mlp_layers(nn.Sequential(*layers))
+    assert names == ["silu", "mish", "relu", "gelu", "gelu_tanh", "tanh", "identity"]
+    assert len(weights) == len(biases) == 8
