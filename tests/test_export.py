@@ -169,14 +169,43 @@ def run_or_show(command):
     return res
 
 
-@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
-def test_cpp_runs_aoti_package(tmp_path):
-    """examples/cpp: a C++ program dlopens the op library and runs the package."""
-    model = Sampler(dim=2, hidden=(16,), num_steps=100, total_timesteps=100)
+class RuleModel(torch.nn.Module):
+    """A step-rule sampler (strided DDIM, Mish, a time-bias table, clip) with
+    the C++ example's inputs (x, t_start)."""
+
+    def __init__(self, dim=2, steps=100):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(dim, 16), torch.nn.Mish(), torch.nn.Linear(16, dim))
+        alphas_cumprod = torch.cumprod(1 - ddpm_ops.linear_betas(10 * steps), 0)
+        rule = ddpm_ops.step_rules.ddim(alphas_cumprod, torch.arange(steps) * 10 + 9, clip=1.0)
+        self.rule = rule
+        self.register_buffer("time_bias", torch.randn(steps, 16) * 0.3)
+        self.steps = steps
+
+    def forward(self, x, t_start):
+        weights, biases, activations = ddpm_ops.mlp_layers(self.net)
+        return ddpm_ops.sample(x, t_start, weights, biases, self.rule, self.steps,
+                               activations=activations, time_bias=self.time_bias)
+
+
+def exported_for_cpp(kind):
     x, t = torch.randn(4, 2), torch.full((4,), 99)
-    fused = ddpm_ops.fuse_exported_program(
-        torch.export.export(model, (x, t), dynamic_shapes=batch_dynamic()))
-    package = torch._inductor.aoti_compile_and_package(fused, package_path=str(tmp_path / "s.pt2"))
+    if kind == "time column":
+        model = Sampler(dim=2, hidden=(16,), num_steps=100, total_timesteps=100)
+        return model, ddpm_ops.fuse_exported_program(
+            torch.export.export(model, (x, t), dynamic_shapes=batch_dynamic()))
+    model = RuleModel()
+    with torch.no_grad():
+        return model, torch.export.export(model, (x, t), dynamic_shapes=batch_dynamic())
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+@pytest.mark.parametrize("kind", ["time column", "step rule"])
+def test_cpp_runs_aoti_package(tmp_path, kind):
+    """examples/cpp: a C++ program dlopens the op library and runs the package."""
+    model, program = exported_for_cpp(kind)
+    with torch.no_grad():  # the parameters require grad; the op has no backward
+        package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "s.pt2"))
     source = pathlib.Path(__file__).parents[1] / "examples" / "cpp"
     build = tmp_path / "build"
     run_or_show([
