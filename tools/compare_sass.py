@@ -73,7 +73,7 @@ def kernels(cuobjdump, path):
                 name = header.group(1)
                 bodies[name] = []
             elif name is not None and re.match(r"\s*/\*[0-9a-f]{4,}\*/|\s*/\* 0x", line):
-                bodies[name].append(line.strip())
+                bodies[name].append(" ".join(line.split()))  # cuobjdump pads to the file's widest line
     mangled = list(bodies)
     pretty = demangle(mangled)
     symbols = re.compile(r"_Z\w+")

@@ -41,16 +41,12 @@ const plan::Device& device_info(int device) {
   return cache[device];
 }
 
-plan::Precision plan_precision(Precision precision) {
-  switch (precision) {
-    case Precision::kTF32:
-      return plan::Precision::kTF32;
-    case Precision::kBFloat16:
-      return plan::Precision::kBFloat16;
-    default:
-      return plan::Precision::kFloat32;
-  }
-}
+// The plan's precision enumerates the same modes (it is plain C++, without
+// fused_sample.h's torch headers).
+static_assert(static_cast<int>(Precision::kFloat32) == static_cast<int>(plan::Precision::kFloat32) &&
+                  static_cast<int>(Precision::kTF32) == static_cast<int>(plan::Precision::kTF32) &&
+                  static_cast<int>(Precision::kBFloat16) == static_cast<int>(plan::Precision::kBFloat16),
+              "the same precisions");
 
 void launch(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx) {
   switch (plan.kernel) {
@@ -140,7 +136,7 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
   problem.dim = a.dim;
   problem.num_steps = a.num_steps;
   problem.num_layers = num_layers;
-  problem.precision = plan_precision(mode);
+  problem.precision = static_cast<plan::Precision>(mode);
 
   const int device = x.get_device();
   const plan::Device& info = device_info(device);

@@ -9,6 +9,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 namespace ddpm_ops {
 
 using cuda_kernels::SampleArgs;
@@ -47,6 +49,22 @@ void launch_kernel(void (*kernel)(Params...), const plan::Plan& plan, const Laun
                             static_cast<size_t>(plan.smem), ctx.stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, args...));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Calls launch(own, cs) with the bf16x3 kernels' instantiated (columns per
+// CTA, cluster size) pair of the plan as std::integral_constant values
+// (plan::detail's kBf16x3Shapes).
+template <typename Launch>
+void with_bf16x3_shape(const plan::Plan& plan, Launch&& launch) {
+  using I64 = std::integral_constant<int, 64>;
+  using I128 = std::integral_constant<int, 128>;
+  if (plan.cluster_size == 1) {
+    return plan.own == 64 ? launch(I64{}, std::integral_constant<int, 1>{}) : launch(I128{}, std::integral_constant<int, 1>{});
+  }
+  if (plan.cluster_size == 2) {
+    return plan.own == 64 ? launch(I64{}, std::integral_constant<int, 2>{}) : launch(I128{}, std::integral_constant<int, 2>{});
+  }
+  launch(I64{}, std::integral_constant<int, 4>{});
 }
 
 void launch_fp32_resident(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);

@@ -63,6 +63,23 @@ OwnCs least_cost_shape(const Device& d, std::initializer_list<int> row_options, 
 // 2 with 8 (440).
 int64_t swapab_step_cost(int own, int cs, int rows) { return 5 * rows * (cs - 1) + 3 * own + 16; }
 
+// A bf16x3 kernel's plan: `shape` on tiles of `rows` rows, one wave of
+// clusters at most (each cluster takes tiles until the batch is done).
+template <typename Layout>
+void bf16x3_plan(Kernel kernel, OwnCs shape, int rows, const Layout& layout, int threads, const Problem& a,
+                 const Device& d, Plan* plan) {
+  plan->kernel = kernel;
+  plan->own = shape.own;
+  plan->hidden = layout.hidden();
+  plan->cluster_size = shape.cs;
+  plan->co_resident = d.max_clusters[shape.cs];
+  plan->rows = rows;
+  plan->tiles = ceil_div(a.batch, rows);
+  plan->grid = std::min<int64_t>(d.max_clusters[shape.cs], plan->tiles);
+  plan->threads = threads;
+  plan->smem = cuda_kernels::wgmma_request(layout, d.max_smem);
+}
+
 }  // namespace
 
 // bf16_wgmma's padded hidden width (64, 128, 192 or 256): it needs a hidden
@@ -109,17 +126,9 @@ bool bf16x3_wgmma_m64_shape(const Problem& a, const Device& d, const Overrides& 
   if (shape.own == 0) return false;
   const bool two = shape.cs > 1 && cuda_kernels::Bf16x3Layout{shape.own, shape.cs, a.num_layers, 2}.bytes() <= d.max_smem;
   const cuda_kernels::Bf16x3Layout layout{shape.own, shape.cs, a.num_layers, two ? 2 : 1};
-  plan->kernel = Kernel::kBf16x3WgmmaM64;
-  plan->own = shape.own;
-  plan->hidden = layout.hidden();
+  bf16x3_plan(Kernel::kBf16x3WgmmaM64, shape, cuda_kernels::kWgmmaRows, layout, cuda_kernels::kBf16x3Threads, a, d,
+              plan);
   plan->buffers = layout.buffers;
-  plan->cluster_size = shape.cs;
-  plan->co_resident = d.max_clusters[shape.cs];
-  plan->rows = cuda_kernels::kWgmmaRows;
-  plan->tiles = tiles;
-  plan->grid = std::min<int64_t>(d.max_clusters[shape.cs], tiles);
-  plan->threads = cuda_kernels::kBf16x3Threads;
-  plan->smem = cuda_kernels::wgmma_request(layout, d.max_smem);
   return true;
 }
 
@@ -152,16 +161,7 @@ bool bf16x3_wgmma_swapab_shape(const Problem& a, const Device& d, const Override
   if (shape.own == 0) shape = least_cost_shape(d, {8, 16, 24, 32}, 0, 0, &rows, fits, cost);
   if (shape.own == 0) return false;
   const cuda_kernels::SwapabLayout layout{shape.own, shape.cs, a.num_layers, rows};
-  plan->kernel = Kernel::kBf16x3WgmmaSwapab;
-  plan->own = shape.own;
-  plan->hidden = layout.hidden();
-  plan->cluster_size = shape.cs;
-  plan->co_resident = d.max_clusters[shape.cs];
-  plan->rows = rows;
-  plan->tiles = ceil_div(a.batch, rows);
-  plan->grid = std::min<int64_t>(d.max_clusters[shape.cs], plan->tiles);
-  plan->threads = cuda_kernels::kSwapabThreads;
-  plan->smem = cuda_kernels::wgmma_request(layout, d.max_smem);
+  bf16x3_plan(Kernel::kBf16x3WgmmaSwapab, shape, rows, layout, cuda_kernels::kSwapabThreads, a, d, plan);
   return true;
 }
 

@@ -7,7 +7,7 @@
 
 // Host and device functions of the layouts the plan and the kernels agree on.
 #if defined(__CUDACC__)
-#define DDPM_HD DDPM_HD
+#define DDPM_HD __host__ __device__
 #else
 #define DDPM_HD
 #endif

@@ -107,6 +107,12 @@ __device__ __forceinline__ void st_async(uint32_t cluster_addr, uint4 v, uint32_
                : "memory");
 }
 
+// Makes this thread's mbarrier initializations visible to the cluster (the
+// bytes other CTAs send complete on them).
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
 // Cluster barrier, split: arrive releases this thread's earlier writes
 // (local and remote), wait acquires everyone's. All threads execute both.
 __device__ __forceinline__ void cluster_arrive() {
@@ -114,6 +120,17 @@ __device__ __forceinline__ void cluster_arrive() {
 }
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Every CTA of a cluster of kCs has reached this point (a CTA barrier
+// without a cluster).
+template <int kCs>
+__device__ __forceinline__ void sync_cluster_or_cta() {
+  if constexpr (kCs > 1) {
+    cluster_arrive();
+    cluster_wait();
+  } else {
+    __syncthreads();
+  }
 }
 
 }  // namespace cuda_kernels

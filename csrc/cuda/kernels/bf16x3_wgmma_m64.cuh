@@ -384,14 +384,11 @@ __global__ void __launch_bounds__(kBf16x3Threads, 1) bf16x3_wgmma_m64_kernel(con
     link.connect(smem, lay, rank);
     if (threadIdx.x % 32 == 0) {
       for (int b = 0; b < kBuffers; ++b) mbarrier_init(link.barrier(b), 1);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      fence_mbarrier_init();
     }
-    // Every CTA running, with its mbarriers initialized, before anyone sends.
-    cluster_arrive();
-    cluster_wait();
-  } else {
-    __syncthreads();
   }
+  // Every CTA running, with its mbarriers initialized, before anyone sends.
+  sync_cluster_or_cta<kCs>();
   const int tiles = (a.batch + kWgmmaRows - 1) / kWgmmaRows;
   const int clusters = gridDim.x / kCs;
   for (int tile = blockIdx.x / kCs; tile < tiles; tile += clusters) {

@@ -24,13 +24,7 @@ void launch_shape(const plan::Plan& plan, const SampleArgs& a, const LaunchConte
 }  // namespace
 
 void launch_bf16x3_wgmma_swapab(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx) {
-  if (plan.cluster_size == 1) {
-    return plan.own == 64 ? launch_shape<64, 1>(plan, a, ctx) : launch_shape<128, 1>(plan, a, ctx);
-  }
-  if (plan.cluster_size == 2) {
-    return plan.own == 64 ? launch_shape<64, 2>(plan, a, ctx) : launch_shape<128, 2>(plan, a, ctx);
-  }
-  launch_shape<64, 4>(plan, a, ctx);
+  with_bf16x3_shape(plan, [&](auto own, auto cs) { launch_shape<decltype(own)::value, decltype(cs)::value>(plan, a, ctx); });
 }
 
 }  // namespace ddpm_ops

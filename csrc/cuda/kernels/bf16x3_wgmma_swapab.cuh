@@ -391,15 +391,10 @@ __global__ void __launch_bounds__(kSwapabThreads, 1) bf16x3_wgmma_swapab_kernel(
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + lay.barrier_offset());
   if (threadIdx.x == 0) {
     for (int b = 0; b < lay.act_buffers() + lay.eps_buffers(); ++b) mbarrier_init(bars + b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   // Every CTA running, with its mbarriers initialized, before anyone sends.
-  if constexpr (kCs > 1) {
-    cluster_arrive();
-    cluster_wait();
-  } else {
-    __syncthreads();
-  }
+  sync_cluster_or_cta<kCs>();
   const int tiles = (a.batch + kN - 1) / kN;
   const int clusters = gridDim.x / kCs;
   uint32_t exchanges = 0, eps_exchanges = 0;

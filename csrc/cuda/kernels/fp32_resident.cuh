@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
   if (threadIdx.x == 0) {
     // One arrival per phase, this CTA's own; the senders' bytes complete it.
     for (int b = 0; b < 4; ++b) mbarrier_init(&sh.bars[b], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   // Every CTA must be running, its mbarriers initialized, before anyone sends
   // to it; this also publishes x.

@@ -159,6 +159,28 @@ __device__ __forceinline__ void stage_padded_rows(float* dst, const float* src, 
   }
 }
 
+// This CTA's weight slices: rows [n0, n0 + ns) of each layer, copied once
+// with rows padded to a multiple of 4 by zeros, and their biases (and the
+// whole last layer where every CTA computes it); the caller commits and waits.
+__device__ __forceinline__ void stage_weight_slices(const SampleArgs& a, const SmemPlan& p, int rank, float* smem) {
+  const int L = a.num_layers;
+  for (int l = 0; l < L; ++l) {
+    if (p.weight_offset[l] < 0) continue;
+    const LayerArgs& la = a.layers[l];
+    const int s = p.work[l].cols;
+    const int n0 = rank * s;
+    const int ns = max(0, min(s, la.out - n0));
+    stage_padded_rows(smem + p.weight_offset[l], la.weight + static_cast<size_t>(n0) * la.in, ns,
+                      la.in, round_up4(la.in));
+    stage_padded_rows(smem + p.bias_offset[l], la.bias + n0, 1, ns, ns);
+  }
+  if (p.last_weight_offset >= 0) {
+    const LayerArgs& la = a.layers[L - 1];
+    stage_padded_rows(smem + p.last_weight_offset, la.weight, la.out, la.in, round_up4(la.in));
+    stage_padded_rows(smem + p.last_bias_offset, la.bias, 1, la.out, la.out);
+  }
+}
+
 // VR: the rows of a warp's output tile (1, 2 or 4; the host picks it from the
 // rows per cluster).
 template <int VR>
@@ -181,23 +203,7 @@ __global__ void __launch_bounds__(kSmemThreads, 1)
   int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + p.barrier_offset);
 
-  // This CTA's weight slices: rows [n0, n0 + ns) of each layer, copied once
-  // with rows padded to a multiple of 4 by zeros, and their biases.
-  for (int l = 0; l < L; ++l) {
-    if (p.weight_offset[l] < 0) continue;
-    const LayerArgs& la = a.layers[l];
-    const int s = p.work[l].cols;
-    const int n0 = rank * s;
-    const int ns = max(0, min(s, la.out - n0));
-    stage_padded_rows(smem + p.weight_offset[l], la.weight + static_cast<size_t>(n0) * la.in, ns,
-                      la.in, round_up4(la.in));
-    stage_padded_rows(smem + p.bias_offset[l], la.bias + n0, 1, ns, ns);
-  }
-  if (p.last_weight_offset >= 0) {
-    const LayerArgs& la = a.layers[L - 1];
-    stage_padded_rows(smem + p.last_weight_offset, la.weight, la.out, la.in, round_up4(la.in));
-    stage_padded_rows(smem + p.last_bias_offset, la.bias, 1, la.out, la.out);
-  }
+  stage_weight_slices(a, p, rank, smem);
   cp_async_commit();
   // Zero the layer inputs: float4 reads cover the padding columns, which
   // must hold finite values (the weights there are zero).
@@ -208,7 +214,7 @@ __global__ void __launch_bounds__(kSmemThreads, 1)
     // One arrival per phase, this CTA's own (exchange below); the senders'
     // bytes complete it.
     for (int b = 0; b < kExchangeBuffers; ++b) mbarrier_init(bars + b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
   for (int r = threadIdx.x; r < rows; r += kSmemThreads) {

@@ -449,6 +449,25 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
   }
 }
 
+// The exchange's and the slots' mbarriers, and the TMA descriptors
+// prefetched so that their first use finds them cached (thread 0).
+__device__ __forceinline__ void init_barriers(const TilePlan& p, const TileMaps& maps, uint64_t* bars, int L) {
+  for (int b = 0; b < 2 + kTileMaxSlots; ++b) mbarrier_init(bars + b, 1);
+  fence_mbarrier_init();
+  for (int l = 0; l < L; ++l) {
+    if (p.tma[l]) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&maps.weight[l]) : "memory");
+  }
+}
+
+// The prefetches past the end, unused, must land before exit.
+__device__ __forceinline__ void drain_stream(const TilePlan& p, uint64_t* slot_bars, WeightStream& stream) {
+  cp_async_wait<0>();
+  for (int s = 0; s + 1 < p.slots; ++s) {
+    wait_for_chunk(p.slots, slot_bars, stream);
+    stream.read = (stream.read + 1) & (p.slots - 1);
+  }
+}
+
 // One CTA per 16 * MT rows, or a cluster of p.cluster_size CTAs per row tile:
 // then CTA r computes the r-th share of every layer's output columns and
 // copies it into every CTA's copy of the layer output (exchange_shares), and
@@ -491,14 +510,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
 
   // The slots' mbarriers before the first TMA copy (issued by this thread),
   // the exchange's before the cluster barrier below.
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < 2 + kTileMaxSlots; ++b) mbarrier_init(bars + b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    // The descriptors' first use then finds them cached.
-    for (int l = 0; l < L; ++l) {
-      if (p.tma[l]) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&maps.weight[l]) : "memory");
-    }
-  }
+  if (threadIdx.x == 0) init_barriers(p, maps, bars, L);
   // Fill all slots but one (overlapping the setup below); each chunk then
   // refills one.
   WeightStream stream = {};
@@ -601,12 +613,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     if (clustered) cluster_arrive();  // this CTA's update has read eps
   }
   if (clustered) cluster_wait();  // matches the last arrival
-  // The prefetches past the end, unused, must land before exit.
-  cp_async_wait<0>();
-  for (int s = 0; s + 1 < p.slots; ++s) {
-    wait_for_chunk(p.slots, slot_bars, stream);
-    stream.read = (stream.read + 1) & (p.slots - 1);
-  }
+  drain_stream(p, slot_bars, stream);
 
   // Every CTA of a cluster holds the result; they share the writing by row.
   const float nan = __int_as_float(0x7fc00000);
