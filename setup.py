@@ -41,7 +41,7 @@ def cuda_arch_list() -> tuple[str | None, str]:
 
 
 def extension():
-    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
+    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp") + glob.glob("csrc/plan/*.cpp"))
     cxx_flags = ["-O3"]
     archs, why_not = cuda_arch_list()
     if archs is None:
@@ -54,7 +54,7 @@ def extension():
         nvcc_flags.append("-DDDPM_OPS_SM90A")
     return CUDAExtension(
         "ddpm_ops._C",
-        sources + sorted(glob.glob("csrc/cuda/*.cu")),
+        sources + sorted(glob.glob("csrc/cuda/**/*.cu", recursive=True)),
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
     )
 

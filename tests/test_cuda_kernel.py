@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ddpm_ops
+from ddpm_ops.cuda_plan import current_device, plan_for
 from problems import make_problem, relative_error
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -387,24 +388,6 @@ def test_bf16_outside_the_wgmma_kernel_envelope(monkeypatch, capfd, dim, hidden)
     assert relative_error(out, reference64_cuda(problem)) <= FAST_TOLERANCE
 
 
-@pytest.mark.parametrize("batch, expected", [(1, "resident"), (120, "resident"), (121, "narrow"), (960, "narrow"),
-                                             (1024, "split"), (2500, "wgmma"), (5000, "wgmma")])
-def test_bf16_rule(monkeypatch, capfd, batch, expected):
-    """By default "bf16" takes the wgmma kernel from batch 265 (measured faster
-    there on the H200) and the exact resident and narrow kernels below, but
-    the exact narrow or split kernel where the split kernel runs in clusters
-    of 4 (faster: up to 30 tiles on the H200)."""
-    if not has_wgmma_kernel():
-        pytest.skip("the wgmma kernel needs an sm_90 GPU")
-    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
-    monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
-    problem = make_problem(batch, 64, [256, 256], 3, device="cuda")
-    log, out = logged_call(monkeypatch, capfd, problem, "bf16")
-    assert log.startswith(f"ddpm_ops {expected} kernel"), log
-    tolerance = FAST_TOLERANCE if expected == "wgmma" else FP32_TOLERANCE
-    assert relative_error(out, reference64_cuda(problem)) <= tolerance
-
-
 @pytest.mark.parametrize("forced", ["cluster", "tiled16"])
 def test_a_forced_kernel_overrides_the_wgmma_kernel(monkeypatch, capfd, forced):
     monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", forced)
@@ -551,33 +534,6 @@ def test_narrow_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, cluste
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
-# The H200's shapes: 30 co-resident clusters of 4 and 66 of 2.
-@pytest.mark.parametrize("batch, expected", [
-    (120, None), (121, (4, 8)), (240, (4, 8)), (241, (2, 8)), (528, (2, 8)), (529, (4, 24)), (720, (4, 24)),
-    (721, (4, 32)), (960, (4, 32)), (961, None)])
-def test_narrow_rule(monkeypatch, capfd, batch, expected):
-    """By default the narrow kernel runs from batch 121 (the resident kernel's
-    below) while one wave of its clusters holds the batch, in the shape of
-    least modelled step time: clusters of 4 with 8-row tiles while they fit,
-    then clusters of 2 with 8 rows, then clusters of 4 with 24 and 32 rows
-    (expected: cluster size and rows; None: another kernel)."""
-    if not has_wgmma_kernel() or not is_h200():
-        pytest.skip("the H200's narrow-kernel shapes")
-    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
-    monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
-    monkeypatch.delenv("DDPM_OPS_CUDA_TILE_ROWS", raising=False)
-    problem = make_problem(batch, 64, [256, 256], 3, device="cuda")
-    log, out = logged_call(monkeypatch, capfd, problem)
-    match = NARROW_LOG.match(log)
-    if expected is None:
-        assert match is None, log
-    else:
-        assert match is not None, log
-        assert (int(match.group(5)), int(match.group(2))) == expected, log
-        assert int(match.group(3)) <= int(match.group(4)), log  # one wave
-    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
-
-
 @pytest.mark.parametrize("kernel, batch, dim, hidden", [
     ("split", 300, 65, [256]),            # dim beyond 64
     ("split", 300, 12, [1024, 1024]),     # hidden beyond 256
@@ -605,28 +561,6 @@ def test_outside_a_kernels_envelope(monkeypatch, capfd, kernel, batch, dim, hidd
     if batch > 120 and not is_h200():
         return  # another GPU may hold more clusters
     assert not log.startswith(f"ddpm_ops {kernel} kernel"), log
-
-
-@pytest.mark.parametrize("precision, batch, expected, cluster_size", [
-    ("fp32", 961, "split", 4), ("fp32", 1920, "split", 4), ("fp32", 1921, "split", 2),
-    ("fp32", 32768, "split", 2), ("tf32", 5000, "split", 2), ("bf16", 5000, "wgmma", None)])
-def test_split_rule(monkeypatch, capfd, precision, batch, expected, cluster_size):
-    """By default the split kernel runs from batch 265 where the narrow kernel
-    does not (measured faster there on the H200), in every precision but
-    "bf16", where the wgmma kernel runs (but in clusters of 4,
-    test_bf16_rule); in clusters of 4 while the tiles fit in one wave of them
-    (30 on the H200), else in clusters of 2."""
-    if not has_wgmma_kernel():
-        pytest.skip("the split kernel needs an sm_90 GPU")
-    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
-    monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
-    problem = make_problem(batch, 64, [256, 256], 3, device="cuda")
-    log, out = logged_call(monkeypatch, capfd, problem, precision)
-    assert log.startswith(f"ddpm_ops {expected} kernel"), log
-    if cluster_size is not None:
-        assert SPLIT_LOG.match(log).group(4) == str(cluster_size), log
-    tolerance = FAST_TOLERANCE if expected == "wgmma" else FP32_TOLERANCE
-    assert relative_error(out, reference64_cuda(problem)) <= tolerance
 
 
 RESIDENT_LOG = re.compile(r"ddpm_ops resident kernel: batch (\d+), cluster size (\d+) \((\d+) co-resident\), "
@@ -687,43 +621,6 @@ def test_resident_kernel(monkeypatch, capfd, batch, dim, hidden, num_steps, forc
     assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
 
 
-# The H200's resident shapes (cluster size, rows) at the seed shape, for calls
-# of fewer than 8 steps and of 8 or more.
-RESIDENT_RULE_H200 = {
-    4: {1: (8, 1), 2: (8, 1), 7: (8, 1), 8: (8, 1), 28: (8, 2), 29: (8, 2), 30: (8, 2), 31: (8, 4), 60: (8, 4),
-        61: (2, 1), 120: (8, 8)},
-    16: {1: (8, 1), 2: (8, 1), 7: (8, 1), 8: (8, 1), 28: (8, 2), 29: (8, 2), 30: (8, 2), 31: (2, 1), 60: (2, 1),
-         61: (2, 1), 120: (8, 8)},
-}
-
-
-@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
-@pytest.mark.parametrize("num_steps", [4, 16])
-@pytest.mark.parametrize("batch", [1, 2, 7, 8, 28, 29, 30, 31, 60, 61, 120, 121])
-def test_resident_rule(monkeypatch, capfd, precision, num_steps, batch):
-    """By default every precision runs the seed shape's small batches on the
-    resident kernel (exact, and the fastest there on the H200) while one wave
-    of clusters holds them at 8 rows each, in the shape with the fewest
-    products per lane: on the H200 (15 clusters of 8, 66 of 2), clusters of
-    8 with 1 to 4 rows each, then clusters of 2 with 1 row each up to batch
-    66, then clusters of 8 with 8 rows each. Where 4 rows in clusters of 8
-    tie with 1 row in clusters of 2, a call of 8 steps or more takes the
-    latter, a shorter one the former."""
-    monkeypatch.delenv("DDPM_OPS_CUDA_KERNEL", raising=False)
-    monkeypatch.delenv("DDPM_OPS_CUDA_CLUSTER_SIZE", raising=False)
-    problem = make_problem(batch, 64, [256, 256], num_steps, device="cuda")
-    log, out = logged_call(monkeypatch, capfd, problem, precision)
-    assert relative_error(out, reference64_cuda(problem)) <= FP32_TOLERANCE
-    match = RESIDENT_LOG.match(log)
-    h200 = is_h200()
-    if match is None:
-        assert h200 and batch > 120, log
-        return
-    size, rows = check_resident_shape(log, batch, 256)
-    if h200:
-        assert (size, rows) == RESIDENT_RULE_H200[num_steps][batch], log
-
-
 @pytest.mark.parametrize("layer", [1, 2])
 def test_resident_kernel_needs_aligned_weights(monkeypatch, capfd, layer):
     """The resident kernel reads the weights after layer 0 as float4: a weight
@@ -756,3 +653,27 @@ def test_resident_kernel_out_of_range_rows_are_nan(monkeypatch):
     assert torch.isnan(out[bad]).all()
     problem.x, problem.t_start = problem.x[~bad], problem.t_start[~bad]
     assert relative_error(out[~bad], reference64_cuda(problem)) <= FP32_TOLERANCE
+
+
+@pytest.mark.parametrize("precision, batch, dim, hidden, num_steps", [
+    ("fp32", 1, 64, [256, 256], 16),      # fp32_resident
+    ("fp32", 512, 64, [256, 256], 3),     # bf16x3_wgmma_swapab (sm_90)
+    ("fp32", 32768, 64, [256, 256], 3),   # bf16x3_wgmma_m64 (sm_90)
+    ("bf16", 5000, 64, [256, 256], 3),    # bf16_wgmma (sm_90)
+    ("fp32", 300, 12, [1024, 1024], 2),   # tf32x3_tiled
+    ("fp32", 100, 12, [1024, 1024], 2),   # fp32_smem
+    ("tf32", 768, 12, [300, 300], 2),
+])
+def test_the_planned_kernel_runs(monkeypatch, capfd, precision, batch, dim, hidden, num_steps):
+    """The launch runs the plan ddpm_ops.cuda_plan computes for this GPU (the
+    rule's own tests, tests/test_cuda_plan.py, run on the CPU)."""
+    for name in ("DDPM_OPS_CUDA_KERNEL", "DDPM_OPS_CUDA_CLUSTER_SIZE", "DDPM_OPS_CUDA_TILE_ROWS", "DDPM_OPS_CUDA_TMA"):
+        monkeypatch.delenv(name, raising=False)
+    problem = make_problem(batch, dim, hidden, num_steps, device="cuda")
+    plan = plan_for(batch, dim, hidden, num_steps, precision, device=current_device(problem.x.device.index))
+    log, out = logged_call(monkeypatch, capfd, problem, precision)
+    assert log == plan["log"], (log, plan)
+    tolerance = FAST_TOLERANCE if precision == "bf16" and plan["kernel"] == "bf16_wgmma" else FP32_TOLERANCE
+    if precision == "tf32" and plan["kernel"] == "tf32x3_tiled":
+        tolerance = FAST_TOLERANCE
+    assert relative_error(out, reference64_cuda(problem)) <= tolerance

@@ -1,16 +1,16 @@
 // The exact fp32 tensor-core kernel of ddpm::fused_sample for medium batches
 // (Hopper's wgmma, compiled only for sm_90a).
 //
-// narrow_sample_kernel<kOwn, kCs, kN>: the split kernel's arithmetic
-// (split_kernel.cuh: both planes of every operand, big*big + small*big +
+// bf16x3_wgmma_swapab_kernel<kOwn, kCs, kN>: the bf16x3_wgmma_m64 kernel's arithmetic
+// (bf16x3_wgmma_m64.cuh: both planes of every operand, big*big + small*big +
 // big*small in fp32, the net split over a cluster of kCs CTAs with kOwn
 // columns of each hidden layer each) with the operands swapped: the weights
 // are wgmma's A (M = 64 output columns of a layer) and the activations its
 // B (N = kN rows of the batch), both read from shared memory. wgmma's M is
 // at least 64, its N as small as 8, so a cluster carries a tile of kN = 8 to
-// 32 rows where the split kernel needs 64: 4 to 8 times the clusters on the
+// 32 rows where the bf16x3_wgmma_m64 kernel needs 64: 4 to 8 times the clusters on the
 // same batch, and a CTA sends a quarter to an eighth of the bytes per step,
-// which bound the split kernel's steps (docs/kernels.md).
+// which bound the bf16x3_wgmma_m64 kernel's steps (docs/kernels.md).
 //   - A layer's accumulators (columns x rows) are split into both bf16
 //     planes and written with stmatrix.trans straight into the next layer's
 //     B tile (K-major, 128-byte swizzle, the weights' layout); a hidden
@@ -25,61 +25,21 @@
 //     its rank), so every CTA holds the same eps and the same x, bit for bit.
 //   - x stays in fp32 registers, in the output layer's accumulator layout.
 // No barrier guards a send: each exchange's data are computed from the
-// partners' previous one (the proof at NarrowLayout::act_buffers).
-// Shape envelope (host: narrow_shape): the split kernel's (2 to kMaxLayers
+// partners' previous one (the proof at SwapabLayout::act_buffers).
+// Shape envelope (host: bf16x3_wgmma_swapab_shape, csrc/plan): the bf16x3_wgmma_m64 kernel's (2 to kMaxLayers
 // layers, dim <= 64, hidden widths <= kOwn kCs) and the CTA's share within
 // the shared memory.
 #pragma once
 
-#include "split_kernel.cuh"
+#include "../common/bf16x3.cuh"
+#include "bf16x3_wgmma_swapab.h"
+
+#include <cooperative_groups.h>
 
 namespace ddpm_ops {
 namespace cuda_kernels {
 
-constexpr int kNarrowThreads = 128;  // one warpgroup
-static_assert(kNarrowThreads == kSplitThreads, "the split kernel's staging (stage_split_net) serves both");
-
-// Where everything sits in the shared memory of a CTA (1024-byte aligned:
-// every tile starts a swizzle period). The weights, biases and time column
-// are the split kernel's (SplitLayout without exchange buffers); then the B
-// tiles, each [plane][64-column block][kN rows][128 bytes].
-struct NarrowLayout {
-  int own;
-  int cs;
-  int num_layers;
-  int rows;  // kN
-  __host__ __device__ constexpr SplitLayout weights() const { return {own, cs, num_layers, 0}; }
-  __host__ __device__ constexpr int hidden() const { return own * cs; }
-  // Tiles of hidden layers' outputs exchanged in the cluster, used in turn.
-  // Exchange n writes tile n % act_buffers() of each partner. Before it, the
-  // CTA has received the partners' exchange n - 1 (or, where that was the
-  // step before, their partial eps after it), which they sent after their
-  // layer that read exchange n - 2 had finished: so with two tiles no
-  // exchange overwrites data still being read, and with one wherever a
-  // partial eps separates consecutive exchanges (3 layers: one exchange a
-  // step). The same order keeps a CTA's own block from being rewritten
-  // while the bulk copies of exchange n - act_buffers() still read it.
-  __host__ __device__ constexpr int act_buffers() const { return num_layers >= 4 ? 2 : (num_layers == 3 ? 1 : 0); }
-  // Partial-eps slots: one suffices where a hidden exchange separates a
-  // step's partial from the next (a partner's next partial needs this CTA's
-  // exchange, which it sends after reading its slots); 2 layers alternate two.
-  __host__ __device__ constexpr int eps_buffers() const { return cs == 1 ? 0 : (num_layers == 2 ? 2 : 1); }
-  __host__ __device__ constexpr int block_bytes() const { return 4 * own * rows; }  // one CTA's columns, both planes
-  __host__ __device__ constexpr int act_offset() const { return (weights().bytes() + 1023) / 1024 * 1024; }
-  __host__ __device__ constexpr int act_bytes() const { return cs * block_bytes(); }
-  // The last hidden layer's own block, the output layer's input.
-  __host__ __device__ constexpr int last_in_offset() const { return act_offset() + act_buffers() * act_bytes(); }
-  __host__ __device__ constexpr int x_offset() const { return last_in_offset() + block_bytes(); }
-  // The partners' partial eps: slot p - 1 of a buffer from CTA r ^ p, kN / 8
-  // uint4 per thread, thread-minor.
-  __host__ __device__ constexpr int eps_offset() const { return x_offset() + 4 * kWgmmaDimPad * rows; }
-  __host__ __device__ constexpr int eps_slot_bytes() const { return 2 * rows * kNarrowThreads; }
-  __host__ __device__ constexpr int barrier_offset() const {
-    return eps_offset() + eps_buffers() * (cs - 1) * eps_slot_bytes();
-  }
-  // mbarriers: the exchanged tiles', then the eps buffers'.
-  __host__ __device__ constexpr int bytes() const { return barrier_offset() + 8 * (act_buffers() + eps_buffers()); }
-};
+namespace cg = cooperative_groups;
 
 // d (+)= A (64 x 16 at desc_a) * B (16 x kN at desc_b), both in shared memory.
 template <int kN>
@@ -140,12 +100,12 @@ __device__ __forceinline__ uint64_t descriptor_at(uint32_t low, uint32_t bytes) 
   return (wgmma_descriptor(0) & 0xFFFFFFFF00000000ull) | (low + (bytes >> 4));
 }
 
-// acc[m * kKSplit + kb % kKSplit] += A rows [64 m, 64 (m + 1)) of the weights
+// acc[m * kKChains + kb % kKChains] += A rows [64 m, 64 (m + 1)) of the weights
 // (planes from descriptor low words w_big, w_small; kWRows rows, swizzled
 // blocks of 64 deep) times k-blocks [kKb0, kKb1) of the B tile whose base
 // has descriptor low word `in`, three products each.
-template <int kN, int kM, int kKSplit, int kKb0, int kKb1, int kBlock, int kWRows>
-__device__ __forceinline__ void issue_narrow_products(float (&acc)[kM * kKSplit][kN / 2], uint32_t w_big,
+template <int kN, int kM, int kKChains, int kKb0, int kKb1, int kBlock, int kWRows>
+__device__ __forceinline__ void issue_swapab_products(float (&acc)[kM * kKChains][kN / 2], uint32_t w_big,
                                                       uint32_t w_small, uint32_t in) {
   using Tile = BTile<kN, kBlock>;
   wgmma_fence();
@@ -155,7 +115,7 @@ __device__ __forceinline__ void issue_narrow_products(float (&acc)[kM * kKSplit]
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
       const uint32_t at = (kb / 4) * kWRows * 128 + m * 64 * 128 + (kb % 4) * 32;
-      float(&d)[kN / 2] = acc[m * kKSplit + kb % kKSplit];
+      float(&d)[kN / 2] = acc[m * kKChains + kb % kKChains];
       wgmma_ss<kN>(d, descriptor_at(w_big, at), b_big);
       wgmma_ss<kN>(d, descriptor_at(w_big, at), b_small);
       wgmma_ss<kN>(d, descriptor_at(w_small, at), b_big);
@@ -184,7 +144,7 @@ __device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, ui
 // stmatrix fragment, so .trans writes each row's 8 columns as one 16-byte
 // chunk (permuted within its 128-byte row by the row's index: the swizzle).
 template <int kN, int kM, int kBlock>
-__device__ __forceinline__ void store_narrow_tile(const float (&v)[kM][kN / 2], const BTile<kN, kBlock>& out) {
+__device__ __forceinline__ void store_swapab_tile(const float (&v)[kM][kN / 2], const BTile<kN, kBlock>& out) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int h = (lane / 8) % 2, r = lane % 8;  // the row of fragment h that this lane addresses
   const int chunk = 2 * warp + h;
@@ -193,8 +153,8 @@ __device__ __forceinline__ void store_narrow_tile(const float (&v)[kM][kN / 2], 
 #pragma unroll
     for (int j = 0; j < kN / 8; ++j) {
       uint32_t big[2], small[2];
-      split_bf16(v[m][4 * j], v[m][4 * j + 1], big, small);
-      split_bf16(v[m][4 * j + 2], v[m][4 * j + 3], big + 1, small + 1);
+      bf16_planes(v[m][4 * j], v[m][4 * j + 1], big, small);
+      bf16_planes(v[m][4 * j + 2], v[m][4 * j + 3], big + 1, small + 1);
       const int n = 8 * j + r;
       const uint32_t at = m * kN * 128 + n * 128 + ((chunk ^ r) * 16);
       stmatrix_x2_trans(out.base + at, big[0], big[1]);
@@ -206,20 +166,20 @@ __device__ __forceinline__ void store_narrow_tile(const float (&v)[kM][kN / 2], 
 // The accumulator layout of a warpgroup's m64nN: element i of a thread is
 // column (M) 16 warp + g + 8 ((i >> 1) & 1) of its 64, row (N) 8 (i >> 2) +
 // 2 q + (i & 1); rows are numbered by slot s = 2 (i >> 2) + (i & 1).
-__device__ __forceinline__ int narrow_col(int i, int warp, int g) { return 16 * warp + g + 8 * ((i >> 1) & 1); }
-__device__ __forceinline__ int narrow_slot(int i) { return 2 * (i >> 2) + (i & 1); }
-__device__ __forceinline__ int narrow_row(int s, int q) { return 8 * (s / 2) + 2 * q + (s & 1); }
+__device__ __forceinline__ int swapab_col(int i, int warp, int g) { return 16 * warp + g + 8 * ((i >> 1) & 1); }
+__device__ __forceinline__ int swapab_slot(int i) { return 2 * (i >> 2) + (i & 1); }
+__device__ __forceinline__ int swapab_row(int s, int q) { return 8 * (s / 2) + 2 * q + (s & 1); }
 
 // All steps for the kN-row tile at row0 (shared by the kCs CTAs of the cluster).
 template <int kOwn, int kCs, int kN>
-__device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const NarrowLayout& lay, char* smem, int rank,
+__device__ __forceinline__ void run_swapab_tile(const SampleArgs& a, const SwapabLayout& lay, char* smem, int rank,
                                                 int row0, uint32_t& exchanges, uint32_t& eps_exchanges) {
   constexpr int kH = kOwn * kCs;
   constexpr int kM = kOwn / 64;  // 64-column blocks of a hidden layer per CTA
   constexpr int kV = kN / 2;     // accumulators of a thread per block
   constexpr int kSlots = kN / 4; // rows of a thread
   constexpr int kPartners = kCs - 1;
-  const SplitLayout wl = lay.weights();
+  const Bf16x3Layout wl = lay.weights();
   const uint32_t base = smem_address(smem);
   const float* bias = reinterpret_cast<const float*>(smem + wl.bias_offset());
   const float* time_weight = reinterpret_cast<const float*>(smem + wl.time_weight_offset());
@@ -236,14 +196,14 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
   int t[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    const int r = row0 + narrow_row(s, q);
+    const int r = row0 + swapab_row(s, q);
     bool ok;
     t[s] = r < a.batch ? load_t_start(a, r, &ok) : 0;
   }
   float x[kV];
 #pragma unroll
   for (int i = 0; i < kV; ++i) {
-    const int r = row0 + narrow_row(narrow_slot(i), q), col = narrow_col(i, warp, g);
+    const int r = row0 + swapab_row(swapab_slot(i), q), col = swapab_col(i, warp, g);
     x[i] = r < a.batch && col < dim ? __ldg(a.x + static_cast<size_t>(r) * dim + col) : 0.f;
   }
 
@@ -254,9 +214,9 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
     for (int m = 0; m < kM; ++m) {
 #pragma unroll
       for (int i = 0; i < kV; ++i) {
-        const int col = 64 * m + narrow_col(i, warp, g);
+        const int col = 64 * m + swapab_col(i, warp, g);
         float v = bias[l * kOwn + col];
-        if (l == 0) v = fmaf(tn[narrow_slot(i)], time_weight[col], v);
+        if (l == 0) v = fmaf(tn[swapab_slot(i)], time_weight[col], v);
         acc[2 * m][i] = v;
         acc[2 * m + 1][i] = opaque_zero();
       }
@@ -298,7 +258,7 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
       float xv[1][kV];
 #pragma unroll
       for (int i = 0; i < kV; ++i) xv[0][i] = x[i];
-      store_narrow_tile<kN, 1, 64>(xv, x_tile);
+      store_swapab_tile<kN, 1, 64>(xv, x_tile);
     }
     fence_proxy_async();
     __syncthreads();
@@ -308,17 +268,17 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
       float acc[kM * 2][kV];
       start_layer(acc, l, tn);
       if (l == 0) {
-        issue_narrow_products<kN, kM, 2, 0, kWgmmaDimPad / 16, 64, kOwn>(acc, big_plane(0), small_plane(0),
+        issue_swapab_products<kN, kM, 2, 0, kWgmmaDimPad / 16, 64, kOwn>(acc, big_plane(0), small_plane(0),
                                                                        descriptor_low(x_tile.base));
       } else {
         const int b = (exchanges - 1) % lay.act_buffers();
         const uint32_t in = descriptor_low(act(b).base), w_big = big_plane(l), w_small = small_plane(l);
-        issue_narrow_products<kN, kM, 2, 0, kOwn / 16, kOwn, kOwn>(acc, w_big, w_small, in);
+        issue_swapab_products<kN, kM, 2, 0, kOwn / 16, kOwn, kOwn>(acc, w_big, w_small, in);
         if constexpr (kCs > 1) {
           const uint32_t parity = ((exchanges - 1) / lay.act_buffers()) & 1u;
           if (threadIdx.x == 0) mbarrier_expect_local(smem_address(bars + b), kPartners * lay.block_bytes());
           mbarrier_wait(bars + b, parity);
-          issue_narrow_products<kN, kM, 2, kOwn / 16, kH / 16, kOwn, kOwn>(acc, w_big, w_small, in);
+          issue_swapab_products<kN, kM, 2, kOwn / 16, kH / 16, kOwn, kOwn>(acc, w_big, w_small, in);
         }
       }
       wait_products(acc);
@@ -326,11 +286,11 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
       finish_hidden(acc, out);
       if (l + 2 < L) {
         const int b = exchanges % lay.act_buffers();
-        store_narrow_tile<kN, kM, kOwn>(out, act(b));
+        store_swapab_tile<kN, kM, kOwn>(out, act(b));
         publish(true, b);
         ++exchanges;
       } else {
-        store_narrow_tile<kN, kM, kOwn>(out, last_in);
+        store_swapab_tile<kN, kM, kOwn>(out, last_in);
         publish(false, 0);
       }
     }
@@ -339,10 +299,10 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
     float part[2][kV];
 #pragma unroll
     for (int i = 0; i < kV; ++i) {
-      part[0][i] = bias[(L - 1) * kOwn + narrow_col(i, warp, g)];
+      part[0][i] = bias[(L - 1) * kOwn + swapab_col(i, warp, g)];
       part[1][i] = opaque_zero();
     }
-    issue_narrow_products<kN, 1, 2, 0, kOwn / 16, kOwn, kWgmmaDimPad>(part, big_plane(L - 1), small_plane(L - 1),
+    issue_swapab_products<kN, 1, 2, 0, kOwn / 16, kOwn, kWgmmaDimPad>(part, big_plane(L - 1), small_plane(L - 1),
                                                                      descriptor_low(last_in.base));
     wait_products(part);
     float eps[kV];
@@ -359,7 +319,7 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
         const uint32_t dst = cluster_address(local, rank ^ p), dst_bar = cluster_address(smem_address(bar), rank ^ p);
 #pragma unroll
         for (int v = 0; v < kV / 4; ++v) {
-          st_async(dst + 16 * v * kNarrowThreads,
+          st_async(dst + 16 * v * kSwapabThreads,
                    make_uint4(__float_as_uint(eps[4 * v]), __float_as_uint(eps[4 * v + 1]),
                               __float_as_uint(eps[4 * v + 2]), __float_as_uint(eps[4 * v + 3])),
                    dst_bar);
@@ -374,7 +334,7 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
       for (int p = 0; p < kPartners; ++p) {
 #pragma unroll
         for (int v = 0; v < kV / 4; ++v) {
-          const uint4 w = slots[p * (lay.eps_slot_bytes() / 16) + v * kNarrowThreads + threadIdx.x];
+          const uint4 w = slots[p * (lay.eps_slot_bytes() / 16) + v * kSwapabThreads + threadIdx.x];
           from[p][4 * v] = __uint_as_float(w.x);
           from[p][4 * v + 1] = __uint_as_float(w.y);
           from[p][4 * v + 2] = __uint_as_float(w.z);
@@ -394,7 +354,7 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
     }
 #pragma unroll
     for (int i = 0; i < kV; ++i) {
-      const int s = narrow_slot(i);
+      const int s = swapab_slot(i);
       x[i] = c1[s] * (x[i] - c2[s] * eps[i]);
     }
   }
@@ -404,14 +364,14 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
   if (warp * kCs / 4 != rank) return;
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    const int r = row0 + narrow_row(s, q);
+    const int r = row0 + swapab_row(s, q);
     if (r >= a.batch) continue;
     bool valid;
     load_t_start(a, r, &valid);
 #pragma unroll
     for (int i = 0; i < kV; ++i) {
-      const int col = narrow_col(i, warp, g);
-      if (narrow_slot(i) == s && col < dim) a.out[static_cast<size_t>(r) * dim + col] = valid ? x[i] : nan;
+      const int col = swapab_col(i, warp, g);
+      if (swapab_slot(i) == s && col < dim) a.out[static_cast<size_t>(r) * dim + col] = valid ? x[i] : nan;
     }
   }
 }
@@ -419,32 +379,27 @@ __device__ __forceinline__ void run_narrow_tile(const SampleArgs& a, const Narro
 // Grid: clusters of kCs CTAs (one per SM); tile i goes to cluster i mod the
 // clusters' count.
 template <int kOwn, int kCs, int kN>
-__global__ void __launch_bounds__(kNarrowThreads, 1) narrow_sample_kernel(const __grid_constant__ SampleArgs a) {
+__global__ void __launch_bounds__(kSwapabThreads, 1) bf16x3_wgmma_swapab_kernel(const __grid_constant__ SampleArgs a) {
   static_assert(kCs == 1 || kCs == 2 || kCs == 4, "the partners r ^ p and the eps sum need 1, 2 or 4");
   static_assert(kOwn % 64 == 0, "whole 64-column blocks (wgmma's M)");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const NarrowLayout lay{kOwn, kCs, a.num_layers, kN};
+  const SwapabLayout lay{kOwn, kCs, a.num_layers, kN};
   char* smem = aligned_shared_memory(lay);
   const int rank = kCs > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
-  stage_split_net<kOwn, kCs, false, 8>(a, lay.weights(), smem, rank);
+  stage_bf16x3_net<kOwn, kCs, false, 8>(a, lay.weights(), smem, rank);
   fence_proxy_async();  // the generic-proxy stores above, before wgmma reads them
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + lay.barrier_offset());
   if (threadIdx.x == 0) {
     for (int b = 0; b < lay.act_buffers() + lay.eps_buffers(); ++b) mbarrier_init(bars + b, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   // Every CTA running, with its mbarriers initialized, before anyone sends.
-  if constexpr (kCs > 1) {
-    cluster_arrive();
-    cluster_wait();
-  } else {
-    __syncthreads();
-  }
+  sync_cluster_or_cta<kCs>();
   const int tiles = (a.batch + kN - 1) / kN;
   const int clusters = gridDim.x / kCs;
   uint32_t exchanges = 0, eps_exchanges = 0;
   for (int tile = blockIdx.x / kCs; tile < tiles; tile += clusters) {
-    run_narrow_tile<kOwn, kCs, kN>(a, lay, smem, rank, tile * kN, exchanges, eps_exchanges);
+    run_swapab_tile<kOwn, kCs, kN>(a, lay, smem, rank, tile * kN, exchanges, eps_exchanges);
   }
   // No partner may still write into this CTA: every send to it is one this
   // CTA has waited for, but a partner still reading is harmless only while

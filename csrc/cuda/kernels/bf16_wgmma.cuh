@@ -1,7 +1,7 @@
 // The bf16 tensor-core kernel of ddpm::fused_sample (precision "bf16",
 // Hopper's wgmma; compiled only for sm_90a, see setup.py).
 //
-// wgmma_sample_kernel<H>: every CTA copies the whole net into shared memory
+// bf16_wgmma_kernel<H>: every CTA copies the whole net into shared memory
 // once, as bf16 in the 128-byte-swizzled K-major layout that wgmma reads its
 // B operand from, and then each of its two warpgroups carries 64-row tiles
 // through all steps with every activation in registers:
@@ -18,113 +18,19 @@
 // Nothing is exchanged between threads after the weights are staged, so the
 // two warpgroups of an SM overlap one's epilogue with the other's products.
 // A lone warpgroup (one tile per SM: batch up to 64 x SMs) has one warp per
-// scheduler to issue its epilogue: at small batch the exact cluster kernel is
-// faster (the rule in fused_sample_cuda.cu).
-// Shape envelope (host: wgmma_hidden): at least 2 layers, dim <= 64 (padded
+// scheduler to issue its epilogue: at small batch the exact fp32_smem kernel is
+// faster (the rule: csrc/plan/plan.cpp).
+// Shape envelope (host: bf16_wgmma_shape, csrc/plan): at least 2 layers, dim <= 64 (padded
 // to 64), hidden widths <= H (padded with zero weights, which is exact), and
 // the bf16 net within the shared memory (seed shape: 192 KB).
 #pragma once
 
-#include "fused_sample_kernels.cuh"
-
-#include <cuda_bf16.h>
+#include "../common/rows.cuh"
+#include "../common/wgmma.cuh"
+#include "bf16_wgmma.h"
 
 namespace ddpm_ops {
 namespace cuda_kernels {
-
-constexpr int kWgmmaRows = 64;  // rows of one warpgroup's tile (wgmma's M)
-constexpr int kWgmmaWarpgroups = 2;
-constexpr int kWgmmaThreads = 128 * kWgmmaWarpgroups;
-constexpr int kWgmmaDimPad = 64;  // layer 0's K and the last layer's N
-constexpr int kWgmmaCols = 64;    // output columns per wgmma chain (n64)
-constexpr int kWgmmaAlign = 1024;  // the 128-byte swizzle repeats every 8 rows of 128 bytes
-
-// Where everything sits in the (1024-byte aligned) shared memory, for padded
-// hidden width h and L layers; host and device both use it.
-struct WgmmaLayout {
-  int h;
-  int num_layers;
-  __host__ __device__ constexpr int rows(int l) const { return l + 1 == num_layers ? kWgmmaDimPad : h; }
-  __host__ __device__ constexpr int depth(int l) const { return l == 0 ? kWgmmaDimPad : h; }
-  // Layer l's bf16 weights: depth(l) / 64 blocks of rows(l) x 128 bytes.
-  __host__ __device__ constexpr int weight_offset(int l) const {
-    return l == 0 ? 0 : 2 * h * kWgmmaDimPad + 2 * (l - 1) * h * h;
-  }
-  // x of each warpgroup's tile, fp32: 8 float4 per thread, thread-minor.
-  __host__ __device__ constexpr int x_offset() const { return weight_offset(num_layers - 1) + 2 * kWgmmaDimPad * h; }
-  // fp32 biases, layer l's at l * h (the last one's 64 wide), padded with zeros.
-  __host__ __device__ constexpr int bias_offset() const {
-    return x_offset() + kWgmmaWarpgroups * kWgmmaRows * kWgmmaDimPad * 4;
-  }
-  // Layer 0's time column, bf16 (an operand like the others; at the seed
-  // shape fp32 would not fit).
-  __host__ __device__ constexpr int time_weight_offset() const {
-    return bias_offset() + 4 * ((num_layers - 1) * h + kWgmmaDimPad);
-  }
-  __host__ __device__ constexpr int bytes() const { return time_weight_offset() + 2 * h; }
-};
-
-// What a launch asks for: room to align the start too, where the limit allows
-// (the kernel traps if its alignment would not fit; the start of dynamic
-// shared memory is aligned in practice).
-template <typename Layout>  // WgmmaLayout or SplitLayout
-__host__ __device__ constexpr int wgmma_request(const Layout& lay, int max_smem) {
-  return lay.bytes() + kWgmmaAlign < max_smem ? lay.bytes() + kWgmmaAlign : max_smem;
-}
-
-// The dynamic shared memory from its first kWgmmaAlign boundary (the swizzle
-// of the tiles in it repeats every 1024 bytes); traps where the launch left no
-// room for that (wgmma_request).
-template <typename Layout>  // WgmmaLayout, SplitLayout or NarrowLayout
-__device__ __forceinline__ char* aligned_shared_memory(const Layout& lay) {
-  extern __shared__ float4 smem_f4[];
-  char* smem = reinterpret_cast<char*>(smem_f4);
-  const uint32_t misalignment = smem_address(smem) & (kWgmmaAlign - 1);
-  uint32_t requested;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(requested));
-  if (misalignment != 0 && lay.bytes() + kWgmmaAlign - misalignment > requested) __trap();
-  return smem + ((kWgmmaAlign - misalignment) & (kWgmmaAlign - 1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half: the lower column
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Shared-memory matrix descriptor of a K-major, 128-byte-swizzled bf16 tile:
-// 8-row groups 1024 bytes apart (the leading offset is unused in this mode).
-__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t smem_addr) {
-  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(16 >> 4) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Keeps the compiler from moving reads of the accumulators above the wait.
-template <int kLen>
-__device__ __forceinline__ void fence_accumulators(float (&d)[kLen]) {
-#pragma unroll
-  for (int i = 0; i < kLen; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d (+)= A (registers, this warpgroup's 64 x 16 rows) * B (64 columns x 16
-// deep at desc); d is overwritten when accumulate is 0.
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t* a, uint64_t desc, int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-#endif
-}
 
 // Issues acc[j] += in (kDepth / 16 k-blocks of A fragments) times columns
 // [64 j, 64 (j + 1)) of the layer whose weights start at `weights` (`rows`
@@ -147,37 +53,6 @@ __device__ __forceinline__ void issue_layer(float (&acc)[kChains][32], const uin
 #pragma unroll
   for (int j = 0; j < kChains; ++j) fence_accumulators(acc[j]);
 }
-
-// A thread's place in its warpgroup's accumulators: element i of a 64-column
-// block is row g + 8 * ((i >> 1) & 1), column 8 * (i >> 2) + 2 * q + (i & 1).
-__device__ __forceinline__ int acc_col(int i, int q) { return 8 * (i >> 2) + 2 * q + (i & 1); }
-
-// The first timesteps of a thread's two rows of a warpgroup's 64-row tile
-// (rows g and g + 8 of its warp's 16, h = 0, 1; 0 past the batch).
-__device__ __forceinline__ void load_row_pair(const SampleArgs& a, int first, int (&t)[2]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    bool ok;
-    t[h] = first + 8 * h < a.batch ? load_t_start(a, first + 8 * h, &ok) : 0;
-  }
-}
-
-// Step k's coefficients of those rows: consumed after all layers, which hide
-// the load. (The kernels copy them into local arrays: read through pointers
-// into this struct, the bf16 kernel compiled to different code.)
-struct StepCoefficients {
-  float c1[2], c2[2], tn[2];
-  __device__ __forceinline__ StepCoefficients(const SampleArgs& a, const int (&t)[2], int k) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int ti = clamp_index(t[h] - k, a.table_length);
-      c1[h] = __ldg(a.sqrt_recip_alphas + ti);
-      c2[h] = __ldg(a.coef_eps + ti);
-    }
-    tn[0] = static_cast<float>(t[0] - k) / a.total_timesteps;
-    tn[1] = static_cast<float>(t[1] - k) / a.total_timesteps;
-  }
-};
 
 // A layer's bias and, for layer 0, its time column (shared memory, zero past
 // the layer's width).
@@ -226,7 +101,7 @@ __device__ __forceinline__ void hidden_layer(uint32_t (&out)[kH / 4], const uint
 
 // Copies the net into shared memory: bf16 weights in wgmma's layout (layer
 // 0's time column apart), fp32 biases, zeros wherever the padding reaches.
-__device__ __forceinline__ void stage_net(const SampleArgs& a, const WgmmaLayout& lay, char* smem) {
+__device__ __forceinline__ void stage_net(const SampleArgs& a, const Bf16WgmmaLayout& lay, char* smem) {
   const int L = a.num_layers;
   for (int l = 0; l < L; ++l) {
     const LayerArgs& la = a.layers[l];
@@ -237,18 +112,18 @@ __device__ __forceinline__ void stage_net(const SampleArgs& a, const WgmmaLayout
     // their loads in flight first: staging is a chain of load latencies.
     constexpr int kStageBatch = 4;
     const int groups = rows * groups_per_row;
-    for (int i0 = threadIdx.x; i0 < groups; i0 += kStageBatch * kWgmmaThreads) {
+    for (int i0 = threadIdx.x; i0 < groups; i0 += kStageBatch * kBf16Threads) {
       float v[kStageBatch][8];
 #pragma unroll
       for (int b = 0; b < kStageBatch; ++b) {
-        const int i = i0 + b * kWgmmaThreads, n = i / groups_per_row, k0 = 8 * (i - n * groups_per_row);
+        const int i = i0 + b * kBf16Threads, n = i / groups_per_row, k0 = 8 * (i - n * groups_per_row);
         const float* w = la.weight + static_cast<size_t>(n) * la.in + k0;
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[b][e] = i < groups && n < la.out && k0 + e < used ? __ldg(w + e) : 0.f;
       }
 #pragma unroll
       for (int b = 0; b < kStageBatch; ++b) {
-        const int i = i0 + b * kWgmmaThreads, n = i / groups_per_row, k8 = i - n * groups_per_row;
+        const int i = i0 + b * kBf16Threads, n = i / groups_per_row, k8 = i - n * groups_per_row;
         if (i >= groups) break;
         // The 16-byte chunks of a 128-byte row are permuted by the row's
         // index within its 8-row group.
@@ -259,11 +134,11 @@ __device__ __forceinline__ void stage_net(const SampleArgs& a, const WgmmaLayout
       }
     }
     float* bias = reinterpret_cast<float*>(smem + lay.bias_offset()) + l * lay.h;
-    for (int n = threadIdx.x; n < lay.rows(l); n += kWgmmaThreads) bias[n] = n < la.out ? __ldg(la.bias + n) : 0.f;
+    for (int n = threadIdx.x; n < lay.rows(l); n += kBf16Threads) bias[n] = n < la.out ? __ldg(la.bias + n) : 0.f;
   }
   __nv_bfloat16* time_weight = reinterpret_cast<__nv_bfloat16*>(smem + lay.time_weight_offset());
   const LayerArgs& first = a.layers[0];
-  for (int n = threadIdx.x; n < lay.h; n += kWgmmaThreads) {
+  for (int n = threadIdx.x; n < lay.h; n += kBf16Threads) {
     time_weight[n] = __float2bfloat16_rn(n < first.out ? __ldg(first.weight + static_cast<size_t>(n) * first.in + a.dim)
                                                        : 0.f);
   }
@@ -273,7 +148,7 @@ __device__ __forceinline__ void stage_net(const SampleArgs& a, const WgmmaLayout
 // shared x (the thread's element i in float4 i / 4, thread-minor: no bank
 // conflicts), kept out of registers so that the products can have them.
 template <int kH>
-__device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaLayout& lay, const char* smem,
+__device__ __forceinline__ void run_bf16_tile(const SampleArgs& a, const Bf16WgmmaLayout& lay, const char* smem,
                                                float4* x_tile, int row0) {
   const uint32_t weights = smem_address(smem);
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4, tid = threadIdx.x % 128;
@@ -347,9 +222,9 @@ __device__ __forceinline__ void run_wgmma_tile(const SampleArgs& a, const WgmmaL
 // Grid: one CTA per SM at most; tile i goes to warpgroup i / gridDim.x (mod
 // 2) of CTA i % gridDim.x, so that up to one tile per SM no SM runs two.
 template <int kH>
-__global__ void __launch_bounds__(kWgmmaThreads, 1) wgmma_sample_kernel(const __grid_constant__ SampleArgs a) {
+__global__ void __launch_bounds__(kBf16Threads, 1) bf16_wgmma_kernel(const __grid_constant__ SampleArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const WgmmaLayout lay{kH, a.num_layers};
+  const Bf16WgmmaLayout lay{kH, a.num_layers};
   char* smem = aligned_shared_memory(lay);
   stage_net(a, lay, smem);
   fence_proxy_async();  // the generic-proxy stores above, before wgmma reads them
@@ -359,8 +234,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1) wgmma_sample_kernel(const __
   // makes the tile loop divergent to it, and it then serialises the wgmmas).
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   float4* x_tile = reinterpret_cast<float4*>(smem + lay.x_offset()) + wg * (kWgmmaRows * kWgmmaDimPad / 4);
-  for (int tile = blockIdx.x + wg * gridDim.x; tile < tiles; tile += kWgmmaWarpgroups * gridDim.x) {
-    run_wgmma_tile<kH>(a, lay, smem, x_tile, tile * kWgmmaRows);
+  for (int tile = blockIdx.x + wg * gridDim.x; tile < tiles; tile += kBf16Warpgroups * gridDim.x) {
+    run_bf16_tile<kH>(a, lay, smem, x_tile, tile * kWgmmaRows);
   }
 #endif
 }

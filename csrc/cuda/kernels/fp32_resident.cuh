@@ -1,5 +1,5 @@
 // The small-batch kernel of ddpm::fused_sample (exact fp32 on CUDA cores):
-// resident_sample_kernel<kOpw, kRows, kLayers>, every weight in registers.
+// fp32_resident_kernel<kOpw, kRows, kLayers>, every weight in registers.
 //
 // At a handful of rows a step is a chain of dependent layers, each one short
 // dot product per lane, a shuffle reduction and a trip through distributed
@@ -17,7 +17,7 @@
 //     a row are conflict-free. A transposing shuffle butterfly
 //     (reduce_transposing) leaves each output on 32 / V lanes, which share
 //     its st.async stores into every CTA of the cluster, completing on the
-//     receiver's mbarrier: the cluster kernel's exchange.
+//     receiver's mbarrier: the fp32_smem kernel's exchange.
 //   - The last hidden layer's outputs stay in their CTA: the last layer is
 //     split over its inner dimension. CTA r multiplies its own S columns by
 //     every column of the last layer and sends the partial eps (dim values a
@@ -30,45 +30,27 @@
 //     layer held a quarter of the stall samples, waiting on those reads).
 // So a step has one exchange per hidden layer (the last one's is of dim
 // values, not H) and two CTA barriers; each CTA does 1 / cs of the work.
-// Envelope (host: resident_shape): 2 to 4 layers, dim <= 64, every hidden
+// Envelope (host: fp32_resident_shape, csrc/plan): 2 to 4 layers, dim <= 64, every hidden
 // layer of the same width H <= 256 with H a multiple of 8 kOpw (the cluster
 // has H / (8 kOpw) CTAs; kOpw = 2, 4 or 16), the weights of every layer but
 // the first 16-byte aligned (float4 loads), at most 8 rows per cluster, and
 // the registers (resident_fits).
 #pragma once
 
-#include "fused_sample_kernels.cuh"
+#include "../common/ptx.cuh"
+#include "../common/rows.cuh"
+#include "../common/warp_reduce.cuh"
+#include "fp32_resident.h"
+
+#include <cooperative_groups.h>
 
 namespace ddpm_ops {
 namespace cuda_kernels {
 
-constexpr int kResidentThreads = 256;
-constexpr int kResidentWarps = kResidentThreads / 32;
-constexpr int kResidentMaxDim = 64;      // layer 0: 2 columns of x per lane; last layer: 8 outputs per warp
-constexpr int kResidentMaxHidden = 256;  // 2 float4 per lane
-constexpr int kResidentMaxLayers = 4;    // the registers of 3 hidden layers' slices and the last layer's
-constexpr int kResidentMaxCluster = 16;
+namespace cg = cooperative_groups;
 
-// A lane's inner columns of a hidden layer: float4 q = lane + 32 i, i < 2 (so
-// the reads of a row are conflict-free), element j of its 8 at column
-// hidden_column(lane, j).
-constexpr int kHiddenPerLane = 8;
+// Column of element j of a lane's kHiddenPerLane inner columns.
 __device__ __forceinline__ int hidden_column(int lane, int j) { return 4 * (lane + 32 * (j / 4)) + j % 4; }
-// Layer 0's: x columns 2 lane and 2 lane + 1 (a float2).
-constexpr int kInputPerLane = 2;
-
-// Floats a thread of resident_sample_kernel<opw, rows, layers> holds in
-// registers through a hidden layer: its weights (layer 0's, the other hidden
-// layers', the last layer's), and one layer's inputs and sums. The
-// instantiations within kResidentMaxRegisterFloats compile without spills
-// (ptxas -v: 254 registers at most); the host offers only those shapes.
-__host__ __device__ constexpr int resident_register_floats(int opw, int rows, int layers) {
-  return kInputPerLane * opw + (layers - 2) * kHiddenPerLane * opw + 2 * opw + rows * kHiddenPerLane + rows * opw;
-}
-constexpr int kResidentMaxRegisterFloats = 224;
-__host__ __device__ constexpr bool resident_fits(int opw, int rows, int layers) {
-  return rows * opw <= 32 && resident_register_floats(opw, rows, layers) <= kResidentMaxRegisterFloats;
-}
 
 // The products of one warp's tile, kRows rows x C columns, each lane over its
 // kK inner columns, then the transposing reduction: on return v[0] holds
@@ -133,7 +115,7 @@ __device__ __forceinline__ void load_hidden_weights(float (&w)[C][kHiddenPerLane
   }
 }
 
-// The shared memory of a CTA of resident_sample_kernel<kOpw, kRows, L>.
+// The shared memory of a CTA of fp32_resident_kernel<kOpw, kRows, L>.
 template <int kOpw, int kRows>
 struct ResidentBuffers {
   float x[kRows][kResidentMaxDim];  // layer 0's input, zero past dim (its time column goes with the bias)
@@ -144,7 +126,7 @@ struct ResidentBuffers {
 };
 
 template <int kOpw, int kRows, int kLayers>
-__global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(const __grid_constant__ SampleArgs a) {
+__global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(const __grid_constant__ SampleArgs a) {
   static_assert(kLayers >= 2 && kLayers <= kResidentMaxLayers, "2 to 4 layers");
   static_assert(resident_fits(kOpw, kRows, kLayers), "the registers");
   static_assert(kHiddenPerLane * 32 == kResidentMaxHidden && kInputPerLane * 32 == kResidentMaxDim, "lane split");
@@ -157,7 +139,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
   constexpr int kSliceReplicas = 32 / kSliceV;
   constexpr int kUpdates = (kRows * kResidentMaxDim + kResidentThreads - 1) / kResidentThreads;  // x values per thread
   // All of the shared memory is asked for, though, so that a multiprocessor
-  // runs one CTA, as the co-resident cluster counts assume (DeviceInfo).
+  // runs one CTA, as the co-resident cluster counts assume (plan::Device).
   extern __shared__ float4 smem_f4[];
   ResidentBuffers<kOpw, kRows>& sh = *reinterpret_cast<ResidentBuffers<kOpw, kRows>*>(smem_f4);
 
@@ -242,7 +224,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
   if (threadIdx.x == 0) {
     // One arrival per phase, this CTA's own; the senders' bytes complete it.
     for (int b = 0; b < 4; ++b) mbarrier_init(&sh.bars[b], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   // Every CTA must be running, its mbarriers initialized, before anyone sends
   // to it; this also publishes x.
@@ -289,7 +271,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_sample_kernel(co
         if (s_replica == 0) sh.last[s_row][s_col - own0] = out;
         break;
       }
-      // The exchange (the cluster kernel's: why no barrier guards it). This
+      // The exchange (the fp32_smem kernel's: why no barrier guards it). This
       // CTA's own arrival announces the phase's bytes, before or after they
       // land.
       if (threadIdx.x == 0)

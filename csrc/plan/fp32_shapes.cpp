@@ -1,0 +1,435 @@
+// The shapes of the kernels on CUDA cores and mma.sync: fp32_resident,
+// fp32_smem and tf32x3_tiled, and the rule between the last two.
+#include "../cuda/kernels/fp32_resident.h"
+#include "shapes.h"
+
+#include <string>
+
+namespace ddpm_ops {
+namespace plan {
+namespace detail {
+namespace {
+
+using cuda_kernels::round_up4;
+using cuda_kernels::slice_size;
+
+// Up to this many rows per cluster, fp32_smem computes the last layer whole
+// on every CTA (no exchange) when it fits; beyond, its compute outweighs one
+// barrier.
+constexpr int kReplicateMaxRows = 4;
+// From this batch tf32x3_tiled beats fp32_smem; from kStreamedMinBatch it
+// does so for nets whose weights fp32_smem cannot keep on chip (measured on
+// the H200, graph-replayed gpu us: seed batch 768, 16-row tiles in clusters
+// of 2 258 against fp32_smem's 265, batch 512 259 against 161; policy batch
+// 128 139 against 156, batch 64 126 against 106; BENCHMARKS.md;
+// tiled_or_smem).
+constexpr int64_t kTiledMinBatch = 768;
+constexpr int64_t kStreamedMinBatch = 128;
+// fp32_resident: from this many steps a tie between shapes goes to the fewer
+// rows per cluster (fp32_resident_shape).
+constexpr int kResidentManySteps = 8;
+
+// tf32x3_tiled's plan for 16 * mt rows in clusters of cs CTAs: how the CTAs
+// share each layer's work and the shared-memory layout, with the last layer
+// split over its inner dimension (TilePlan::partial_last) if try_partial and
+// the shape allows, and chunks by TMA for the layers it can address if
+// tma_chunks. Returns the shared memory the plan needs.
+size_t plan_tiled_layout(const Problem& a, int mt, int cs, bool try_partial, bool tma_chunks,
+                         cuda_kernels::TilePlan* plan) {
+  using cuda_kernels::kTileKChunk;
+  using cuda_kernels::kTileMaxWarpTiles;
+  using cuda_kernels::kTileWarps;
+  const int L = a.num_layers;
+  const int rows = 16 * mt;
+  int act_width = round_up(std::max(a.dim + 1, widest_hidden(a)), kTileKChunk);
+  *plan = {};
+  plan->cluster_size = cs;
+  for (int l = 0; l < L; ++l) {
+    plan->cta_cols[l] = round_up((a.layers[l].out + cs - 1) / cs, 8);
+  }
+  // Splitting the last layer's inner dimension saves an exchange of the
+  // widest activations per step, and the last layer (dim wide) then keeps
+  // every CTA busy. Each CTA's inner range is whole chunks (so layer L - 2's
+  // shares are), inside the activation rows (which may have to widen).
+  const bool partial = try_partial && cs > 1 && L >= 2;
+  plan->partial_last = partial;
+  if (partial) {
+    plan->cta_cols[L - 2] = round_up((a.layers[L - 2].out + cs - 1) / cs, kTileKChunk);
+    act_width = std::max(act_width, cs * plan->cta_cols[L - 2]);
+  }
+  const int partial_ld = round_up4(a.dim);
+  const size_t partial_floats = static_cast<size_t>(cs) * rows * partial_ld;
+  if (partial) plan->cta_cols[L - 1] = round_up(a.dim, 8);
+  int widest_pass = 0;
+  for (int l = 0; l < L; ++l) {
+    const LayerShape& la = a.layers[l];
+    plan->vec4[l] = la.in % 4 == 0 && la.aligned;
+    // TMA needs the same: a 16-byte aligned matrix with 16-byte row strides.
+    plan->tma[l] = tma_chunks && plan->vec4[l];
+    // The fewest passes that cover the CTA's share, and the fewest tiles per
+    // warp for them: every warp gets work in a narrow share (the last layer
+    // is dim wide), and a share of 192 columns takes 3 tiles per warp rather
+    // than 4 on 6 warps (a pass is as slow as its busiest warp).
+    const int warp_cols = kTileWarps * 8;
+    const int passes = (plan->cta_cols[l] + warp_cols * kTileMaxWarpTiles - 1) / (warp_cols * kTileMaxWarpTiles);
+    plan->warp_tiles[l] = (plan->cta_cols[l] + passes * warp_cols - 1) / (passes * warp_cols);
+    widest_pass = std::max(widest_pass, cuda_kernels::tile_pass_cols(*plan, l));
+  }
+  // Narrow passes leave room for more chunks in flight.
+  plan->slot_floats = widest_pass * cuda_kernels::kTileStageLd;
+  plan->slots = cuda_kernels::kTileMaxSlots;  // a power of two (the ring's index wraps by a mask)
+  while (plan->slots * plan->slot_floats > cuda_kernels::kTileStageFloats) plan->slots /= 2;
+  const int ld = act_width + 4;
+  plan->act_ld = ld;
+  plan->act_offset[0] = 0;
+  plan->act_offset[1] = rows * ld;
+  plan->x_offset = 2 * rows * ld;
+  // 16-byte aligned for cp.async 16
+  plan->stage_offset = round_up(plan->x_offset + rows * a.dim, 4);
+  plan->t_offset = plan->stage_offset + cuda_kernels::kTileStageFloats +
+                   static_cast<int>(cuda_kernels::kTileSwizzleBytes / sizeof(float));
+  plan->valid_offset = plan->t_offset + rows;
+  plan->coef_offset = plan->valid_offset + rows;
+  plan->barrier_offset = round_up(plan->coef_offset + 2 * rows, 4);
+  const int end = plan->barrier_offset + 2 * (2 + cuda_kernels::kTileMaxSlots);  // 8-byte mbarriers
+  if (!partial) return static_cast<size_t>(end) * sizeof(float);
+  plan->partial_offset = end;  // 16-byte aligned for the stores
+  plan->partial_ld = partial_ld;
+  return (plan->partial_offset + partial_floats) * sizeof(float);
+}
+
+// plan_tiled_layout, with the partial last layer only where it fits in
+// max_smem.
+size_t plan_tiled(const Problem& a, int mt, int cs, const Device& d, const Overrides& o,
+                  cuda_kernels::TilePlan* plan) {
+  // TMA is 5-12% faster than cp.async at every tile height (H200,
+  // BENCHMARKS.md): fewer instructions per chunk, none on the compute warps.
+  const bool tma = d.tma_encoder && o.tma;
+  const size_t smem = plan_tiled_layout(a, mt, cs, true, tma, plan);
+  return smem <= static_cast<size_t>(d.max_smem) || !plan->partial_last ? smem
+                                                                         : plan_tiled_layout(a, mt, cs, false, tma, plan);
+}
+
+// Shared memory (floats) for layer l's weight slice on one CTA of a cluster of
+// cs: padded rows and the bias slice.
+size_t slice_floats(const Problem& a, int l, int cs) {
+  const int s = slice_size(a.layers[l].out, cs);
+  return static_cast<size_t>(s) * round_up4(a.layers[l].in) + round_up4(s);
+}
+
+size_t all_slices_floats(const Problem& a, int cs) {
+  size_t floats = 0;
+  for (int l = 0; l < a.num_layers; ++l) floats += slice_floats(a, l, cs);
+  return floats;
+}
+
+// Shared memory (floats) per row of fp32_smem: layer-0 input, two hidden
+// buffers, two eps buffers, x, (c1, c2), t and valid; each region is rounded
+// up to 4 floats, and the mbarriers take 8 more, hence the + 28.
+size_t row_floats(const Problem& a) {
+  return static_cast<size_t>(round_up4(a.dim + 1)) + 2 * round_up4(widest_hidden(a)) + 2 * round_up4(a.dim) +
+         a.dim + 4 + 28;
+}
+
+// Whether fp32_smem keeps every weight on chip: the slices of a 2-CTA
+// cluster fit next to one row.
+bool smem_weights_on_chip(const Problem& a, const Device& d) {
+  return all_slices_floats(a, 2) + row_floats(a) <= d.max_smem / sizeof(float);
+}
+
+// fp32_smem's cluster size. The rule was read off every size forced on the
+// H200 (bench.py --variants, diag sweeps, BENCHMARKS.md). A row per cluster
+// is the fastest while the clusters are all resident at once, and the larger
+// the cluster the shorter each layer. For a net whose weights fit on two CTAs
+// (seed shape): the largest of 8, 4 that gives every row its own cluster
+// (H200: batch 15 and 33; seed batch 16: 63 us in clusters of 4 against 86
+// in clusters of 2), else 2 up to batch 512 (most clusters side by side;
+// batch 512: 161 us against 202 in clusters of 4), then 4. For bigger nets
+// (policy shape: 4 MB of weights, read from L2 by every cluster): 16 while
+// every row gets its own cluster of 16 (most on-chip weights; H200: batch 7;
+// batch 2: 41 us against 53 in clusters of 8), else 8 up to batch 32 (batch
+// 32: 68 us against 76 in clusters of 16), 16 up to 64 (half the clusters,
+// so half the L2 traffic: batch 64, 106 us against 116), 8 up to 256, then
+// 4. DDPM_OPS_CUDA_CLUSTER_SIZE forces a size that launches (a power of
+// two: the kernel's exchange indexes CTAs by bit masks). Falls back to the
+// largest size below the choice that launches.
+int smem_cluster_size(const Problem& a, const Device& d, const Overrides& o) {
+  const int forced = forced_cluster_size(d, o);
+  if (forced > 0 && (forced & (forced - 1)) == 0) return forced;
+  auto row_per_cluster = [&](int size) { return a.batch <= d.max_clusters[size]; };
+  int want;
+  if (smem_weights_on_chip(a, d)) {
+    want = row_per_cluster(8) ? 8 : (row_per_cluster(4) ? 4 : (a.batch <= 512 ? 2 : 4));
+  } else if (row_per_cluster(16)) {
+    want = 16;
+  } else {
+    want = a.batch <= 32 ? 8 : (a.batch <= 64 ? 16 : (a.batch <= 256 ? 8 : 4));
+  }
+  int chosen = 1;
+  for (int size = 1; size <= want; size *= 2) {
+    if (d.max_clusters[size] > 0) chosen = size;
+  }
+  return chosen;
+}
+
+// The work split of one layer with `cols` output columns per CTA over `rows`
+// rows, for the kernel instantiation whose warp tiles have vr rows: the
+// narrowest column tile (2 to 16 columns, at most 32 outputs) that gives
+// every warp at most one tile, or the widest: a warp's tiles run one after
+// the other, each a dependent chain of loads, products and shuffles, so one
+// tile per warp is the shortest layer.
+cuda_kernels::LayerWork make_work(int cols, int rows, int vr) {
+  cuda_kernels::LayerWork w = {};
+  w.cols = cols;
+  const int row_tiles = (rows + vr - 1) / vr;
+  const int widest_log2 = cuda_kernels::smem_widest_vc_log2(vr);
+  int vc_log2 = 1;
+  auto tiles_c = [&](int log2) { return std::max(1, (cols + (1 << log2) - 1) >> log2); };
+  while (vc_log2 < widest_log2 && row_tiles * tiles_c(vc_log2) > cuda_kernels::kSmemWarps) ++vc_log2;
+  w.vc_log2 = vc_log2;
+  w.tiles_c = tiles_c(vc_log2);
+  w.tiles_c_magic = cuda_kernels::magic_divisor(w.tiles_c);
+  w.ntiles = row_tiles * w.tiles_c;
+  return w;
+}
+
+// The rows per cluster: the batch spread over all co-resident clusters. If
+// that leaves too little room for the weights but 8 rows would not, the tile
+// shrinks (down to 8 rows) so the weights stay on chip; then while even the
+// activations do not fit.
+int smem_rows(const Problem& a, int max_clusters, size_t weight_floats, size_t per_row, size_t budget) {
+  const int64_t per_cluster = ceil_div(a.batch, max_clusters);
+  int rows = static_cast<int>(std::min<int64_t>(per_cluster, cuda_kernels::kSmemMaxRows));
+  if (8 * per_row + weight_floats <= budget) {
+    while (rows > 8 && rows * per_row + weight_floats > budget) rows /= 2;
+  }
+  while (rows > 1 && rows * per_row > budget) rows /= 2;
+  return rows;
+}
+
+Plan fp32_smem_plan(const Problem& a, const Device& d, const Overrides& o) {
+  Plan plan;
+  plan.kernel = Kernel::kFp32Smem;
+  const int cs = smem_cluster_size(a, d, o);
+  const int L = a.num_layers;
+  cuda_kernels::SmemPlan& p = plan.smem_plan;
+  p.cluster_size = cs;
+  p.in0_ld = round_up4(a.dim + 1);
+  p.hidden_ld = round_up4(widest_hidden(a));
+  p.eps_ld = round_up4(a.dim);
+  const size_t weight_floats = all_slices_floats(a, cs);
+  const size_t per_row = row_floats(a);
+  const size_t budget = d.max_smem / sizeof(float);
+  const std::string too_wide = "ddpm::fused_sample: dim " + std::to_string(a.dim) +
+                               " and the hidden widths need more shared memory per sample than the GPU has (" +
+                               std::to_string(d.max_smem) + " bytes per block)";
+  const int rows = smem_rows(a, d.max_clusters[cs], weight_floats, per_row, budget);
+  if (rows * per_row > budget) {
+    plan.error = too_wide;
+    return plan;
+  }
+  p.rows_per_tile = rows;
+  // Rows of a warp's output tile: every weight load serves them all.
+  const int vr = rows <= 2 ? rows : 4;
+  int offset = 0;
+  auto take = [&](int floats) {  // 16-byte aligned regions
+    const int at = offset;
+    offset += round_up4(floats);
+    return at;
+  };
+  // in0 and the hidden buffers are contiguous: the kernel zeroes them at once.
+  p.in0_offset = take(rows * p.in0_ld);
+  p.hidden_offset[0] = take(rows * p.hidden_ld);
+  p.hidden_offset[1] = take(rows * p.hidden_ld);
+  p.eps_offset[0] = take(rows * p.eps_ld);
+  p.eps_offset[1] = take(rows * p.eps_ld);
+  p.x_offset = take(rows * a.dim);
+  p.coef_offset = take(2 * rows);
+  p.t_offset = take(rows);
+  p.valid_offset = take(rows);
+  p.barrier_offset = take(2 * cuda_kernels::kExchangeBuffers);
+  if (static_cast<size_t>(offset) > budget) {
+    plan.error = too_wide;
+    return plan;
+  }
+  // With few rows per cluster the step is latency-bound: if everything fits,
+  // every CTA holds the whole last layer and computes it for itself, which
+  // saves one cluster barrier per step.
+  const int last_in_ld = round_up4(a.layers[L - 1].in);
+  const size_t last_floats = static_cast<size_t>(a.dim) * last_in_ld + round_up4(a.dim);
+  const bool replicate = rows <= kReplicateMaxRows &&
+                         offset + weight_floats - slice_floats(a, L - 1, cs) + last_floats <= budget;
+  p.last_weight_offset = -1;
+  p.last_bias_offset = -1;
+  if (replicate) {
+    p.last_weight_offset = take(a.dim * last_in_ld);
+    p.last_bias_offset = take(a.dim);
+    p.last_work = make_work(a.dim, rows, vr);
+  }
+  // Weight slices that fit stay in shared memory; the rest are read from
+  // global memory (L2).
+  for (int l = 0; l < L; ++l) {
+    p.weight_offset[l] = -1;
+    p.bias_offset[l] = -1;
+    if (replicate && l == L - 1) continue;
+    const int s = slice_size(a.layers[l].out, cs);
+    if (offset + slice_floats(a, l, cs) <= budget) {
+      p.weight_offset[l] = take(s * round_up4(a.layers[l].in));
+      p.bias_offset[l] = take(s);
+    }
+    p.work[l] = make_work(s, rows, vr);
+  }
+  plan.threads = cuda_kernels::kSmemThreads;
+  plan.cluster_size = cs;
+  plan.co_resident = d.max_clusters[cs];
+  plan.rows = rows;
+  plan.tiles = ceil_div(a.batch, rows);
+  plan.grid = plan.tiles;
+  plan.smem = offset * static_cast<int>(sizeof(float));
+  plan.warp_rows = vr;
+  return plan;
+}
+
+Plan tiled_plan(const Problem& a, const Device& d, const Overrides& o, int mt, int cs) {
+  Plan plan;
+  plan.kernel = Kernel::kTf32x3Tiled;
+  plan.smem = static_cast<int>(plan_tiled(a, mt, cs, d, o, &plan.tile_plan));
+  plan.threads = cuda_kernels::kTileThreads;
+  plan.cluster_size = cs;
+  plan.co_resident = d.max_clusters[cs];
+  plan.rows = 16 * mt;
+  plan.tiles = ceil_div(a.batch, 16 * mt);
+  plan.grid = plan.tiles;
+  plan.products = a.precision == Precision::kFloat32 ? 3 : 1;
+  return plan;
+}
+
+}  // namespace
+
+// The rule, read off every variant forced on the H200 (bench.py --variants,
+// BENCHMARKS.md):
+//   - from batch kTiledMinBatch, 64-row tiles, one CTA each, once they fill
+//     7/8 of the multiprocessors (fewest weight reads per row; seed shape,
+//     batch 8192, 128 tiles on 132: 793 us against 893 in 16-row tiles);
+//   - otherwise, from batch kTiledMinBatch, or from batch kStreamedMinBatch
+//     for a net whose weights fp32_smem cannot keep on chip (it would read
+//     them from L2 at CUDA-core speed): 16-row tiles, each layer's columns
+//     split over the largest cluster (up to 16, any size) of which every
+//     tile's cluster is resident at once: a CTA's share of the weight stream,
+//     the bound at these sizes, shrinks with the cluster, and a second wave
+//     would double the time. (Seed shape, 16-row tiles against 32- and
+//     64-row tiles: batch 1024 271 us in clusters of 2 against 480 and 783,
+//     batch 6144 752 against 947 and 788.)
+//   - otherwise fp32_smem.
+// DDPM_OPS_CUDA_KERNEL=cluster forces fp32_smem, tiled16|32|64 a tile height
+// (fp32_smem where that tile does not fit), any other value leaves this rule
+// as it is; DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (1 to 16).
+Plan tiled_or_smem(const Problem& a, const Device& d, const Overrides& o) {
+  const int forced_cs = forced_cluster_size(d, o);
+  auto fits = [&](int mt) {
+    cuda_kernels::TilePlan plan;
+    return plan_tiled(a, mt, 1, d, o, &plan) <= static_cast<size_t>(d.max_smem);
+  };
+  auto tiles = [&](int mt) { return ceil_div(a.batch, 16 * mt); };
+  const bool forced = o.names_kernel && (o.kernel == Kernel::kFp32Smem || o.kernel == Kernel::kTf32x3Tiled);
+  if (forced) {
+    const int mt = o.tiled_rows / 16;
+    if (o.kernel == Kernel::kTf32x3Tiled && fits(mt)) return tiled_plan(a, d, o, mt, std::max(forced_cs, 1));
+    return fp32_smem_plan(a, d, o);
+  }
+  int mt = 0, cs = 1;
+  if (a.batch >= kTiledMinBatch && fits(4) && 8 * tiles(4) >= 7 * d.sm_count) mt = 4;
+  const bool streamed = a.batch >= kStreamedMinBatch && !smem_weights_on_chip(a, d);
+  if (mt == 0 && (streamed || a.batch >= kTiledMinBatch) && fits(1)) {
+    mt = 1;
+    for (int size = kMaxClusterSize; size > 1; --size) {
+      if (tiles(1) <= d.max_clusters[size]) {
+        cs = size;
+        break;
+      }
+    }
+  }
+  if (mt == 0) return fp32_smem_plan(a, d, o);
+  return tiled_plan(a, d, o, mt, forced_cs > 0 ? forced_cs : cs);
+}
+
+// fp32_resident's shape (fp32_resident.cuh): kOpw outputs of every hidden
+// layer per warp, so clusters of H / (8 kOpw) CTAs, and `rows` rows per
+// cluster. It needs 2 to 4 layers, dim <= 64 and every hidden layer H <= 256
+// wide, a multiple of 8 kOpw; the weights of every layer but the first
+// 16-byte aligned (as torch allocates them); and every cluster resident at
+// once (a second wave would double the time) with at most 8 rows each (kOpw
+// = 2, 4 or 16 and the rows within the registers: resident_fits). Of the
+// shapes that do, the one with the fewest products per lane (rows x kOpw),
+// clusters of 16 only where no other shape runs the call; on a tie, for
+// calls of at least kResidentManySteps steps the fewer rows per cluster
+// (each step is cheaper), for shorter ones the fewer outputs per warp (fewer
+// weights to load per CTA: about 6 us at 16 outputs per warp). H200,
+// graph-replayed gpu us (docs/kernels.md), seed shape (16 steps): batch 1
+// 20.6 in clusters of 8 (1 x 4), 25.1 in clusters of 16 (1 x 2); batch 16
+// 25.2 in clusters of 8 (2 x 4), 31.6 in clusters of 2 (1 x 16); batch 60
+// 36.2 in clusters of 8 (4 x 4), 32.2 in clusters of 2 (1 x 16; 25.9 since
+// the last layer's reads lost their bank conflicts); batch 64 26.0 in
+// clusters of 2, 56.9 in clusters of 8 (8 x 4). Dim 12 (5 steps), batch 60:
+// 12.0 in clusters of 8 (4 x 4), 13.4 in clusters of 2 (1 x 16; since then
+// 11.8 and 11.3: the short-call tie may now go the other way, BENCHMARKS.md's
+// leads). Hidden width 128, 4 layers, 10 steps, batch 16 (at a53176e, before
+// the float4 weight loads): 17.3 in clusters of 4 (1 x 4), 20.1 in clusters
+// of 8 (2 x 2).
+bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, Plan* plan) {
+  using cuda_kernels::kResidentWarps;
+  struct Shape {
+    int opw = 0, rows = 0, cs = 0;
+  };
+  const int L = a.num_layers;
+  if (L < 2 || L > cuda_kernels::kResidentMaxLayers || a.dim > cuda_kernels::kResidentMaxDim) return false;
+  const int H = a.layers[0].out;
+  for (int l = 1; l + 1 < L; ++l) {
+    if (a.layers[l].out != H) return false;
+  }
+  if (H > cuda_kernels::kResidentMaxHidden) return false;
+  for (int l = 1; l < L; ++l) {
+    if (!a.layers[l].aligned) return false;
+  }
+  auto shape_of = [&](int opw) {
+    const int cs = H / (kResidentWarps * opw);
+    if (H % (kResidentWarps * opw) != 0 || cs > kMaxClusterSize || d.max_clusters[cs] == 0) return Shape{};
+    for (int rows : {1, 2, 4, 8}) {
+      if (cuda_kernels::resident_fits(opw, rows, L) && ceil_div(a.batch, rows) <= d.max_clusters[cs])
+        return Shape{opw, rows, cs};
+    }
+    return Shape{};
+  };
+  auto better = [&](const Shape& p, const Shape& q) {  // p before q
+    if (q.opw == 0 || p.opw == 0) return p.opw != 0;
+    if ((p.cs > 8) != (q.cs > 8)) return p.cs <= 8;
+    if (p.rows * p.opw != q.rows * q.opw) return p.rows * p.opw < q.rows * q.opw;
+    return a.num_steps >= kResidentManySteps ? p.rows < q.rows : p.opw < q.opw;
+  };
+  const int forced_cs = forced_cluster_size(d, o);
+  Shape best;
+  for (int opw : {2, 4, 16}) {
+    const Shape shape = shape_of(opw);
+    if (forced_cs != 0 && shape.cs == forced_cs) {
+      best = shape;
+      break;
+    }
+    if (better(shape, best)) best = shape;
+  }
+  if (best.opw == 0) return false;
+  plan->kernel = Kernel::kFp32Resident;
+  plan->opw = best.opw;
+  plan->rows = best.rows;
+  plan->cluster_size = best.cs;
+  plan->co_resident = d.max_clusters[best.cs];
+  plan->tiles = ceil_div(a.batch, best.rows);
+  plan->grid = plan->tiles;
+  plan->threads = cuda_kernels::kResidentThreads;
+  // All of the shared memory: one CTA per multiprocessor (fp32_resident.cuh).
+  plan->smem = d.max_smem;
+  return true;
+}
+
+}  // namespace detail
+}  // namespace plan
+}  // namespace ddpm_ops

@@ -1,0 +1,89 @@
+// ddpm::cuda_plan: the CUDA plan for a problem on a described device (tests,
+// diagnostics; ddpm_ops/cuda_plan.py wraps it). Registered in every build,
+// CPU-only ones included: the plan is plain C++.
+#include "plan.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/string_view.h>
+#include <torch/library.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ddpm_ops {
+namespace {
+
+// device: Device's fields in ddpm_ops/cuda_plan.py's order (Device.as_list);
+// aligned: per layer, whether its weight starts on a 16-byte boundary (empty:
+// every one does); overrides: NAME=VALUE pairs separated by ';', read as the
+// DDPM_OPS_CUDA_* variables would be.
+std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, int64_t num_steps,
+                      c10::string_view precision, std::vector<int64_t> device, std::vector<int64_t> aligned,
+                      c10::string_view overrides) {
+  plan::Problem p;
+  p.batch = batch;
+  p.dim = static_cast<int>(dim);
+  p.num_steps = static_cast<int>(num_steps);
+  p.num_layers = static_cast<int>(hidden.size()) + 1;
+  TORCH_CHECK(batch >= 1 && dim >= 1 && num_steps >= 1, "ddpm::cuda_plan: batch, dim and num_steps must be >= 1");
+  TORCH_CHECK(p.num_layers <= plan::kMaxLayers, "ddpm::cuda_plan: at most ", plan::kMaxLayers, " layers");
+  TORCH_CHECK(aligned.empty() || static_cast<int>(aligned.size()) == p.num_layers,
+              "ddpm::cuda_plan: aligned needs one flag per layer (", p.num_layers, "), got ", aligned.size());
+  int in = p.dim + 1;
+  for (int l = 0; l < p.num_layers; ++l) {
+    const int out = l + 1 < p.num_layers ? static_cast<int>(hidden[l]) : p.dim;
+    TORCH_CHECK(out >= 1, "ddpm::cuda_plan: hidden widths must be >= 1");
+    p.layers[l] = {in, out, aligned.empty() || aligned[l] != 0};
+    in = out;
+  }
+  if (precision == "fp32") {
+    p.precision = plan::Precision::kFloat32;
+  } else if (precision == "tf32") {
+    p.precision = plan::Precision::kTF32;
+  } else {
+    TORCH_CHECK(precision == "bf16", "ddpm::cuda_plan: precision must be fp32, tf32 or bf16");
+    p.precision = plan::Precision::kBFloat16;
+  }
+  constexpr size_t kFields = 6 + plan::kMaxClusterSize + 1;
+  TORCH_CHECK(device.size() == kFields, "ddpm::cuda_plan: device needs ", kFields, " fields, got ", device.size());
+  plan::Device d;
+  d.sm_count = static_cast<int>(device[0]);
+  d.max_smem = static_cast<int>(device[1]);
+  d.cc_major = static_cast<int>(device[2]);
+  d.cc_minor = static_cast<int>(device[3]);
+  d.sm90a_build = device[4] != 0;
+  d.tma_encoder = device[5] != 0;
+  for (int size = 0; size <= plan::kMaxClusterSize; ++size) d.max_clusters[size] = static_cast<int>(device[6 + size]);
+
+  std::map<std::string, std::string> values;
+  const std::string text(overrides);
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = text.find(';', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string pair = text.substr(begin, end - begin);
+    const size_t eq = pair.find('=');
+    TORCH_CHECK(pair.empty() || eq != std::string::npos, "ddpm::cuda_plan: overrides are NAME=VALUE pairs, got '",
+                pair, "'");
+    if (!pair.empty()) values[pair.substr(0, eq)] = pair.substr(eq + 1);
+    begin = end + 1;
+  }
+  const plan::Overrides o = plan::parse_overrides([&](const char* name) -> const char* {
+    const auto it = values.find(name);
+    return it == values.end() ? nullptr : it->second.c_str();
+  });
+  const plan::Plan chosen = plan::choose_plan(p, d, o);
+  TORCH_CHECK(chosen.error.empty(), chosen.error);
+  return plan::to_fields(chosen, p);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ddpm, m) {
+  m.def(
+      "cuda_plan(int batch, int dim, int[] hidden, int num_steps, str precision, int[] device, "
+      "int[] aligned, str overrides) -> str",
+      &cuda_plan);
+}
+
+}  // namespace ddpm_ops
