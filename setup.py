@@ -28,6 +28,10 @@ def cuda_arch_list() -> tuple[str | None, str]:
         return None, f"torch {torch.__version__} is a CPU build"
     if CUDA_HOME is None:
         return None, "nvcc was not found (set CUDA_HOME)"
+    if not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_runtime.h")):
+        # torch takes CUDA_HOME from nvcc's path; a wrapper script in /usr/local/bin misleads it.
+        return None, (f"CUDA_HOME={CUDA_HOME} has no include/cuda_runtime.h "
+                      "(set CUDA_HOME to the CUDA toolkit, for example /usr/local/cuda)")
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(" ", ";")
     if not archs and torch.cuda.is_available():
         archs = ";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i)
