@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 import ddpm_ops
+import machine  # this folder is on sys.path
 
 TABLES = {
     "seed": dict(dim=64, hidden=256, depth=3, steps=16, batches=[1, 8, 64, 512, 4096, 32768]),
@@ -314,11 +315,7 @@ def main():
         ddpm_ops.disable_auto_rewrite()
     if args.device == "cuda":
         assert torch.cuda.is_available(), "--device cuda needs a GPU (try --device cpu)"
-        props = torch.cuda.get_device_properties(0)
-        print(f"GPU {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}, "
-              f"CUDA {torch.version.cuda}; {time.strftime('%Y-%m-%d')}")
-    else:
-        print(f"CPU, {torch.get_num_threads()} threads; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}")
+    print(f"{machine.describe(args.device)}; {time.strftime('%Y-%m-%d')}")
     clock = Clock(args.device)
     if args.probe:
         probe(clock, args)

@@ -289,9 +289,11 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
 
 // A table row that is all `value` needs no arithmetic: null it (the plan's
 // identity for that term), so a rule without a term runs as fast as one
-// that never had it.
+// that never had it. A plain scan: a reduction op per row would cost more
+// than a small batch's whole call.
 const float* unless_all(const at::Tensor& row, float value) {
-  return at::all(row == value).item<bool>() ? nullptr : row.data_ptr<float>();
+  const float* p = row.data_ptr<float>();
+  return std::all_of(p, p + row.numel(), [value](float v) { return v == value; }) ? nullptr : p;
 }
 
 }  // namespace

@@ -1,0 +1,217 @@
+"""Benchmark: step-rule samplers as users write them against ddpm_ops.sample.
+
+Shapes:
+  dql    a Diffusion-QL policy: action dim 6, state dim 17 (concatenated into
+         the input), a 16-wide sinusoidal time MLP, 3 Mish layers of 256 and
+         the output layer; 5 DDPM steps with x0 clipped to [-1, 1], noise at
+         every step but the last, the final clamp.
+  seed   the time-column seed net (dim 64, hidden 256, 3 layers, 16 steps)
+         with Mish, an x0 clip and noise: the general step's cost against the
+         time-column op on the same net (its row: "time-column op").
+
+Contenders (one process, the same inputs):
+  eager       the loop as the project writes it (noise drawn per step)
+  graph       (CUDA) that loop captured in one CUDA graph, replayed
+  compile-ro  (CUDA) torch.compile(mode="reduce-overhead") of the loop
+  fused       ddpm_ops.sample (the condition's bias row and the noise drawn
+              in the call: what a policy pays per action)
+On the CPU the contenders alternate, round after round, and each reports its
+median; on CUDA the GPU time per call is CUDA events over back-to-back calls
+after warm-up, median of rounds.
+
+    python benchmarks/bench_rule.py --device cpu
+    python benchmarks/bench_rule.py --device cuda
+"""
+import argparse
+import math
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import ddpm_ops
+import machine  # this folder is on sys.path
+
+
+class SinusoidalPosEmb(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, t):
+        half = self.dim // 2
+        freqs = torch.exp(torch.arange(half, device=t.device) * -(math.log(10000) / (half - 1)))
+        angles = t[:, None].float() * freqs[None]
+        return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class DiffusionQLPolicy(nn.Module):
+    """Diffusion-QL's MLP and its p_sample_loop, as that project writes them."""
+
+    def __init__(self, action_dim=6, state_dim=17, t_dim=16, hidden=256, steps=5, max_action=1.0):
+        super().__init__()
+        self.time_mlp = nn.Sequential(SinusoidalPosEmb(t_dim), nn.Linear(t_dim, 2 * t_dim), nn.Mish(),
+                                      nn.Linear(2 * t_dim, t_dim))
+        self.mid = nn.Sequential(nn.Linear(action_dim + t_dim + state_dim, hidden), nn.Mish(),
+                                 nn.Linear(hidden, hidden), nn.Mish(), nn.Linear(hidden, hidden), nn.Mish(),
+                                 nn.Linear(hidden, action_dim))
+        self.steps, self.action_dim, self.max_action = steps, action_dim, max_action
+        betas = ddpm_ops.linear_betas(steps, 1e-4, 0.1)   # Diffusion-QL's vp/linear schedule at T = 5
+        self.rule = ddpm_ops.step_rules.ddpm(betas, clip=max_action)
+        alphas = 1 - betas
+        abar = torch.cumprod(alphas, 0)
+        abar_prev = torch.cat([torch.ones(1, dtype=abar.dtype), abar[:-1]])
+        var = betas * (1 - abar_prev) / (1 - abar)
+        for name, value in dict(
+                sqrt_recip_abar=1 / abar.sqrt(), sqrt_recipm1_abar=(1 / abar - 1).sqrt(),
+                coef1=betas * abar_prev.sqrt() / (1 - abar), coef2=(1 - abar_prev) * alphas.sqrt() / (1 - abar),
+                log_var=var.clamp(min=1e-20).log()).items():
+            self.register_buffer(name, value.float())
+
+    def forward(self, state):
+        """Eager sampling: for i in reversed(range(T)): p_sample, noise except at t = 0."""
+        batch = state.shape[0]
+        x = torch.randn(batch, self.action_dim, device=state.device)
+        for i in reversed(range(self.steps)):
+            t = torch.full((batch,), i, device=state.device, dtype=torch.long)
+            eps = self.mid(torch.cat([x, self.time_mlp(t), state], dim=1))
+            x0 = (self.sqrt_recip_abar[t][:, None] * x - self.sqrt_recipm1_abar[t][:, None] * eps)
+            x0 = x0.clamp(-self.max_action, self.max_action)
+            mean = self.coef1[t][:, None] * x0 + self.coef2[t][:, None] * x
+            nonzero = (1 - (t == 0).float())[:, None]
+            x = mean + nonzero * (0.5 * self.log_var[t][:, None]).exp() * torch.randn_like(x)
+        return x.clamp(-self.max_action, self.max_action)
+
+    def fused(self):
+        """ddpm_ops.sample on the same network (time bias precomputed once per model)."""
+        sampler = ddpm_ops.DiffusionSampler(
+            self.mid, self.rule, torch.arange(self.steps), time_embedding=self.time_mlp,
+            layout=(("x", self.action_dim), ("time", 16), ("cond", 17)))
+        weights, biases, activations = ddpm_ops.mlp_layers(self.mid)
+        w_x, w_t, w_s = weights[0].detach().split([self.action_dim, 16, 17], dim=1)
+        time_bias = ddpm_ops.time_bias_from_module(self.time_mlp, w_t, torch.arange(self.steps).to(w_t.device))
+        rest = [w.detach() for w in weights[1:]]
+        biases = [b.detach() for b in biases]
+        rule = self.rule.to(w_x.device)
+
+        def run(state):
+            x = torch.randn(state.shape[0], self.action_dim, device=state.device)
+            out = ddpm_ops.sample(x, self.steps - 1, [w_x] + rest, biases, rule, self.steps,
+                                  activations=activations, time_bias=time_bias, cond_bias=state @ w_s.T)
+            return out.clamp(-self.max_action, self.max_action)
+        return sampler, run
+
+
+def seed_rule_contenders(batch, device):
+    """The seed net: the time-column op, and the general step with Mish, clip and noise."""
+    dim, hidden, steps, total = 64, 256, 16, 1000
+    net = ddpm_ops.silu_mlp([dim + 1, hidden, hidden, dim]).to(device)
+    weights, biases = [w.detach() for w in ddpm_ops.mlp_parameters(net)[0]], \
+        [b.detach() for b in ddpm_ops.mlp_parameters(net)[1]]
+    c1, c2 = (t.to(device) for t in ddpm_ops.coefficient_tables(ddpm_ops.linear_betas(total)))
+    x = torch.randn(batch, dim, device=device)
+    rule = ddpm_ops.step_rules.ddpm(ddpm_ops.linear_betas(total), clip=1.0).to(device)
+    time_bias = (torch.arange(total, device=device)[:, None] / total) * weights[0][:, dim][None]
+    w_x = weights[0][:, :dim]
+    return {
+        "time-column op": lambda: ddpm_ops.fused_sample(x, total - 1, weights, biases, c1, c2, steps, total),
+        "rule, silu": lambda: ddpm_ops.sample(x, total - 1, [w_x] + weights[1:], biases, rule, steps,
+                                              time_bias=time_bias),
+        "rule, mish+clip+noise": lambda: ddpm_ops.sample(x, total - 1, [w_x] + weights[1:], biases, rule,
+                                                         steps, activations="mish", time_bias=time_bias),
+    }
+
+
+def cpu_medians_us(contenders, rounds, budget_s):
+    """Alternating rounds; each round times a calibrated number of calls of each."""
+    reps = {}
+    for name, fn in contenders.items():
+        fn()
+        start = time.perf_counter()
+        fn()
+        reps[name] = max(1, int(budget_s / max(time.perf_counter() - start, 1e-6)))
+    times = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            for _ in range(reps[name]):
+                fn()
+            times[name].append((time.perf_counter() - start) / reps[name] * 1e6)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def cuda_gpu_us(contenders, rounds=7, calls=50):
+    out = {}
+    for name, fn in contenders.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        per_round = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            per_round.append(start.elapsed_time(end) * 1e3 / calls)
+        out[name] = statistics.median(per_round)
+    return out
+
+
+def graphed(fn, example):
+    """fn captured in one CUDA graph; returns the replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn(example)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(example)
+    return graph.replay
+
+
+def dql_contenders(batch, device):
+    policy = DiffusionQLPolicy().to(device).eval()
+    _, fused = policy.fused()
+    state = torch.randn(batch, 17, device=device)
+    contenders = {"eager": lambda: policy(state), "fused": lambda: fused(state)}
+    if device == "cuda":
+        contenders["graph"] = graphed(policy, state)
+        compiled = torch.compile(policy, mode="reduce-overhead")
+        contenders["compile-ro"] = lambda: compiled(state)
+    return contenders
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    parser.add_argument("--shapes", nargs="+", default=["dql", "seed"], choices=["dql", "seed"])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--budget", type=float, default=0.05, help="CPU: seconds of calls per contender and round")
+    args = parser.parse_args()
+    ddpm_ops.disable_auto_rewrite()  # the contenders are the loops as written
+    print(f"{machine.describe(args.device)}; {time.strftime('%Y-%m-%d')}")
+    batches = {"dql": [1, 50, 256], "seed": [1, 64, 4096] + ([32768] if args.device == "cuda" else [])}
+    with torch.inference_mode():
+        for shape in args.shapes:
+            print(f"\n[{shape}] {'GPU' if args.device == 'cuda' else 'wall'} us per call, median")
+            for batch in batches[shape]:
+                make = dql_contenders if shape == "dql" else seed_rule_contenders
+                contenders = make(batch, args.device)
+                times = cuda_gpu_us(contenders) if args.device == "cuda" else \
+                    cpu_medians_us(contenders, args.rounds, args.budget)
+                cells = "  ".join(f"{name} {us:9.1f}" for name, us in times.items())
+                if shape == "dql":
+                    best = min(us for name, us in times.items() if name != "fused")
+                    cells += f"  | fused {best / times['fused']:.1f}x the best other"
+                else:
+                    cells += f"  | general/time-column {times['rule, mish+clip+noise'] / times['time-column op']:.2f}"
+                print(f"  batch {batch:>6}: {cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
