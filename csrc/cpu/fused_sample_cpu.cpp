@@ -141,6 +141,82 @@ at::Tensor rows_unit_stride(const at::Tensor& t) {
   return t.stride(-1) == 1 && t.stride(0) >= t.size(-1) ? t : t.contiguous();
 }
 
+// How the batch is cut: one tile on this thread for tiny batches; otherwise at
+// least one tile per thread, vectorised kernels for small tiles, BLAS for large.
+struct Tiling {
+  bool use_vec, use_dot;
+  int64_t tile_rows, num_tiles;
+};
+
+Tiling choose_tiling(int64_t batch) {
+  const Tuning& tune = tuning();
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t per_thread = (batch + threads - 1) / threads;
+  const bool use_vec = batch <= tune.serial_batch || per_thread <= tune.vec_rows || !tune.allow_blas;
+  int64_t tile_rows = batch <= tune.serial_batch
+                          ? batch
+                          : std::min(per_thread, use_vec ? tune.vec_rows : tune.blas_rows);
+  const int64_t num_tiles = (batch + tile_rows - 1) / tile_rows;
+  tile_rows = (batch + num_tiles - 1) / num_tiles;  // balance the tiles
+  return {use_vec, use_vec && tile_rows <= tune.dot_rows, tile_rows, num_tiles};
+}
+
+// The vectorised kernels' (in, out_pad) weight panels and padded biases, all
+// layers in one buffer; the plan points into it.
+at::Tensor pack_weights(const Kernels& kern, MlpPlan& plan, std::vector<const float*>& packed_w,
+                        std::vector<const float*>& packed_b, const at::TensorOptions& options) {
+  int64_t total = 0;
+  for (int64_t l = 0; l < plan.num_layers; ++l) {
+    total += (plan.in_f[l] + 1) * round_up(plan.out_f[l], kPad);
+  }
+  at::Tensor packed = at::empty({total}, options);
+  float* p = packed.data_ptr<float>();
+  for (int64_t l = 0; l < plan.num_layers; ++l) {
+    const int64_t op = round_up(plan.out_f[l], kPad);
+    packed_w[l] = p;
+    packed_b[l] = p + plan.in_f[l] * op;
+    kern.pack_layer(plan.weight[l], plan.weight_ld[l], plan.bias[l], plan.out_f[l], plan.in_f[l],
+                    p, p + plan.in_f[l] * op);
+    p += (plan.in_f[l] + 1) * op;
+  }
+  plan.packed_w = packed_w.data();
+  plan.packed_b = packed_b.data();
+  return packed;
+}
+
+// All K steps of one tile with ATen's BLAS for the products (the generic
+// build's large tiles): x's rows and the scratch buffers as views, the bias,
+// activation and step update from the kernels.
+void blas_tile(const Kernels& kern, const MlpPlan& plan, const std::vector<at::Tensor>& w_t,
+               float* x_data, int64_t row0, int64_t rows, float* scratch,
+               const at::TensorOptions& opts) {
+  const int64_t ld = plan.act_ld, dim = plan.dim, num_layers = plan.num_layers;
+  float* bufs[2] = {scratch, scratch + rows * ld};
+  float* row_bias = scratch + 2 * rows * ld;
+  float* x_tile = x_data + row0 * dim;
+  std::vector<at::Tensor> layer_in(num_layers), layer_out(num_layers);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    layer_in[l] = l == 0 ? at::from_blob(x_tile, {rows, dim}, {dim, 1}, opts)
+                         : at::from_blob(bufs[(l - 1) % 2], {rows, plan.in_f[l]}, {ld, 1}, opts);
+    layer_out[l] = at::from_blob(bufs[l % 2], {rows, plan.out_f[l]}, {ld, 1}, opts);
+  }
+  for (int64_t k = 0; k < plan.num_steps; ++k) {
+    if (plan.row_bias()) kern.first_bias(plan, row0, rows, row_bias, ld, k);
+    for (int64_t l = 0; l < num_layers; ++l) {
+      at::mm_out(layer_out[l], layer_in[l], w_t[l]);
+      const bool own_rows = l == 0 && plan.row_bias();
+      const bool last = l + 1 == num_layers;
+      if (!last || own_rows) {
+        kern.bias_act(bufs[l % 2], ld, rows, plan.out_f[l], own_rows ? row_bias : plan.bias[l],
+                      own_rows ? ld : 0, last ? Activation::kIdentity : plan.act[l]);
+      }
+    }
+    const bool bias_added = num_layers == 1 && plan.row_bias();
+    kern.step_update(plan, x_tile, row0, rows, bufs[(num_layers - 1) % 2], ld,
+                     bias_added ? nullptr : plan.bias[num_layers - 1], k);
+  }
+}
+
 at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
   const at::Tensor& x = problem.x;
   const int64_t batch = x.size(0);
@@ -160,20 +236,7 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
     return problem.return_chain ? chain : out;
   }
   const Kernels& kern = kernels();
-
-  // ---- Tiling: one tile on this thread for tiny batches; otherwise at least
-  // one tile per thread, vectorised kernels for small tiles, BLAS for large.
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const Tuning& tune = tuning();
-  const int64_t vec_rows = tune.vec_rows, blas_rows = tune.blas_rows;
-  const int64_t serial_batch = tune.serial_batch;
-  const bool allow_blas = tune.allow_blas;
-  const int64_t per_thread = (batch + threads - 1) / threads;
-  const bool use_vec = batch <= serial_batch || per_thread <= vec_rows || !allow_blas;
-  int64_t tile_rows = batch <= serial_batch ? batch
-                      : std::min(per_thread, use_vec ? vec_rows : blas_rows);
-  const int64_t num_tiles = (batch + tile_rows - 1) / tile_rows;
-  tile_rows = (batch + num_tiles - 1) / num_tiles;  // balance the tiles
+  const Tiling tiling = choose_tiling(batch);
 
   // ---- Everything the step loop reads, prepared before it.
   std::vector<int64_t> in_f(num_layers), out_f(num_layers), weight_ld(num_layers);
@@ -203,86 +266,36 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
   plan.bias = bias_p.data();
   plan.t_start = t_long.data_ptr<int64_t>();
   plan.chain = problem.return_chain ? chain.data_ptr<float>() : nullptr;
-  const bool use_dot = use_vec && tile_rows <= tune.dot_rows;
-
-  // Vectorised path: (in, out_pad) weight panels and padded biases, zero-filled.
   at::Tensor packed;
   std::vector<const float*> packed_w(num_layers), packed_b(num_layers);
-  if (use_vec && !use_dot) {
-    int64_t total = 0;
-    for (int64_t l = 0; l < num_layers; ++l) {
-      total += (in_f[l] + 1) * round_up(out_f[l], kPad);
-    }
-    packed = at::empty({total}, x.options());
-    float* p = packed.data_ptr<float>();
-    for (int64_t l = 0; l < num_layers; ++l) {
-      const int64_t op = round_up(out_f[l], kPad);
-      float* panel = p;
-      float* b = panel + in_f[l] * op;
-      kern.pack_layer(weight_p[l], weight_ld[l], bias_p[l], out_f[l], in_f[l], panel, b);
-      packed_w[l] = panel;
-      packed_b[l] = b;
-      p += (in_f[l] + 1) * op;
-    }
-    plan.packed_w = packed_w.data();
-    plan.packed_b = packed_b.data();
+  if (tiling.use_vec && !tiling.use_dot) {
+    packed = pack_weights(kern, plan, packed_w, packed_b, x.options());
   }
+  std::vector<at::Tensor> w_t(num_layers);
+  for (int64_t l = 0; l < num_layers; ++l) w_t[l] = weight_c[l].t();
 
   float* x_data = out.data_ptr<float>();
-  const int64_t ld = plan.act_ld;
-
   auto run_tiles = [&](int64_t tile_begin, int64_t tile_end) {
     // Scratch for this thread's tiles, allocated once, before any step loop:
     // two activation buffers and layer 0's bias rows.
-    std::vector<float> scratch(3 * tile_rows * ld, 0.f);
-    if (use_vec) {
-      for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-        const int64_t row0 = tile * tile_rows;
-        const int64_t rows = std::min(tile_rows, batch - row0);
-        kern.vec_tile(plan, x_data, row0, rows, scratch.data());
-      }
-      return;
-    }
-    // BLAS path. ATen calls below must not re-enter autograd: the inputs are
+    std::vector<float> scratch(3 * tiling.tile_rows * plan.act_ld, 0.f);
+    // The BLAS path's ATen calls must not re-enter autograd: the inputs are
     // internal buffers.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const at::TensorOptions opts = x.options();
-    float* bufs[2] = {scratch.data(), scratch.data() + tile_rows * ld};
-    float* row_bias = scratch.data() + 2 * tile_rows * ld;
-    std::vector<at::Tensor> w_t(num_layers);
-    for (int64_t l = 0; l < num_layers; ++l) w_t[l] = weight_c[l].t();
     for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-      const int64_t row0 = tile * tile_rows;
-      const int64_t rows = std::min(tile_rows, batch - row0);
-      float* x_tile = x_data + row0 * dim;
-      // Views of x and the scratch buffers for every layer, made before the step loop.
-      std::vector<at::Tensor> layer_in(num_layers), layer_out(num_layers);
-      for (int64_t l = 0; l < num_layers; ++l) {
-        layer_in[l] = l == 0 ? at::from_blob(x_tile, {rows, dim}, {dim, 1}, opts)
-                             : at::from_blob(bufs[(l - 1) % 2], {rows, in_f[l]}, {ld, 1}, opts);
-        layer_out[l] = at::from_blob(bufs[l % 2], {rows, out_f[l]}, {ld, 1}, opts);
-      }
-      for (int64_t k = 0; k < num_steps; ++k) {
-        if (plan.row_bias()) kern.first_bias(plan, row0, rows, row_bias, ld, k);
-        for (int64_t l = 0; l < num_layers; ++l) {
-          at::mm_out(layer_out[l], layer_in[l], w_t[l]);
-          const bool own_rows = l == 0 && plan.row_bias();
-          const bool last = l + 1 == num_layers;
-          if (!last || own_rows) {
-            kern.bias_act(bufs[l % 2], ld, rows, out_f[l], own_rows ? row_bias : bias_p[l],
-                          own_rows ? ld : 0, last ? Activation::kIdentity : plan.act[l]);
-          }
-        }
-        const bool bias_added = num_layers == 1 && plan.row_bias();
-        kern.step_update(plan, x_tile, row0, rows, bufs[(num_layers - 1) % 2], ld,
-                         bias_added ? nullptr : bias_p[num_layers - 1], k);
+      const int64_t row0 = tile * tiling.tile_rows;
+      const int64_t rows = std::min(tiling.tile_rows, batch - row0);
+      if (tiling.use_vec) {
+        kern.vec_tile(plan, x_data, row0, rows, scratch.data());
+      } else {
+        blas_tile(kern, plan, w_t, x_data, row0, rows, scratch.data(), x.options());
       }
     }
   };
-  if (num_tiles == 1) {
+  if (tiling.num_tiles == 1) {
     run_tiles(0, 1);  // no parallel region for a single tile
   } else {
-    at::parallel_for(0, num_tiles, 1, run_tiles);
+    at::parallel_for(0, tiling.num_tiles, 1, run_tiles);
   }
   return problem.return_chain ? chain : out;
 }

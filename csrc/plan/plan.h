@@ -58,7 +58,7 @@ struct Device {
 };
 
 // The DDPM_OPS_CUDA_* switches (tests, benchmarks, diagnostics), parsed in
-// one place: README's "Choosing a CUDA kernel" lists them.
+// one place: docs/kernels.md lists them.
 struct Overrides {
   // DDPM_OPS_CUDA_KERNEL: set at all (then only the kernel it names may run
   // outside the last-resort rule between tf32x3_tiled and fp32_smem), and
