@@ -216,6 +216,8 @@ class _UpdateReader:
         """An operand of a sum: a form, or the step's noise draw."""
         if isinstance(a, Node) and (a is self.x or a is self.e or a in self.inside):
             return self.settle(self.form(a))
+        if isinstance(a, (int, float)) and not isinstance(a, bool) and a == 0:
+            return _Form({})
         z = self.noise_atom(a)
         if z is None:
             raise _NoMatch(f"the update adds {getattr(a, 'name', a)}, a term without x or e "
