@@ -30,6 +30,9 @@ def _activation(node: Any) -> tuple[str, Node, list[Node]]:
     found = _decomposed_mish(node)
     if found is not None:
         return "mish", found[0], found[1]
+    found = _decomposed_gelu(node)
+    if found is not None:
+        return found
     z, nodes = _silu(node)
     return "silu", z, nodes
 
@@ -50,4 +53,43 @@ def _decomposed_mish(node: Any) -> tuple[Node, list[Node]] | None:
                     and _is(soft, aten.log1p.default) and _is(soft.args[0], aten.exp.default) \
                     and soft.args[0].args[0] is z:
                 return z, [node, th, sp, gt, soft, soft.args[0]]
+    return None
+
+
+def _times(node: Any, const: float):
+    """``z`` for ``z * const`` (either order)."""
+    if _is(node, aten.mul.Tensor) and len(node.args) == 2:
+        for z, c in (node.args, node.args[::-1]):
+            if isinstance(c, float) and abs(c - const) < 1e-12 and isinstance(z, Node):
+                return z
+    return None
+
+
+def _plus_one(node: Any):
+    if _is(node, aten.add.Tensor) and len(node.args) == 2 and not node.kwargs:
+        for a, one in (node.args, node.args[::-1]):
+            if one == 1 and isinstance(a, Node):
+                return a
+    return None
+
+
+def _decomposed_gelu(node: Any) -> tuple[str, Node, list[Node]] | None:
+    """GELU as decomposed post-grad: ``(z * 0.5) * (1 + erf(z / sqrt 2))``, or the tanh form
+    ``(z * 0.5) * (1 + tanh(sqrt(2/pi) * (z + 0.044715 * z * z * z)))``."""
+    if not _is(node, aten.mul.Tensor) or len(node.args) != 2:
+        return None
+    for half, rest in (node.args, node.args[::-1]):
+        z, inner = _times(half, 0.5), _plus_one(rest)
+        if z is None or inner is None:
+            continue
+        if _is(inner, aten.erf.default) and _times(inner.args[0], 0.7071067811865476) is z:
+            return "gelu", z, [node, half, rest, inner, inner.args[0]]
+        if _is(inner, aten.tanh.default):
+            scaled = inner.args[0]
+            s = _times(scaled, 0.7978845608028654)
+            if _is(s, aten.add.Tensor) and len(s.args) == 2 and s.args[0] is z:
+                cube = _times(s.args[1], 0.044715)
+                if _is(cube, aten.mul.Tensor) and cube.args[1] is z and _is(cube.args[0], aten.mul.Tensor) \
+                        and list(cube.args[0].args) == [z, z]:
+                    return "gelu_tanh", z, [node, half, rest, inner, scaled, s, s.args[1], cube, cube.args[0]]
     return None

@@ -131,6 +131,7 @@ class _UpdateReader:
         self.step_only = step_only  # node -> bool: independent of every step's sample
         self.memo: dict[Node, _Form] = {}
         self.pre = None
+        self.pre_source = None
         self.noise = None
         self.leaves: set = set()
 
@@ -180,9 +181,11 @@ class _UpdateReader:
         """``f`` with a pending clamp turned into the variable ``x0`` (once per step)."""
         if f.clip is None:
             return f
+        if f is self.pre_source:
+            return _Form({"x0": ONE})
         if self.pre is not None or set(f.coef) - {"x", "e"}:
             raise _NoMatch("a clamp that is neither of the predicted x0 (once) nor the step's last op")
-        self.pre = (dict(f.coef), f.clip)
+        self.pre, self.pre_source = (dict(f.coef), f.clip), f
         return _Form({"x0": ONE})
 
     def _evaluate(self, n: Node) -> _Form:

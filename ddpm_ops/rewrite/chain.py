@@ -116,9 +116,10 @@ def _ancestors_within(node: Node, region: set) -> set:
     return out
 
 
-def _step_region(loop: _Loop, k: int, position: dict) -> tuple[Node, set]:
+def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node, set]:
     """``(x_{k+1}, update nodes)`` of step ``k``; raise ``_NoMatch`` if something
-    inside the step is used outside it."""
+    inside the step is used outside it. For the last step ``choose(ends)`` picks
+    where it ends among the possible ends (the first by default)."""
     net, x = loop.nets[k], loop.x(k)
     excluded = net.nodes | {net.inp}
     if k + 1 < len(loop.nets):
@@ -128,7 +129,8 @@ def _step_region(loop: _Loop, k: int, position: dict) -> tuple[Node, set]:
             raise _NoMatch(f"the sample {end.name} of step {k + 1} does not depend on step {k}")
     else:
         region = _descendants([x, net.out], None, excluded)
-        end = _step_end(region)
+        ends = _step_ends(region, x, net.out)
+        end = choose(ends, set(region)) if choose is not None else ends[0]
     inside = _ancestors_within(end, set(region)) | {end}
     last = k + 1 == len(loop.nets)
     stray = [n for n in region if n not in inside and not (last and position[n] > position[end])]
@@ -146,15 +148,17 @@ def _step_region(loop: _Loop, k: int, position: dict) -> tuple[Node, set]:
     return end, inside
 
 
-def _step_end(region: list[Node]) -> Node:
-    """The first node of ``region`` (in graph order) that every later node of it
-    depends on and that depends on every earlier one: where the last step ends."""
+def _step_ends(region: list[Node], x: Node, e: Node) -> list[Node]:
+    """The nodes of ``region`` (in graph order) where the last step may end: every
+    earlier node of it is an ancestor, and no later one reads an earlier one, ``x`` or ``e``."""
     members = set(region)
+    ends = []
     for i, n in enumerate(region):
-        before = _ancestors_within(n, members)
-        if len(before) != i:
+        earlier = set(region[:i]) | {x, e}
+        if len(_ancestors_within(n, members)) != i:
             continue
-        later = set(_descendants([n], None, set())) & members
-        if len(later) == len(region) - i - 1:
-            return n
-    raise _NoMatch("the last step's update has no single result")
+        if all(not (set(m.all_input_nodes) & earlier) for m in region[i + 1:]):
+            ends.append(n)
+    if not ends:
+        raise _NoMatch("the last step's update has no single result")
+    return ends

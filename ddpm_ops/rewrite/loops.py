@@ -22,7 +22,7 @@ import torch
 from torch.fx import Graph, Node
 
 from .affine import _read_update, _Update
-from .chain import _latest_step, _Loop, _loops, _step_region
+from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region
 from .network import _find_nets
 from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
 from .tables import _check_uniform, _Emitter, _first_row, _shared_tables, _stack_rows
@@ -80,11 +80,25 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         return latest.get(n, -1) == -1
 
     updates, end = [], None
-    for k in range(len(loop.nets)):
-        end, inside = _step_region(loop, k, position)
+    K = len(loop.nets)
+
+    def read(k, end, inside):
+        return _read_update(loop.x(k), loop.nets[k].out, end, inside, tuple(x0v.shape), step_only)
+
+    def choose(ends, region):  # the last step ends where it reads like the one before
+        for candidate in ends:
+            inside = _ancestors_within(candidate, region) | {candidate}
+            try:
+                if read(K - 1, candidate, inside).post_clip == updates[-1].post_clip:
+                    return candidate
+            except _NoMatch:
+                continue
+        return ends[0]
+
+    for k in range(K):
         try:
-            updates.append(_read_update(loop.x(k), loop.nets[k].out, end, inside, tuple(x0v.shape),
-                                        step_only))
+            end, inside = _step_region(loop, k, position, choose)
+            updates.append(read(k, end, inside))
         except _NoMatch as e:
             raise _NoMatch(f"step {k}: {e}") from None
     clips = {u.clip for u in updates if u.pre is not None}

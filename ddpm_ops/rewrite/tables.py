@@ -132,10 +132,7 @@ def _batched(node: Node, batch) -> bool:
 
 def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
     if not _batched(node, batch):
-        # no batch dimension; a reshape that makes one from data would mix rows
-        if _is(node, *_ROW_OPS) and node.op == "call_function":
-            return all(_uniform(a, batch, memo) for a in node.all_input_nodes)
-        return node.op != "call_function" or _inputs_uniform(node, batch, memo)
+        return True  # one row, or no batch dimension: it broadcasts the same into every row
     if _is(node, aten.full.default, aten.zeros.default, aten.ones.default):
         return True
     if node.op != "call_function":
