@@ -29,6 +29,14 @@ from .tables import _check_uniform, _Emitter, _first_row, _shared_tables, _stack
 
 log = logging.getLogger("ddpm_ops.rewrite")
 
+#: What the general reader did in this process: loops fused, steps fused, loops left alone.
+STATS = {"loops_fused": 0, "steps_fused": 0, "loops_left_alone": 0}
+
+
+def _count(key: str, n: int = 1) -> None:
+    STATS[key] += n
+    torch._dynamo.utils.counters["ddpm_ops"][key] += n
+
 RULE = torch.ops.ddpm.fused_sample.rule
 
 
@@ -213,15 +221,19 @@ def rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
         except _NoMatch as e:
             log.debug("ddpm_ops: loop of %d steps ending near %s left alone: %s", len(loop.nets),
                       loop.nets[-1].out.name, e)
+            _count("loops_left_alone")
             continue
         why = refusal(plan, fused) if refusal is not None else None
         if why is not None:
             log.debug("ddpm_ops: loop of %d steps at %s left alone: %s", len(loop.nets),
                       plan.end.name, why)
             em.rollback()
+            _count("loops_left_alone")
             continue
         replace(plan, fused)
         done += 1
+        _count("loops_fused")
+        _count("steps_fused", len(loop.nets))
         _log(plan, fused)
 
 

@@ -142,8 +142,11 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
         return _inputs_uniform(node, batch, memo)
     if _is(node, aten.gather.default, aten.index.Tensor, aten.index_select.default):
         return _inputs_uniform(node, batch, memo)
-    if _is(node, aten.addmm.default, aten.mm.default):
-        return _inputs_uniform(node, batch, memo)
+    if _is(node, aten.mm.default):  # a row of the product reads that row of the input only
+        return _uniform(node.args[0], batch, memo)
+    if _is(node, aten.addmm.default):
+        bias = _val(node.args[0])
+        return bias is not None and bias.dim() <= 1 and _uniform(node.args[1], batch, memo)
     if _is(node, aten.cat.default):
         dim = node.args[1] if len(node.args) > 1 else 0
         return dim != 0 and all(_uniform(a, batch, memo) for a in node.args[0])
