@@ -26,6 +26,14 @@ from .reference import reference, reference_sample
 from .schedules import coefficient_tables, cosine_betas, linear_betas
 from .step_rules import StepRule
 
+
+def rewrite_stats() -> dict:
+    """Counts of the general loop reader in this process: ``loops_fused``,
+    ``steps_fused``, ``loops_left_alone`` (also in ``torch._dynamo.utils.counters["ddpm_ops"]``).
+    A compilation served from the FX graph cache runs no pass and counts nothing."""
+    from .rewrite.loops import STATS
+    return dict(STATS)
+
 __all__ = [
     "__version__",
     "DDPMSamplingRewrite",
@@ -47,6 +55,7 @@ __all__ = [
     "conditioning",
     "reference",
     "reference_sample",
+    "rewrite_stats",
     "sample",
     "silu_mlp",
     "split_first_linear",

@@ -85,3 +85,86 @@ return fused_sample_default""")
 def forward(self, p_eps_net_0_weight, p_eps_net_0_bias, p_eps_net_2_weight, p_eps_net_2_bias, b_sqrt_recip_alphas, b_coef_eps, x, t_start):
     fused_sample_default = torch.ops.ddpm.fused_sample.default(x, t_start, [p_eps_net_0_weight, p_eps_net_2_weight], [p_eps_net_0_bias, p_eps_net_2_bias], b_sqrt_recip_alphas, b_coef_eps, 2, 100);  x = t_start = p_eps_net_0_weight = p_eps_net_2_weight = p_eps_net_0_bias = p_eps_net_2_bias = b_sqrt_recip_alphas = b_coef_eps = None
     return (fused_sample_default,)""")
+
+    def test_compiled_general_loop(self):
+        import sys, os
+        sys.path.insert(0, os.path.dirname(__file__))
+        from loops.v1_variants import PosteriorSampler
+        torch.manual_seed(0)
+        model = PosteriorSampler(dim=2, hidden=3, num_steps=2, T=10, timesteps="int", clip=(-1.0, 1.0))
+        x = torch.randn(4, 2)
+        capture = Capture()
+        torch._dynamo.reset()
+        with inductor_config.patch(post_grad_custom_pre_pass=capture, fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False), torch.no_grad():
+            out = torch.compile(model)(x, 9)
+            self.assertLess(relative_error(out, model(x, 9)), 1e-5)
+        torch._dynamo.reset()
+        self.assertExpectedInline(capture.text, """\
+in0: (4, 2) float32
+in1: (3, 3) float32
+in2: (3,) float32
+in3: (3, 3) float32
+in4: (3,) float32
+in5: (2, 3) float32
+in6: (2,) float32
+in7: (10,) float32
+in8: (10,) float32
+in9: (10,) float32
+in10: (10,) float32
+select_6 = aten.select.int(in9, 0, 8)
+select_4 = aten.select.int(in7, 0, 8)
+select_2 = aten.select.int(in9, 0, 9)
+select = aten.select.int(in7, 0, 9)
+select_1 = aten.select.int(in8, 0, 9)
+full_default = aten.full.default([4, 1], 0.9)
+select_3 = aten.select.int(in10, 0, 9)
+select_5 = aten.select.int(in8, 0, 8)
+full_default_1 = aten.full.default([4, 1], 0.8)
+select_7 = aten.select.int(in10, 0, 8)
+neg_default = aten.neg.default(select_1,)
+neg_default_1 = aten.neg.default(neg_default,)
+neg_default_2 = aten.neg.default(select_5,)
+neg_default_3 = aten.neg.default(neg_default_2,)
+unsqueeze_default = aten.unsqueeze.default(select_4, 0)
+unsqueeze_default_1 = aten.unsqueeze.default(select, 0)
+cat_default = aten.cat.default([unsqueeze_default, unsqueeze_default_1],)
+unsqueeze_default_2 = aten.unsqueeze.default(neg_default_3, 0)
+unsqueeze_default_3 = aten.unsqueeze.default(neg_default_1, 0)
+cat_default_1 = aten.cat.default([unsqueeze_default_2, unsqueeze_default_3],)
+unsqueeze_default_4 = aten.unsqueeze.default(select_6, 0)
+unsqueeze_default_5 = aten.unsqueeze.default(select_2, 0)
+cat_default_2 = aten.cat.default([unsqueeze_default_4, unsqueeze_default_5],)
+unsqueeze_default_6 = aten.unsqueeze.default(select_7, 0)
+unsqueeze_default_7 = aten.unsqueeze.default(select_3, 0)
+cat_default_3 = aten.cat.default([unsqueeze_default_6, unsqueeze_default_7],)
+full_default_2 = aten.full.default([], 0.0)
+full_default_3 = aten.full.default([], 0.0)
+unsqueeze_default_8 = aten.unsqueeze.default(full_default_2, 0)
+unsqueeze_default_9 = aten.unsqueeze.default(full_default_3, 0)
+cat_default_4 = aten.cat.default([unsqueeze_default_8, unsqueeze_default_9],)
+full_default_4 = aten.full.default([], 0.0)
+full_default_5 = aten.full.default([], 0.0)
+unsqueeze_default_10 = aten.unsqueeze.default(full_default_4, 0)
+unsqueeze_default_11 = aten.unsqueeze.default(full_default_5, 0)
+cat_default_5 = aten.cat.default([unsqueeze_default_10, unsqueeze_default_11],)
+unsqueeze_default_12 = aten.unsqueeze.default(cat_default, 0)
+unsqueeze_default_13 = aten.unsqueeze.default(cat_default_1, 0)
+unsqueeze_default_14 = aten.unsqueeze.default(cat_default_2, 0)
+unsqueeze_default_15 = aten.unsqueeze.default(cat_default_3, 0)
+unsqueeze_default_16 = aten.unsqueeze.default(cat_default_4, 0)
+unsqueeze_default_17 = aten.unsqueeze.default(cat_default_5, 0)
+cat_default_6 = aten.cat.default([unsqueeze_default_12, unsqueeze_default_13, unsqueeze_default_14, unsqueeze_default_15, unsqueeze_default_16, unsqueeze_default_17],)
+slice_tensor = aten.slice.Tensor(in1, 1, 0, 2)
+clone_default = aten.clone.default(slice_tensor,)
+slice_tensor_1 = aten.slice.Tensor(in1, 1, 2, 3)
+select_int = aten.select.int(full_default, 0, 0)
+select_int_1 = aten.select.int(full_default_1, 0, 0)
+unsqueeze_default_18 = aten.unsqueeze.default(select_int_1, 0)
+unsqueeze_default_19 = aten.unsqueeze.default(select_int, 0)
+cat_default_7 = aten.cat.default([unsqueeze_default_18, unsqueeze_default_19],)
+permute_default = aten.permute.default(slice_tensor_1, [1, 0])
+mul_tensor = aten.mul.Tensor(cat_default_7, permute_default)
+full_default_6 = aten.full.default([4], 1)
+fused_sample_rule = ddpm.fused_sample.rule(in0, full_default_6, [clone_default, in3, in5], [in2, in4, in6], cat_default_6, 2, [silu, silu], mul_tensor, None, [-1.0, 1.0], None, None, False, False, fp32)
+return fused_sample_rule""")

@@ -35,6 +35,15 @@ def rewrite_graph(graph: Graph, *, protected: frozenset[str] = frozenset(),
     ``grad_inputs_ok=False`` and grad mode on, when one of the op's inputs
     requires grad (the op has no backward; inductor would call it that way).
     """
+    emitted = _rewrite_runs(graph, protected, renamed, grad_inputs_ok)
+    emitted += _rewrite_general(graph, protected, renamed, grad_inputs_ok)
+    if emitted:
+        graph.lint()
+    return emitted
+
+
+def _rewrite_runs(graph: Graph, protected, renamed, grad_inputs_ok) -> int:
+    """The loops of the original contract, as ``ddpm::fused_sample``."""
     steps = _match_steps(graph)
     if not steps:
         return 0
@@ -59,9 +68,40 @@ def rewrite_graph(graph: Graph, *, protected: frozenset[str] = frozenset(),
         _remove_dead(graph, last.out)
         emitted += 1
         _log_fused(run, args)
-    if emitted:
-        graph.lint()
     return emitted
+
+
+def _rewrite_general(graph: Graph, protected, renamed, grad_inputs_ok) -> int:
+    """Every other loop the general reader proves, as ``ddpm::fused_sample.rule``."""
+    from .loops import rewrite_loops
+
+    def refusal(plan, fused):
+        position = {n: i for i, n in enumerate(graph.nodes)}
+        start = min(position[n] for net in plan.loop.nets for n in net.nodes)
+        if any(start < position[n] < position[plan.end] and _mutates(n) for n in graph.nodes):
+            return "an in-place op runs inside it"
+        tensors = [a for a in torch.utils._pytree.tree_leaves(list(fused.args)) if isinstance(a, Node)]
+        if not grad_inputs_ok and torch.is_grad_enabled():
+            needing = [n.name for n in tensors if _requires_grad(n)]
+            if needing:
+                return f"grad mode is on and {needing} require grad (the op has no backward)"
+        if protected:
+            erased = _dead_after_replacing(plan.end, set()) - {plan.end}
+            kept_names = sorted(n.name for n in erased if n.name in protected)
+            if kept_names:
+                return f"it would erase {kept_names}, which a preserved module call signature names"
+        return None
+
+    def replace(plan, fused):
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack", "seq_nr"):
+            if key in plan.end.meta:
+                fused.meta[key] = plan.end.meta[key]
+        plan.end.replace_all_uses_with(fused)
+        if renamed is not None:
+            renamed[plan.end.name] = fused.name
+        _remove_dead(graph, plan.end)
+
+    return rewrite_loops(graph, refusal, replace)
 
 
 def _match_steps(graph: Graph) -> list[_Step]:

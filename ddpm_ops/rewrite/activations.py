@@ -1,0 +1,95 @@
+"""Reading the activation between two Linears, in each ATen form it lowers to.
+
+:func:`_activation` returns the op's name for it (``silu``, ``mish``,
+``relu``, ``gelu``, ``gelu_tanh``, ``tanh``), the activation's input and its
+nodes, or raises ``_NoMatch``. Post-grad, ``nn.Mish`` is decomposed to
+``z * tanh(softplus(z))`` with softplus's threshold of 20 written as
+``where(z > 20, z, log1p(exp(z)))``; SiLU's forms are :func:`.patterns._silu`'s.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch.fx import Node
+
+from .patterns import _NoMatch, _is, _silu, aten
+
+
+def _activation(node: Any) -> tuple[str, Node, list[Node]]:
+    """``(name, z, nodes)`` for ``act(z)``; else raise ``_NoMatch``."""
+    if _is(node, aten.relu.default):
+        return "relu", node.args[0], [node]
+    if _is(node, aten.tanh.default):
+        return "tanh", node.args[0], [node]
+    if _is(node, aten.gelu.default):
+        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        if approximate in ("none", "tanh"):
+            return ("gelu" if approximate == "none" else "gelu_tanh"), node.args[0], [node]
+    if _is(node, aten.mish.default):
+        return "mish", node.args[0], [node]
+    found = _decomposed_mish(node)
+    if found is not None:
+        return "mish", found[0], found[1]
+    found = _decomposed_gelu(node)
+    if found is not None:
+        return found
+    z, nodes = _silu(node)
+    return "silu", z, nodes
+
+
+def _decomposed_mish(node: Any) -> tuple[Node, list[Node]] | None:
+    """``(z, nodes)`` for ``z * tanh(where(z > 20, z, log1p(exp(z))))`` (or ``softplus``)."""
+    if not _is(node, aten.mul.Tensor) or len(node.args) != 2:
+        return None
+    for z, th in (node.args, node.args[::-1]):
+        if not _is(th, aten.tanh.default):
+            continue
+        sp = th.args[0]
+        if _is(sp, aten.softplus.default) and sp.args[0] is z and tuple(sp.args[1:]) in ((), (1,), (1, 20)):
+            return z, [node, th, sp]
+        if _is(sp, aten.where.self) and len(sp.args) == 3:
+            gt, keep, soft = sp.args
+            if _is(gt, aten.gt.Scalar) and gt.args[0] is z and gt.args[1] == 20 and keep is z \
+                    and _is(soft, aten.log1p.default) and _is(soft.args[0], aten.exp.default) \
+                    and soft.args[0].args[0] is z:
+                return z, [node, th, sp, gt, soft, soft.args[0]]
+    return None
+
+
+def _times(node: Any, const: float):
+    """``z`` for ``z * const`` (either order)."""
+    if _is(node, aten.mul.Tensor) and len(node.args) == 2:
+        for z, c in (node.args, node.args[::-1]):
+            if isinstance(c, float) and abs(c - const) < 1e-12 and isinstance(z, Node):
+                return z
+    return None
+
+
+def _plus_one(node: Any):
+    if _is(node, aten.add.Tensor) and len(node.args) == 2 and not node.kwargs:
+        for a, one in (node.args, node.args[::-1]):
+            if one == 1 and isinstance(a, Node):
+                return a
+    return None
+
+
+def _decomposed_gelu(node: Any) -> tuple[str, Node, list[Node]] | None:
+    """GELU as decomposed post-grad: ``(z * 0.5) * (1 + erf(z / sqrt 2))``, or the tanh form
+    ``(z * 0.5) * (1 + tanh(sqrt(2/pi) * (z + 0.044715 * z * z * z)))``."""
+    if not _is(node, aten.mul.Tensor) or len(node.args) != 2:
+        return None
+    for half, rest in (node.args, node.args[::-1]):
+        z, inner = _times(half, 0.5), _plus_one(rest)
+        if z is None or inner is None:
+            continue
+        if _is(inner, aten.erf.default) and _times(inner.args[0], 0.7071067811865476) is z:
+            return "gelu", z, [node, half, rest, inner, inner.args[0]]
+        if _is(inner, aten.tanh.default):
+            scaled = inner.args[0]
+            s = _times(scaled, 0.7978845608028654)
+            if _is(s, aten.add.Tensor) and len(s.args) == 2 and s.args[0] is z:
+                cube = _times(s.args[1], 0.044715)
+                if _is(cube, aten.mul.Tensor) and cube.args[1] is z and _is(cube.args[0], aten.mul.Tensor) \
+                        and list(cube.args[0].args) == [z, z]:
+                    return "gelu_tanh", z, [node, half, rest, inner, scaled, s, s.args[1], cube, cube.args[0]]
+    return None

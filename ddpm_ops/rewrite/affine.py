@@ -1,0 +1,301 @@
+"""Reading a step's update as an affine function of the sample ``x`` and the network's output ``e``.
+
+The update of one step (the nodes between ``x_k``, ``e_k`` and ``x_{k+1}``)
+is evaluated symbolically: every node becomes a :class:`_Form`, a sum of
+variables ``x``, ``e``, ``x0`` (the clamped prediction) and ``z`` (the
+step's noise draw), each with a coefficient :class:`_Coef` built from
+step-only nodes (the *leaves*: table lookups, masks, scalars) and numbers.
+:func:`_read_update` proves ``x_{k+1}`` is
+
+    x0 = clamp(A*x - B*e)                  (optional, once)
+    x_{k+1} = clamp(C*x0 + D*x + E*e + S*z)  (the clamp optional, last)
+
+or raises ``_NoMatch`` naming the node that is not.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from .patterns import _NoMatch, _is, _known_eq, _no_kwargs, _val, aten, prims
+
+
+@dataclass(frozen=True)
+class _Coef:
+    """A coefficient: ``("num", v)``, ``("leaf", node)`` or ``(op, a, b)`` / ``("neg", a)``."""
+
+    op: str
+    args: tuple
+
+    def __repr__(self) -> str:
+        if self.op == "num":
+            return repr(self.args[0])
+        if self.op == "leaf":
+            return self.args[0].name
+        return f"{self.op}({', '.join(map(repr, self.args))})"
+
+
+def _num(v: float) -> _Coef:
+    return _Coef("num", (float(v),))
+
+
+ONE, ZERO = _num(1.0), _num(0.0)
+
+
+def _is_num(c: _Coef, v: float | None = None) -> bool:
+    return c.op == "num" and (v is None or c.args[0] == v)
+
+
+def cmul(a: _Coef, b: _Coef) -> _Coef:
+    if _is_num(a, 0.0) or _is_num(b, 0.0):
+        return ZERO
+    if _is_num(a, 1.0):
+        return b
+    if _is_num(b, 1.0):
+        return a
+    if _is_num(a) and _is_num(b):
+        return _num(a.args[0] * b.args[0])
+    return _Coef("mul", (a, b))
+
+
+def cadd(a: _Coef, b: _Coef) -> _Coef:
+    if _is_num(a, 0.0):
+        return b
+    if _is_num(b, 0.0):
+        return a
+    if _is_num(a) and _is_num(b):
+        return _num(a.args[0] + b.args[0])
+    return _Coef("add", (a, b))
+
+
+def cneg(a: _Coef) -> _Coef:
+    return _num(-a.args[0]) if _is_num(a) else _Coef("neg", (a,))
+
+
+def cdiv(a: _Coef, b: _Coef) -> _Coef:
+    if _is_num(b, 1.0):
+        return a
+    if _is_num(a, 0.0):
+        return ZERO
+    return _Coef("div", (a, b))
+
+
+VARS = ("x", "e", "x0", "z")
+
+
+@dataclass
+class _Form:
+    """``sum(coef[v] * v)``; ``clip`` marks a value that is ``clamp(this sum, *clip)``."""
+
+    coef: dict = field(default_factory=dict)
+    clip: tuple | None = None
+
+    def scaled(self, c: _Coef) -> _Form:
+        return _Form({v: cmul(k, c) for v, k in self.coef.items()})
+
+    def plus(self, other: _Form, sign: float = 1.0) -> _Form:
+        out = dict(self.coef)
+        for v, k in other.coef.items():
+            k = k if sign == 1.0 else cneg(k)
+            out[v] = cadd(out[v], k) if v in out else k
+        return _Form(out)
+
+
+@dataclass
+class _Update:
+    """What one step computes (see the module docstring); ``pre`` is ``{x: A, e: -B}``."""
+
+    out: Node
+    pre: dict | None
+    clip: tuple | None
+    post: dict
+    post_clip: tuple | None
+    noise: Node | None
+    leaves: set
+
+
+_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.clone.default,
+          aten.alias.default, aten.expand.default, aten.contiguous.default)
+
+
+class _UpdateReader:
+    """Evaluates the nodes of one step's update; ``inside`` are the nodes that
+    depend on ``x`` or ``e`` (everything else read is a leaf)."""
+
+    def __init__(self, x: Node, e: Node, inside: set, sample_shape, step_only):
+        self.x, self.e, self.inside, self.shape = x, e, inside, sample_shape
+        self.step_only = step_only  # node -> bool: independent of every step's sample
+        self.memo: dict[Node, _Form] = {}
+        self.pre = None
+        self.pre_source = None
+        self.noise = None
+        self.leaves: set = set()
+
+    # -- values that are not forms
+    def coef(self, a: Any) -> _Coef:
+        if isinstance(a, (int, float)) and not isinstance(a, bool):
+            return _num(a)
+        if not isinstance(a, Node):
+            raise _NoMatch(f"{a!r} is not a coefficient")
+        if not self.step_only(a):
+            raise _NoMatch(f"{a.name} depends on an earlier step's sample")
+        v = _val(a)
+        if v is None or not v.is_floating_point():
+            raise _NoMatch(f"{a.name} is not a floating-point coefficient")
+        if _is(a, aten.expand.default) and _row_wise(_val(a.args[0]), self.shape):
+            a, v = a.args[0], _val(a.args[0])
+        if not _row_wise(v, self.shape):
+            raise _NoMatch(f"{a.name} of shape {tuple(v.shape)} is not one number per sample "
+                           "(a (B, 1) column or a scalar)")
+        self.leaves.add(a)
+        return _Coef("leaf", (a,))
+
+    def noise_atom(self, a: Any) -> _Form | None:
+        v = _val(a)
+        if not isinstance(a, Node) or v is None or not self.step_only(a) \
+                or tuple(v.shape) != tuple(self.shape) or self.noise not in (None, a):
+            return None
+        self.noise = a
+        return _Form({"z": ONE})
+
+    def operand(self, a: Any) -> _Form | _Coef:
+        if isinstance(a, Node) and (a is self.x or a is self.e or a in self.inside):
+            return self.form(a)
+        return self.coef(a)
+
+    # -- forms
+    def form(self, n: Node) -> _Form:
+        if n is self.x:
+            return _Form({"x": ONE})
+        if n is self.e:
+            return _Form({"e": ONE})
+        if n not in self.memo:
+            self.memo[n] = self._evaluate(n)
+        return self.memo[n]
+
+    def settle(self, f: _Form) -> _Form:
+        """``f`` with a pending clamp turned into the variable ``x0`` (once per step)."""
+        if f.clip is None:
+            return f
+        if f is self.pre_source:
+            return _Form({"x0": ONE})
+        if self.pre is not None or set(f.coef) - {"x", "e"}:
+            raise _NoMatch("a clamp that is neither of the predicted x0 (once) nor the step's last op")
+        self.pre, self.pre_source = (dict(f.coef), f.clip), f
+        return _Form({"x0": ONE})
+
+    def _evaluate(self, n: Node) -> _Form:
+        t = n.target
+        if _is(n, aten.add.Tensor, aten.sub.Tensor):
+            alpha = n.kwargs.get("alpha", 1)
+            if not _no_kwargs(n, {"alpha": alpha}) or isinstance(alpha, bool):
+                raise _NoMatch(f"{n.name} has unexpected arguments")
+            return self._add(n, -float(alpha) if t == aten.sub.Tensor else float(alpha))
+        if _is(n, aten.mul.Tensor, aten.div.Tensor):
+            return self._mul(n)
+        if _is(n, aten.neg.default):
+            return self.settle(self.form(n.args[0])).scaled(_num(-1.0))
+        if _is(n, aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default):
+            return self._clamp(n)
+        if _is(n, *_VIEWS, prims.convert_element_type.default) and _same_shape(n, n.args[0]):
+            if _is(n, prims.convert_element_type.default) and n.args[1] != _val(n.args[0]).dtype:
+                raise _NoMatch(f"{n.name} changes the sample's dtype")
+            return self.form(n.args[0])
+        raise _NoMatch(f"the update is not affine in (x, e): {n.name} ({t}) is not add, sub, mul, "
+                       "div, neg, clamp or a view")
+
+    def _add(self, n: Node, sign: float) -> _Form:
+        a, b = n.args[:2]
+        fb = self._term(b)
+        if abs(sign) != 1.0:
+            fb = fb.scaled(_num(abs(sign)))
+        return self._term(a).plus(fb, 1.0 if sign > 0 else -1.0)
+
+    def _term(self, a: Any) -> _Form:
+        """An operand of a sum: a form, or the step's noise draw."""
+        if isinstance(a, Node) and (a is self.x or a is self.e or a in self.inside):
+            return self.settle(self.form(a))
+        if isinstance(a, (int, float)) and not isinstance(a, bool) and a == 0:
+            return _Form({})
+        z = self.noise_atom(a)
+        if z is None:
+            raise _NoMatch(f"the update adds {getattr(a, 'name', a)}, a term without x or e "
+                           "that is not one noise draw of the sample's shape")
+        return z
+
+    def _mul(self, n: Node) -> _Form:
+        a, b = n.args[:2]
+        oa, ob = self.operand_or_noise(a), self.operand_or_noise(b)
+        if _is(n, aten.div.Tensor):
+            if not isinstance(oa, _Form) or isinstance(ob, _Form) or n.kwargs:
+                raise _NoMatch(f"{n.name} divides by the sample (not affine in x, e)")
+            return self.settle(oa).scaled(cdiv(ONE, ob))
+        if isinstance(oa, _Form) and isinstance(ob, _Form):
+            raise _NoMatch(f"{n.name} multiplies two sample-dependent values (not affine in x, e)")
+        f, c = (oa, ob) if isinstance(oa, _Form) else (ob, oa)
+        if not isinstance(f, _Form):
+            raise _NoMatch(f"{n.name} has no sample-dependent operand")
+        return self.settle(f).scaled(c)
+
+    def operand_or_noise(self, a: Any):
+        if isinstance(a, Node) and not (a is self.x or a is self.e or a in self.inside):
+            z = self.noise_atom(a)
+            if z is not None:
+                return z
+        return self.operand(a)
+
+    def _clamp(self, n: Node) -> _Form:
+        f = self.form(n.args[0])
+        if _is(n, aten.clamp.default):
+            lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
+            hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
+        elif _is(n, aten.clamp_min.default):
+            lo, hi = n.args[1], None
+        else:
+            lo, hi = None, n.args[1]
+        for b in (lo, hi):
+            if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float))):
+                raise _NoMatch(f"{n.name} clamps to a tensor bound {b}, not a number")
+        lo = -math.inf if lo is None else float(lo)
+        hi = math.inf if hi is None else float(hi)
+        if f.clip is not None:  # clamp_min then clamp_max: one clamp
+            lo, hi = max(lo, f.clip[0]), min(hi, f.clip[1])
+        return _Form(dict(f.coef), (lo, hi))
+
+
+def _same_shape(n: Node, src: Any) -> bool:
+    nv, sv = _val(n), _val(src)
+    return nv is not None and sv is not None and len(nv.shape) == len(sv.shape) \
+        and all(_known_eq(a, b) for a, b in zip(nv.shape, sv.shape))
+
+
+def _row_wise(v, shape) -> bool:
+    """Whether ``v`` broadcasts against ``shape`` (B, dim) as one number per sample."""
+    if v is None:
+        return False
+    if v.dim() == 0:
+        return True
+    if v.dim() == 1:
+        return _known_eq(v.shape[0], 1)
+    if v.dim() == 2:
+        return _known_eq(v.shape[1], 1) and (_known_eq(v.shape[0], 1) or _known_eq(v.shape[0], shape[0]))
+    return False
+
+
+def _read_update(x: Node, e: Node, out: Node, inside: set, sample_shape, step_only) -> _Update:
+    """The affine update ``out`` of ``(x, e)``; raise ``_NoMatch`` with the reason it is not."""
+    r = _UpdateReader(x, e, inside, sample_shape, step_only)
+    f = r.form(out)
+    post_clip = None
+    if f.clip is not None:
+        post_clip, f = f.clip, _Form(dict(f.coef))
+    if "x" not in f.coef and "e" not in f.coef and "x0" not in f.coef:
+        raise _NoMatch(f"{out.name} does not depend on the sample")
+    pre, clip = (r.pre if r.pre is not None else (None, None))
+    return _Update(out=out, pre=pre, clip=clip, post=f.coef, post_clip=post_clip,
+                   noise=r.noise, leaves=r.leaves)
+

@@ -1,0 +1,164 @@
+"""Finding sampling loops: applications of one MLP where each reads the sample the previous step made.
+
+Nodes are classified by what they depend on: :func:`_latest_step` gives,
+for every node, the latest application of the network whose output it
+depends on (-1 for nodes independent of every step's sample: the step-only
+and loop-invariant ones). For applications ``N_0 .. N_{K-1}`` of one network,
+step ``k`` reads ``x_k``, the piece of ``N_k``'s input that depends on
+``N_{k-1}`` (the same position of a ``cat`` in every step); its update is
+every node that depends on ``x_k`` or ``e_k`` up to ``x_{k+1}``, the piece
+``N_{k+1}`` reads. The last step ends at the first node every later use of
+the step goes through (:func:`_step_end`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.fx import Graph, Node
+
+from .network import _Net
+from .patterns import _NoMatch, _is, _val, aten
+
+
+@dataclass
+class _Loop:
+    """``K`` steps of one network: ``nets[k]`` reads ``pieces[k]`` (``x`` at ``x_pos``)."""
+
+    nets: list
+    pieces: list  # per step, the first Linear's input pieces (a cat's tensors, or [input])
+    x_pos: int
+
+    def x(self, k: int) -> Node:
+        return self.pieces[k][self.x_pos]
+
+
+def _pieces(net: _Net) -> list:
+    inp = net.inp
+    if _is(inp, aten.cat.default):
+        dim = inp.args[1] if len(inp.args) > 1 else inp.kwargs.get("dim", 0)
+        v = _val(inp)
+        if v is not None and v.dim() == 2 and dim in (1, -1):
+            return list(inp.args[0])
+    return [inp]
+
+
+def _latest_step(graph: Graph, nets: list[_Net]) -> dict[Node, int]:
+    """Node -> index of the latest of ``nets`` whose output it depends on, or -1."""
+    index = {n.out: i for i, n in enumerate(nets)}
+    latest: dict[Node, int] = {}
+    for node in graph.nodes:
+        found = index.get(node, -1)
+        for a in node.all_input_nodes:
+            found = max(found, latest.get(a, -1))
+        latest[node] = found
+    return latest
+
+
+def _loops(nets: list[_Net], latest: dict[Node, int]) -> tuple[list[_Loop], list[str]]:
+    """The loops among ``nets`` (applications of one network, in graph order),
+    and why applications that read a previous one were not chained."""
+    loops, reasons = [], []
+    current: list[int] = []
+    positions: list[int] = []
+
+    def close():
+        if len(current) >= 2:
+            loops.append(_Loop([nets[i] for i in current], [_pieces(nets[i]) for i in current],
+                               positions[0]))
+        current.clear()
+        positions.clear()
+
+    for j, net in enumerate(nets):
+        pieces = _pieces(net)
+        reading = [p for p, a in enumerate(pieces) if latest.get(a, -1) == j - 1 and j > 0]
+        others = [a for a in pieces if latest.get(a, -1) >= 0 and latest.get(a, -1) != j - 1]
+        if others:
+            reasons.append(f"{net.inp.name} reads {others[0].name}, a value of an earlier step "
+                           "than the previous one")
+            close()
+            continue
+        if len(reading) == 1 and current and current[-1] == j - 1 \
+                and len(pieces) == len(_pieces(nets[j - 1])):
+            current.append(j)
+            positions.append(reading[0])
+            continue
+        if len(reading) > 1:
+            reasons.append(f"{net.inp.name} reads the previous step's sample in more than one piece")
+        close()
+        current.append(j)
+    close()
+    return loops, reasons
+
+
+def _descendants(starts: list[Node], stop: Node | None, excluded: set) -> list[Node]:
+    """Nodes reachable from ``starts`` through users, not through ``stop`` or ``excluded``."""
+    seen: set[Node] = set()
+    work = [u for s in starts for u in s.users]
+    while work:
+        n = work.pop()
+        if n in seen or n in excluded:
+            continue
+        seen.add(n)
+        if n is not stop:
+            work.extend(n.users)
+    return [n for n in starts[0].graph.nodes if n in seen]
+
+
+def _ancestors_within(node: Node, region: set) -> set:
+    out: set[Node] = set()
+    work = [node]
+    while work:
+        n = work.pop()
+        for a in n.all_input_nodes:
+            if a in region and a not in out:
+                out.add(a)
+                work.append(a)
+    return out
+
+
+def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node, set]:
+    """``(x_{k+1}, update nodes)`` of step ``k``; raise ``_NoMatch`` if something
+    inside the step is used outside it. For the last step ``choose(ends)`` picks
+    where it ends among the possible ends (the first by default)."""
+    net, x = loop.nets[k], loop.x(k)
+    excluded = net.nodes | {net.inp}
+    if k + 1 < len(loop.nets):
+        end = loop.x(k + 1)
+        region = _descendants([x, net.out], end, excluded)
+        if end not in region:
+            raise _NoMatch(f"the sample {end.name} of step {k + 1} does not depend on step {k}")
+    else:
+        region = _descendants([x, net.out], None, excluded)
+        ends = _step_ends(region, x, net.out)
+        end = choose(ends, set(region)) if choose is not None else ends[0]
+    inside = _ancestors_within(end, set(region)) | {end}
+    last = k + 1 == len(loop.nets)
+    stray = [n for n in region if n not in inside and not (last and position[n] > position[end])]
+    if stray:
+        raise _NoMatch(f"{stray[0].name} of step {k} is used outside the step "
+                       f"(by {[u.name for u in stray[0].users]})")
+    leaked = [n for n in net.nodes if n is not net.out and any(u not in net.nodes for u in n.users)]
+    if leaked:
+        raise _NoMatch(f"the network's intermediate {leaked[0].name} is used outside the step "
+                       f"(by {[u.name for u in leaked[0].users if u not in net.nodes]})")
+    outside = [u for u in x.users if u is not net.inp and u not in inside]
+    if outside:
+        raise _NoMatch(f"the sample {x.name} of step {k} is also used by {[u.name for u in outside]} "
+                       "(a trajectory kept?)")
+    return end, inside
+
+
+def _step_ends(region: list[Node], x: Node, e: Node) -> list[Node]:
+    """The nodes of ``region`` (in graph order) where the last step may end: every
+    earlier node of it is an ancestor, and no later one reads an earlier one, ``x`` or ``e``."""
+    members = set(region)
+    ends = []
+    for i, n in enumerate(region):
+        earlier = set(region[:i]) | {x, e}
+        if len(_ancestors_within(n, members)) != i:
+            continue
+        if all(not (set(m.all_input_nodes) & earlier) for m in region[i + 1:]):
+            ends.append(n)
+    if not ends:
+        raise _NoMatch("the last step's update has no single result")
+    return ends

@@ -1,0 +1,245 @@
+"""The general reading of sampling loops: any MLP, any affine update, as ``ddpm::fused_sample.rule``.
+
+A loop is found as applications of one network, each reading the sample the
+previous step made (:mod:`.chain`). Each step is proved to be
+
+    h = first Linear of [x, step-only pieces, loop-invariant pieces]
+    e = the rest of the network (one activation per layer)
+    x_{k+1} = clamp(C*clamp(A*x - B*e) + D*x + E*e + S*z)   (:mod:`.affine`)
+
+with coefficients and pieces that depend on the step only, or on nothing
+that changes over the loop. The step-only values become tables
+(:mod:`.tables`), the first Linear's step-only columns ``time_bias``, its
+loop-invariant columns ``cond_bias``, the noise draws one ``(K, B, dim)``
+tensor. Anything not proved is left alone with one DEBUG line.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch.fx import Graph, Node
+
+from .affine import _read_update, _Update
+from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region
+from .network import _find_nets
+from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
+from .tables import _check_uniform, _Emitter, _first_row, _shared_tables, _stack_rows
+
+log = logging.getLogger("ddpm_ops.rewrite")
+
+#: What the general reader did in this process: loops fused, steps fused, loops left alone.
+STATS = {"loops_fused": 0, "steps_fused": 0, "loops_left_alone": 0}
+
+
+def _count(key: str, n: int = 1) -> None:
+    STATS[key] += n
+    torch._dynamo.utils.counters["ddpm_ops"][key] += n
+
+RULE = torch.ops.ddpm.fused_sample.rule
+
+
+@dataclass
+class _Plan:
+    loop: _Loop
+    updates: list
+    end: Node
+    clip: tuple | None
+    post_clip: tuple | None
+
+
+def _loops_in(graph: Graph) -> tuple[list[_Loop], dict, list[str]]:
+    nets = _find_nets(graph)
+    groups: dict[tuple, list] = {}
+    for net in nets:
+        groups.setdefault(net.key, []).append(net)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    found, reasons, latest_of = [], [], {}
+    for group in groups.values():
+        group.sort(key=lambda n: order[n.out])
+        if len(group) < 2:
+            continue
+        latest = _latest_step(graph, group)
+        loops, why = _loops(group, latest)
+        reasons.extend(why)
+        for loop in loops:
+            latest_of[id(loop)] = latest
+        found.extend(loops)
+    return found, latest_of, reasons
+
+
+def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
+    """Prove every step of ``loop``; raise ``_NoMatch`` with the first fact not proved."""
+    x0v = _val(loop.x(0))
+    if x0v is None or x0v.dim() != 2:
+        raise _NoMatch("the sample is not (batch, dim)")
+    if x0v.dtype != torch.float32:
+        raise _NoMatch(f"the sample is {x0v.dtype}; the op computes float32 only")
+    ev = _val(loop.nets[0].out)
+    if ev is None or tuple(ev.shape) != tuple(x0v.shape):
+        raise _NoMatch("the network's output is not shaped like the sample")
+    for p in (*loop.nets[0].weights, *loop.nets[0].biases):
+        pv = _val(p)
+        if pv is None or pv.dtype != torch.float32 or pv.device != x0v.device:
+            raise _NoMatch(f"{p.name} is not a float32 tensor on the sample's device")
+
+    def step_only(n):
+        return latest.get(n, -1) == -1
+
+    updates, end = [], None
+    K = len(loop.nets)
+
+    def read(k, end, inside):
+        return _read_update(loop.x(k), loop.nets[k].out, end, inside, tuple(x0v.shape), step_only)
+
+    def choose(ends, region):  # the last step ends where it reads like the one before
+        for candidate in ends:
+            inside = _ancestors_within(candidate, region) | {candidate}
+            try:
+                if read(K - 1, candidate, inside).post_clip == updates[-1].post_clip:
+                    return candidate
+            except _NoMatch:
+                continue
+        return ends[0]
+
+    for k in range(K):
+        try:
+            end, inside = _step_region(loop, k, position, choose)
+            updates.append(read(k, end, inside))
+        except _NoMatch as e:
+            raise _NoMatch(f"step {k}: {e}") from None
+    clips = {u.clip for u in updates if u.pre is not None}
+    posts = {u.post_clip for u in updates}
+    if len(clips) > 1 or (clips and any(u.pre is None and u.post.get("x0") for u in updates)):
+        raise _NoMatch(f"the steps clamp x0 to different bounds {sorted(map(str, clips))}")
+    if len(posts) > 1:
+        raise _NoMatch(f"the steps clamp their result to different bounds {sorted(map(str, posts))}")
+    return _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)))
+
+
+def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
+    loop, updates = plan.loop, plan.updates
+    net0, x = loop.nets[0], loop.x(0)
+    xv = _val(x)
+    batch, dim = xv.shape
+    K = len(loop.nets)
+    em = _Emitter(graph, plan.end, xv)
+    try:
+        leaves = {leaf for u in updates for leaf in u.leaves}
+        _check_uniform(leaves, batch)
+        tables = _shared_tables(em, updates)
+        weights, time_bias, cond_bias = _first_layer(em, loop, batch)
+        noise = _noise(em, updates, K)
+        t_start = em.full([batch], K - 1, dtype=torch.int64)
+        clip = None if plan.clip is None else list(plan.clip)
+        post = None if plan.post_clip is None else list(plan.post_clip)
+        fused = em(RULE, x, t_start, weights, list(net0.biases), tables, K, list(net0.activations),
+                   time_bias, cond_bias, clip, post, noise, False, False, "fp32")
+    except Exception:
+        em.rollback()
+        raise
+    return fused, em
+
+
+def _first_layer(em: _Emitter, loop: _Loop, batch) -> tuple[list, Node | None, Node | None]:
+    """The op's weights (the first one: the columns of x), ``time_bias`` and ``cond_bias``."""
+    net0 = loop.nets[0]
+    w0 = net0.weights[0]
+    if len(loop.pieces[0]) == 1:
+        return list(net0.weights), None, None
+    time_parts, cond_parts, start = [], [], 0
+    cols = None
+    for p in range(len(loop.pieces[0])):
+        width = _val(loop.pieces[0][p]).shape[1]
+        stop = start + width
+        w_cols = em(aten.slice.Tensor, w0, 1, start, stop)
+        if p == loop.x_pos:
+            cols = em(aten.clone.default, w_cols, memory_format=torch.contiguous_format)
+        elif all(step[p] is loop.pieces[0][p] for step in loop.pieces):
+            cond_parts.append(em(aten.mm.default, loop.pieces[0][p], em(aten.permute.default, w_cols, [1, 0])))
+        else:
+            step_pieces = [step[p] for step in loop.pieces]
+            _check_uniform(step_pieces, batch)
+            rows = _stack_rows(em, [_first_row(em, sp) for sp in step_pieces])
+            wt = em(aten.permute.default, w_cols, [1, 0])
+            time_parts.append(em(aten.mul.Tensor, rows, wt) if width == 1 else em(aten.mm.default, rows, wt))
+        start = stop
+    return [cols, *net0.weights[1:]], _sum(em, time_parts), _sum(em, cond_parts)
+
+
+def _sum(em: _Emitter, parts: list) -> Node | None:
+    if not parts:
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        out = em(aten.add.Tensor, out, p)
+    return out
+
+
+def _noise(em: _Emitter, updates: list[_Update], K: int) -> Node | None:
+    """One ``(K, B, dim)`` draw where every step draws ``randn``; else the steps' noise stacked."""
+    draws = [u.noise for u in updates]
+    present = [d for d in draws if d is not None]
+    if not present:
+        return None
+    shape = list(_val(present[0]).shape)
+    first = present[0]
+    if all(_is(d, prims.inductor_random.default) and d.args[2] == "randn" for d in present):
+        return em(prims.inductor_random.default, [K, *shape], first.args[1], "randn")
+    if all(_is(d, aten.randn.default) and d.kwargs == first.kwargs for d in present):
+        return em(aten.randn.default, [K, *shape], **first.kwargs)
+    zeros = None
+    rows = []
+    for d in draws:
+        if d is None:
+            zeros = zeros or em.full(shape, 0.0)
+            d = zeros
+        rows.append(d)
+    return em.stack(rows)
+
+
+def rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
+    """Replace every proved loop by ``ddpm::fused_sample.rule``. ``refusal(plan, fused)``
+    may veto one (it returns the reason); ``replace(plan, fused)`` makes the fused op
+    the loop's result. Returns the number of loops fused."""
+    done, tried = 0, set()
+    while True:
+        loops, latest_of, reasons = _loops_in(graph)
+        position = {n: i for i, n in enumerate(graph.nodes)}
+        todo = [lp for lp in loops if lp.nets[0].out.name not in tried]
+        if not todo:
+            for r in reasons:
+                log.debug("ddpm_ops: %s", r)
+            return done
+        loop = todo[0]
+        tried.add(loop.nets[0].out.name)
+        latest = latest_of[id(loop)]
+        try:
+            plan = _plan(loop, latest, position)
+            fused, em = _emit(graph, plan)
+        except _NoMatch as e:
+            log.debug("ddpm_ops: loop of %d steps ending near %s left alone: %s", len(loop.nets),
+                      loop.nets[-1].out.name, e)
+            _count("loops_left_alone")
+            continue
+        why = refusal(plan, fused) if refusal is not None else None
+        if why is not None:
+            log.debug("ddpm_ops: loop of %d steps at %s left alone: %s", len(loop.nets),
+                      plan.end.name, why)
+            em.rollback()
+            _count("loops_left_alone")
+            continue
+        replace(plan, fused)
+        done += 1
+        _count("loops_fused")
+        _count("steps_fused", len(loop.nets))
+        _log(plan, fused)
+
+
+def _log(plan: _Plan, fused: Node) -> None:
+    net = plan.loop.nets[0]
+    log.info("ddpm_ops: fused %d steps into one ddpm::fused_sample.rule (batch shape %s, "
+             "%d layers %s, clip %s, post_clip %s, noise %s)", len(plan.loop.nets),
+             tuple(_val(plan.loop.x(0)).shape), len(net.weights), net.activations, plan.clip,
+             plan.post_clip, "yes" if fused.args[11] is not None else "no")

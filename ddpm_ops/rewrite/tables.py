@@ -1,0 +1,174 @@
+"""Emitting what the op takes from a loop's steps: step tables, time and condition biases, noise.
+
+Step-only values (coefficients, time embeddings) are computed by the steps'
+own nodes; when they are the same for the whole batch (shared timesteps:
+a Python-int ``t``, ``torch.full`` timesteps) each step's value is its first
+row, and the K rows are stacked into tables indexed by ``s = K - 1 - k``
+(``t_start = K - 1``). :func:`_uniform` proves a value is the same in
+every row. Loop-invariant inputs of the first Linear fold into ``cond_bias``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Graph, Node
+
+from .affine import _Coef
+from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
+
+
+class _Emitter:
+    """Inserts nodes before ``anchor``, each with its fake ``val``."""
+
+    def __init__(self, graph: Graph, anchor: Node, example: torch.Tensor):
+        self.graph, self.anchor = graph, anchor
+        self.fake_mode = getattr(example, "fake_mode", None)
+        self.device = example.device
+        self.inserted: list[Node] = []
+
+    def __call__(self, target, *args, **kwargs) -> Node:
+        with self.graph.inserting_before(self.anchor):
+            node = self.graph.call_function(target, args, kwargs)
+        self.inserted.append(node)
+        if self.fake_mode is not None:
+            vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta.get("val"))
+            with self.fake_mode, torch.no_grad():
+                node.meta["val"] = target(*vals[0], **vals[1])
+        return node
+
+    def full(self, shape: list, value: float, dtype=torch.float32) -> Node:
+        return self(aten.full.default, shape, value, dtype=dtype, device=self.device, pin_memory=False)
+
+    def stack(self, rows: list) -> Node:
+        """``torch.stack(rows)`` as inductor's post-grad graph spells it (``cat`` of ``unsqueeze``)."""
+        return self(aten.cat.default, [self(aten.unsqueeze.default, r, 0) for r in rows])
+
+    def rollback(self) -> None:
+        for n in reversed(self.inserted):
+            self.graph.erase_node(n)
+        self.inserted.clear()
+
+
+def _scalar(em: _Emitter, c: _Coef, memo: dict) -> Any:
+    """``c`` as a 0-d node (or a Python float), its leaves read at row 0."""
+    if c.op == "num":
+        return c.args[0]
+    if c.op == "leaf":
+        leaf = c.args[0]
+        if leaf not in memo:
+            v = _val(leaf)
+            memo[leaf] = leaf if v.dim() == 0 else em(aten.select.int, em(aten.reshape.default, leaf, [-1]), 0, 0)
+        return memo[leaf]
+    parts = [_scalar(em, a, memo) for a in c.args]
+    if all(isinstance(p, float) for p in parts):
+        a = parts[0]
+        return {"neg": lambda: -a, "mul": lambda: a * parts[1], "add": lambda: a + parts[1],
+                "div": lambda: a / parts[1]}[c.op]()
+    if c.op == "neg":
+        return em(aten.neg.default, parts[0])
+    a, b = parts
+    if c.op == "div":
+        return em(aten.div.Tensor, a if isinstance(a, Node) else em.full([], a), b)
+    if not isinstance(a, Node):
+        a, b = b, a
+    return em(aten.mul.Tensor if c.op == "mul" else aten.add.Tensor, a, b)
+
+
+def _stack_rows(em: _Emitter, per_step: list, dtype=torch.float32) -> Node:
+    """``stack`` of one value per step, the last step first (row ``s = K - 1 - k``)."""
+    rows = [r if isinstance(r, Node) else em.full([], r) for r in reversed(per_step)]
+    out = em.stack(rows)
+    if _val(out).dtype != dtype:
+        out = em(prims.convert_element_type.default, out, dtype)
+    return out
+
+
+def _shared_tables(em: _Emitter, updates: list) -> Node:
+    """``(6, K)``: rows A, B, C, D, E, S of every step, stacked by ``s = K - 1 - k``."""
+    memo: dict = {}
+    columns = {name: [] for name in "ABCDES"}
+    for u in updates:
+        pre = u.pre or {}
+        for name, c in (("A", pre.get("x")), ("B", pre.get("e")), ("C", u.post.get("x0")),
+                        ("D", u.post.get("x")), ("E", u.post.get("e")), ("S", u.post.get("z"))):
+            if c is None:
+                columns[name].append(0.0)
+                continue
+            value = _scalar(em, c, memo)
+            if name == "B":  # the op computes A*x - B*e
+                value = -value if isinstance(value, float) else em(aten.neg.default, value)
+            columns[name].append(value)
+    return em.stack([_stack_rows(em, columns[n]) for n in "ABCDES"])
+
+
+def _first_row(em: _Emitter, piece: Node) -> Node:
+    return em(aten.select.int, piece, 0, 0)
+
+
+# ----------------------------------------------------------------------------- one value per batch
+
+_ROW_OPS = (aten.unsqueeze.default, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+            aten.expand.default, aten.clone.default, aten.alias.default, aten.slice.Tensor,
+            aten.select.int, aten.permute.default)
+
+
+def _uniform(node: Any, batch, memo: dict) -> bool:
+    """Whether every row of ``node`` along the batch dimension is the same
+    (true of values without a batch dimension: tables, weights, scalars)."""
+    if not isinstance(node, Node):
+        return True
+    if node in memo:
+        return memo[node]
+    memo[node] = False  # cycles cannot happen; this is the answer while unproved
+    memo[node] = _uniform_uncached(node, batch, memo)
+    return memo[node]
+
+
+def _batched(node: Node, batch) -> bool:
+    v = _val(node)
+    return v is not None and v.dim() >= 1 and _known_eq(v.shape[0], batch) and not _known_eq(batch, 1)
+
+
+def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
+    if not _batched(node, batch):
+        return True  # one row, or no batch dimension: it broadcasts the same into every row
+    if _is(node, aten.full.default, aten.zeros.default, aten.ones.default):
+        return True
+    if node.op != "call_function":
+        return False
+    tags = getattr(node.target, "tags", ())
+    if torch.Tag.pointwise in tags or _is(node, prims.convert_element_type.default):
+        return _inputs_uniform(node, batch, memo)
+    if _is(node, aten.gather.default, aten.index.Tensor, aten.index_select.default):
+        return _inputs_uniform(node, batch, memo)
+    if _is(node, aten.mm.default):  # a row of the product reads that row of the input only
+        return _uniform(node.args[0], batch, memo)
+    if _is(node, aten.addmm.default):
+        bias = _val(node.args[0])
+        return bias is not None and bias.dim() <= 1 and _uniform(node.args[1], batch, memo)
+    if _is(node, aten.cat.default):
+        dim = node.args[1] if len(node.args) > 1 else 0
+        return dim != 0 and all(_uniform(a, batch, memo) for a in node.args[0])
+    if _is(node, *_ROW_OPS):
+        src = node.args[0]
+        sv, v = _val(src), _val(node)
+        keeps_rows = sv is not None and (sv.dim() == 0 or (sv.dim() >= 1 and _known_eq(sv.shape[0], v.shape[0])))
+        if _is(node, aten.permute.default):
+            keeps_rows = keeps_rows and list(node.args[1])[0] == 0
+        if _is(node, aten.slice.Tensor, aten.select.int):
+            keeps_rows = keeps_rows and node.args[1] not in (0, -sv.dim())
+        return keeps_rows and _uniform(src, batch, memo)
+    return False
+
+
+def _inputs_uniform(node: Node, batch, memo: dict) -> bool:
+    return all(_uniform(a, batch, memo) for a in node.all_input_nodes)
+
+
+def _check_uniform(nodes, batch) -> None:
+    memo: dict = {}
+    for n in nodes:
+        if _batched(n, batch) and not _uniform(n, batch, memo):
+            raise _NoMatch(f"{n.name} may differ between samples, and the timesteps are not a "
+                           "per-sample tensor")

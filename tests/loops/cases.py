@@ -1,0 +1,68 @@
+"""Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
+import torch
+
+from . import cleandiffuser, diffusers_style, diffusion_ql, tiny_diffusion, v1_variants
+
+
+def _dql():
+    torch.manual_seed(0)
+    m = diffusion_ql.Diffusion(state_dim=17, action_dim=6, n_timesteps=5)
+    return m, (torch.randn(50, 17),), (6, 50, 6)
+
+
+def _cd(net, solver):
+    def make():
+        torch.manual_seed(0)
+        model = cleandiffuser.DQLMlp(11, 3) if net == "dql" else cleandiffuser.MlpNNDiffusion(3)
+        m = cleandiffuser.DiscreteDiffusionSDE(model, 3, diffusion_steps=20, sampling_steps=5, solver=solver)
+        return m, (torch.randn(16, 11),), (6, 16, 3)
+    return make
+
+
+def _diffusers(kind, clip):
+    def make():
+        torch.manual_seed(0)
+        m = diffusers_style.SchedulerLoop(kind=kind, clip_sample=clip)
+        return m, (torch.randn(8, 3),), (11, 8, 4)
+    return make
+
+
+def _tiny():
+    torch.manual_seed(0)
+    return tiny_diffusion.TinyDiffusion(num_timesteps=10), (32,), (11, 32, 2)
+
+
+def _v1(**kw):
+    def make():
+        torch.manual_seed(0)
+        m = v1_variants.PosteriorSampler(**kw)
+        b = 8
+        x = torch.randn(b, m.dim)
+        if kw.get("timesteps", "tensor") == "tensor":
+            t = torch.randint(m.num_steps - 1, m.T, (b,))
+        else:
+            t = m.T - 1
+        args = (x, t, torch.randn(b, m.obs_dim) if m.obs_dim else None)
+        return m, args, (m.num_steps, b, m.dim) if m.noise else None
+    return make
+
+
+CASES = {
+    "diffusion_ql": _dql,
+    "cleandiffuser_dql_ddpm": _cd("dql", "ddpm"),
+    "cleandiffuser_dql_ddim": _cd("dql", "ddim"),
+    "cleandiffuser_relu_ddpm": _cd("relu", "ddpm"),
+    "cleandiffuser_relu_ddim": _cd("relu", "ddim"),
+    "diffusers_ddpm_clip": _diffusers("ddpm", True),
+    "diffusers_ddpm_noclip": _diffusers("ddpm", False),
+    "diffusers_ddim_clip": _diffusers("ddim", True),
+    "diffusers_ddim_noclip": _diffusers("ddim", False),
+    "tiny_diffusion": _tiny,
+    "v1_posterior": _v1(),
+    "v1_expand": _v1(lookup="expand"),
+    "v1_int_t": _v1(timesteps="int"),
+    "v1_full_t": _v1(timesteps="full"),
+    "v1_obs": _v1(obs_dim=5),
+    "v1_noise_clamps": _v1(noise=True, clip=(-1.0, 1.0), post_clip=(-3.0, 3.0)),
+    "v1_full_noise_clamps": _v1(timesteps="full", noise=True, clip=(-1.0, 1.0), post_clip=(-3.0, 3.0)),
+}

@@ -1,0 +1,50 @@
+"""The README's loop (SiLU MLP on [x, t/T]) in the spellings users write: the posterior form
+(x0 first, then the posterior mean), TabDDPM's ``.expand`` extract, Python-int or ``torch.full``
+timesteps, an observation concatenated, noise and clamps per step."""
+import torch
+from torch import nn
+
+from .common import ddpm_buffers, extract, extract_expand, linear_beta_schedule
+
+
+class PosteriorSampler(nn.Module):
+    """``timesteps``: "tensor" (per-sample ``t_start - k``), "full" (``torch.full``) or "int"
+    (Python-int indexing, 0-d coefficients); ``lookup``: "gather" or "expand"."""
+
+    def __init__(self, dim=4, hidden=32, num_steps=6, T=20, timesteps="tensor", lookup="gather",
+                 obs_dim=0, noise=False, clip=None, post_clip=None):
+        super().__init__()
+        self.eps_net = nn.Sequential(nn.Linear(dim + 1 + obs_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden),
+                                     nn.SiLU(), nn.Linear(hidden, dim))
+        self.dim, self.num_steps, self.T = dim, num_steps, T
+        self.timesteps, self.lookup, self.obs_dim = timesteps, lookup, obs_dim
+        self.noise, self.clip, self.post_clip = noise, clip, post_clip
+        ddpm_buffers(self, linear_beta_schedule(T))
+
+    def coef(self, table, t, x):
+        if self.timesteps == "int":
+            return table[t]
+        return extract(table, t, x.shape) if self.lookup == "gather" else extract_expand(table, t, x.shape)
+
+    def forward(self, x, t_start, obs=None, noise=None):
+        b = x.shape[0]
+        for k in range(self.num_steps):
+            if self.timesteps == "tensor":
+                t = t_start - k
+                t_col = (t.float() / self.T)[:, None]
+            else:
+                i = int(t_start) - k
+                t = i if self.timesteps == "int" else torch.full((b,), i, dtype=torch.long)
+                t_col = torch.full((b, 1), i / self.T)
+            inp = torch.cat([x, t_col] + ([obs] if self.obs_dim else []), dim=1)
+            eps = self.eps_net(inp)
+            x0 = self.coef(self.sqrt_recip_alphas_cumprod, t, x) * x - self.coef(self.sqrt_recipm1_alphas_cumprod, t, x) * eps
+            if self.clip is not None:
+                x0 = x0.clamp(*self.clip)
+            x = self.coef(self.posterior_mean_coef1, t, x) * x0 + self.coef(self.posterior_mean_coef2, t, x) * x
+            if self.noise:
+                z = torch.randn_like(x) if noise is None else noise[k]
+                x = x + self.coef(self.posterior_variance, t, x).sqrt() * z
+            if self.post_clip is not None:
+                x = x.clamp(*self.post_clip)
+        return x

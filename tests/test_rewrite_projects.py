@@ -1,0 +1,140 @@
+"""Sampling loops written the way diffusion projects write them (tests/loops/), compiled.
+
+Each fused loop becomes one ``ddpm::fused_sample.rule`` call with the
+numbers of eager (noise given as tensors: 1e-5); drawn noise keeps its
+distribution. Near misses are left alone with a DEBUG line naming the
+fact not proved. About two minutes on two CPU cores.
+"""
+import logging
+import re
+
+import pytest
+import torch
+from torch import nn
+from torch._inductor.utils import run_and_get_code
+
+import ddpm_ops  # noqa: F401  (installs the rewrite)
+from loops import v1_variants
+from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
+from test_rewrite_models import relative_error
+from loops.cases import CASES
+
+RULE_CALL = re.compile(r"torch\.ops\.ddpm\.fused_sample\.(rule|default)\(")
+MATMUL = re.compile(r"extern_kernels\.(mm|addmm|bmm)\b|cpp_gemm|_mkl_linear|mkldnn")
+
+# Matmuls left once the loop is fused: the step-only time MLP where timesteps are
+# shared by the batch (two Linears a step), the time-embedding and condition folds.
+MM_LEFT = {"diffusion_ql": 12, "cleandiffuser_dql_ddpm": 12, "cleandiffuser_dql_ddim": 12,
+           "cleandiffuser_relu_ddpm": 1, "cleandiffuser_relu_ddim": 1}
+MM_LEFT.update({k: 2 for k in CASES if k.startswith("diffusers")})
+# Per-sample timesteps are not read by the general reader yet.
+NOT_FUSED = {"v1_posterior", "v1_expand", "v1_obs", "v1_noise_clamps"}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_loop_fuses_with_eager_numbers(name):
+    model, args, noise_shape = CASES[name]()
+    args = (*args, torch.randn(noise_shape)) if noise_shape else args
+    out, code = compile_run(model, *args)
+    with torch.no_grad():
+        ref = model(*args)
+    assert relative_error(out, ref) < 1e-5
+    if name in NOT_FUSED:
+        assert not RULE_CALL.search(code)
+        return
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert len(MATMUL.findall(code)) == MM_LEFT.get(name, 0)
+
+
+@pytest.mark.parametrize("name", ["diffusion_ql", "tiny_diffusion", "v1_full_noise_clamps"])
+def test_drawn_noise_keeps_its_distribution(name):
+    model, args, _ = CASES[name]()
+    if name == "tiny_diffusion":
+        args = (4000,)
+    else:
+        args = tuple(a.repeat(500 // a.shape[0] + 1, *([1] * (a.dim() - 1)))[:500]
+                     if isinstance(a, torch.Tensor) and a.dim() >= 1 else a for a in args)
+    torch.manual_seed(1)
+    out, code = compile_run(model, *args)
+    assert len(RULE_CALL.findall(code)) == 1
+    torch.manual_seed(2)
+    with torch.no_grad():
+        ref = model(*args)
+    assert (out.mean(0) - ref.mean(0)).abs().max() < 0.15
+    assert (out.std(0) / ref.std(0) - 1).abs().max() < 0.15
+
+
+class SquaredUpdate(v1_variants.PosteriorSampler):
+    def forward(self, x, t_start, obs=None, noise=None):
+        for k in range(self.num_steps):
+            i = int(t_start) - k
+            eps = self.eps_net(torch.cat([x, torch.full((x.shape[0], 1), i / self.T)], 1))
+            x = self.sqrt_recip_alphas_cumprod[i] * x - self.sqrt_recipm1_alphas_cumprod[i] * eps * x
+        return x
+
+
+class LayerNormNet(v1_variants.PosteriorSampler):
+    def __init__(self, **kw):
+        super().__init__(timesteps="int", **kw)
+        self.eps_net = nn.Sequential(nn.Linear(self.dim + 1, 32), nn.LayerNorm(32), nn.SiLU(),
+                                     nn.Linear(32, self.dim))
+
+
+class Trajectory(v1_variants.PosteriorSampler):
+    def forward(self, x, t_start, obs=None, noise=None):
+        chain = [x]
+        for k in range(self.num_steps):
+            i = int(t_start) - k
+            eps = self.eps_net(torch.cat([x, torch.full((x.shape[0], 1), i / self.T)], 1))
+            x = self.posterior_mean_coef1[i] * (self.sqrt_recip_alphas_cumprod[i] * x
+                                                - self.sqrt_recipm1_alphas_cumprod[i] * eps) \
+                + self.posterior_mean_coef2[i] * x
+            chain.append(x)
+        return torch.stack(chain)
+
+
+NEAR_MISSES = {
+    "not affine": (SquaredUpdate(timesteps="int"), "multiplies two sample-dependent values"),
+    "unsupported op": (LayerNormNet(), None),
+    "trajectory": (Trajectory(timesteps="int"), "used outside the step"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEAR_MISSES))
+def test_near_misses_are_left_alone_and_say_why(case, caplog):
+    model, reason = NEAR_MISSES[case]
+    x = torch.randn(8, model.dim)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, x, model.T - 1)
+    assert not RULE_CALL.search(code)
+    with torch.no_grad():
+        assert relative_error(out, model(x, model.T - 1)) < 1e-5
+    if reason is not None:
+        assert any(reason in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_float64_loop_is_left_alone(caplog):
+    model = v1_variants.PosteriorSampler(timesteps="int").double()
+    x = torch.randn(8, model.dim, dtype=torch.float64)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        _, code = compile_run(model, x, model.T - 1)
+    assert not RULE_CALL.search(code)
+    assert any("float64" in r.getMessage() for r in caplog.records)
+
+
+def test_training_graph_is_left_alone():
+    model = v1_variants.PosteriorSampler(timesteps="int")
+    x = torch.randn(8, model.dim)
+    out, code = run_and_get_code(torch.compile(model), x, model.T - 1)
+    assert not RULE_CALL.search("\n".join(code))
+    out.sum().backward()
+    assert model.eps_net[0].weight.grad is not None
+
+
+def test_rewrite_stats_count_fused_loops():
+    before = ddpm_ops.rewrite_stats()
+    model, args, noise_shape = CASES["v1_int_t"]()
+    compile_run(model, *args)
+    after = ddpm_ops.rewrite_stats()
+    assert after["loops_fused"] == before["loops_fused"] + 1
+    assert after["steps_fused"] == before["steps_fused"] + model.num_steps
