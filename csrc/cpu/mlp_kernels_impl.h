@@ -75,6 +75,16 @@ inline Vec activate(Vec v) {
   }
 }
 
+// The activation over `vectors` stored vectors, in place. Kept out of line:
+// inlined into a register-blocked kernel, its constants are hoisted above
+// the product loop and push the accumulators out of registers (Mish was 34%
+// slower than SiLU per call at batch 4096 that way, 12% out of line; seed
+// net, one AVX-512 thread).
+template <Activation ACT>
+__attribute__((noinline)) void activate_span(float* p, int64_t vectors) {
+  for (int64_t n = 0; n < vectors; ++n) activate<ACT>(Vec::loadu(p + n * kV)).store(p + n * kV);
+}
+
 // Calls fn(std::integral_constant<Activation, act>{}): one instantiation per
 // activation, chosen once per layer rather than per element.
 template <typename Fn>
@@ -109,9 +119,10 @@ inline void block(const float* in, int64_t ld_in, int64_t in_f, const float* w, 
     }
   }
   for (int r = 0; r < MR; ++r) {
-    for (int n = 0; n < NB; ++n) {
-      activate<ACT>(acc[r][n]).store(out + r * ld_out + n * kV);
-    }
+    for (int n = 0; n < NB; ++n) acc[r][n].store(out + r * ld_out + n * kV);
+  }
+  if constexpr (ACT != Activation::kIdentity) {
+    for (int r = 0; r < MR; ++r) activate_span<ACT>(out + r * ld_out, NB);
   }
 }
 
