@@ -16,8 +16,10 @@ Contenders (one process, the same inputs):
   fused       ddpm_ops.sample (the condition's bias row and the noise drawn
               in the call: what a policy pays per action)
 On the CPU the contenders alternate, round after round, and each reports its
-median; on CUDA the GPU time per call is CUDA events over back-to-back calls
-after warm-up, median of rounds.
+median: of wall time by default, or with --clock process of the process's CPU
+time (on one thread, so that it is the call's time; a shared machine inflates
+wall time far more than CPU time). On CUDA the GPU time per call is CUDA
+events over back-to-back calls after warm-up, median of rounds.
 
     python benchmarks/bench_rule.py --device cpu
     python benchmarks/bench_rule.py --device cuda
@@ -123,21 +125,21 @@ def seed_rule_contenders(batch, device):
     }
 
 
-def cpu_medians_us(contenders, rounds, budget_s):
+def cpu_medians_us(contenders, rounds, budget_s, clock=time.perf_counter):
     """Alternating rounds; each round times a calibrated number of calls of each."""
     reps = {}
     for name, fn in contenders.items():
         fn()
-        start = time.perf_counter()
+        start = clock()
         fn()
-        reps[name] = max(1, int(budget_s / max(time.perf_counter() - start, 1e-6)))
+        reps[name] = max(1, int(budget_s / max(clock() - start, 1e-6)))
     times = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, fn in contenders.items():
-            start = time.perf_counter()
+            start = clock()
             for _ in range(reps[name]):
                 fn()
-            times[name].append((time.perf_counter() - start) / reps[name] * 1e6)
+            times[name].append((clock() - start) / reps[name] * 1e6)
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -192,18 +194,24 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=["dql", "seed"], choices=["dql", "seed"])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--budget", type=float, default=0.05, help="CPU: seconds of calls per contender and round")
+    parser.add_argument("--clock", choices=["wall", "process"], default="wall",
+                        help="CPU: wall time, or the process's CPU time on one thread")
     args = parser.parse_args()
+    if args.clock == "process":
+        torch.set_num_threads(1)
+    clock = time.process_time if args.clock == "process" else time.perf_counter
     ddpm_ops.disable_auto_rewrite()  # the contenders are the loops as written
     print(f"{machine.describe(args.device)}; {time.strftime('%Y-%m-%d')}")
     batches = {"dql": [1, 50, 256], "seed": [1, 64, 4096] + ([32768] if args.device == "cuda" else [])}
     with torch.inference_mode():
         for shape in args.shapes:
-            print(f"\n[{shape}] {'GPU' if args.device == 'cuda' else 'wall'} us per call, median")
+            unit = "GPU" if args.device == "cuda" else ("CPU-time" if args.clock == "process" else "wall")
+            print(f"\n[{shape}] {unit} us per call, median")
             for batch in batches[shape]:
                 make = dql_contenders if shape == "dql" else seed_rule_contenders
                 contenders = make(batch, args.device)
                 times = cuda_gpu_us(contenders) if args.device == "cuda" else \
-                    cpu_medians_us(contenders, args.rounds, args.budget)
+                    cpu_medians_us(contenders, args.rounds, args.budget, clock)
                 cells = "  ".join(f"{name} {us:9.1f}" for name, us in times.items())
                 if shape == "dql":
                     best = min(us for name, us in times.items() if name != "fused")
