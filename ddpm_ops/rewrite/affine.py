@@ -159,6 +159,8 @@ class _UpdateReader:
         if not isinstance(a, Node) or v is None or not self.step_only(a) \
                 or tuple(v.shape) != tuple(self.shape) or self.noise not in (None, a):
             return None
+        if _is(a, aten.expand.default) and _row_wise(_val(a.args[0]), self.shape):
+            return None  # a coefficient column expanded to the sample's shape
         self.noise = a
         return _Form({"z": ONE})
 

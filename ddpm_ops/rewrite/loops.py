@@ -25,7 +25,9 @@ from .affine import _read_update, _Update
 from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region
 from .network import _find_nets
 from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
-from .tables import _check_uniform, _Emitter, _first_row, _shared_tables, _stack_rows
+from .tables import (_check_uniform, _Emitter, _first_row, _indexed_tables, _shared_tables, _stack_rows,
+                     _step_values)
+from .timesteps import _find_sites, _Reemit
 
 log = logging.getLogger("ddpm_ops.rewrite")
 
@@ -127,11 +129,20 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
     em = _Emitter(graph, plan.end, xv)
     try:
         leaves = {leaf for u in updates for leaf in u.leaves}
-        _check_uniform(leaves, batch)
-        tables = _shared_tables(em, updates)
-        weights, time_bias, cond_bias = _first_layer(em, loop, batch)
+        step_pieces = [p for p in range(len(loop.pieces[0])) if p != loop.x_pos
+                       and not all(step[p] is loop.pieces[0][p] for step in loop.pieces)]
+        try:
+            _check_uniform(leaves | {step[p] for step in loop.pieces for p in step_pieces}, batch)
+        except _NoMatch as shared:
+            reemit = _per_sample(em, loop, updates, step_pieces, shared)
+            tables = _indexed_tables(em, updates, reemit, batch)
+            t_start = _t_start(em, reemit.sites)
+        else:
+            reemit = _shared_pieces(em, loop, step_pieces)
+            tables = _shared_tables(em, updates)
+            t_start = em.full([batch], K - 1, dtype=torch.int64)
+        weights, time_bias, cond_bias = _first_layer(em, loop, batch, reemit)
         noise = _noise(em, updates, K)
-        t_start = em.full([batch], K - 1, dtype=torch.int64)
         clip = None if plan.clip is None else list(plan.clip)
         post = None if plan.post_clip is None else list(plan.post_clip)
         fused = em(RULE, x, t_start, weights, list(net0.biases), tables, K, list(net0.activations),
@@ -142,7 +153,53 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
     return fused, em
 
 
-def _first_layer(em: _Emitter, loop: _Loop, batch) -> tuple[list, Node | None, Node | None]:
+def _per_sample(em: _Emitter, loop: _Loop, updates: list, step_pieces: list, shared: _NoMatch) -> _Reemit:
+    """The reader of per-sample timesteps ``t_start - k``, or ``_NoMatch`` naming what is not proved."""
+    try:
+        values = _step_values(updates)
+        for k, step in enumerate(loop.pieces):
+            values[k] += [step[p] for p in step_pieces]
+        sites = _find_sites(values, len(loop.nets))
+    except _NoMatch as e:
+        raise _NoMatch(f"{shared}; read as per-sample timesteps: {e}") from None
+    if sites.kind != "index":
+        raise shared
+    reemit = _Reemit(em, sites)
+    for v in values[0]:
+        reemit.prove(v)
+    reemit.size()
+    return reemit
+
+
+def _shared_pieces(em: _Emitter, loop: _Loop, step_pieces: list) -> _Reemit | None:
+    """The reader of the step-only pieces over the K step values, where every step computes
+    them by one function of its own ``full`` timesteps (else ``None``: their rows are stacked)."""
+    if not step_pieces:
+        return None
+    try:
+        sites = _find_sites([[step[p] for p in step_pieces] for step in loop.pieces], len(loop.nets))
+        if sites.kind != "full":
+            return None
+        reemit = _Reemit(em, sites)
+        for p in step_pieces:
+            reemit.prove(loop.pieces[0][p])
+    except _NoMatch as e:
+        log.debug("ddpm_ops: the step-only inputs of %s are stacked step by step: %s",
+                  loop.nets[0].inp.name, e)
+        return None
+    return reemit
+
+
+def _t_start(em: _Emitter, sites) -> Node:
+    t = sites.root
+    if sites.offset:
+        t = em(aten.sub.Tensor, t, sites.offset)
+    if _val(t).dtype != torch.int64:
+        t = em(prims.convert_element_type.default, t, torch.int64)
+    return t
+
+
+def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, Node | None, Node | None]:
     """The op's weights (the first one: the columns of x), ``time_bias`` and ``cond_bias``."""
     net0 = loop.nets[0]
     w0 = net0.weights[0]
@@ -159,9 +216,10 @@ def _first_layer(em: _Emitter, loop: _Loop, batch) -> tuple[list, Node | None, N
         elif all(step[p] is loop.pieces[0][p] for step in loop.pieces):
             cond_parts.append(em(aten.mm.default, loop.pieces[0][p], em(aten.permute.default, w_cols, [1, 0])))
         else:
-            step_pieces = [step[p] for step in loop.pieces]
-            _check_uniform(step_pieces, batch)
-            rows = _stack_rows(em, [_first_row(em, sp) for sp in step_pieces])
+            if reemit is not None:
+                rows = reemit.rows(loop.pieces[0][p])
+            else:
+                rows = _stack_rows(em, [_first_row(em, step[p]) for step in loop.pieces])
             wt = em(aten.permute.default, w_cols, [1, 0])
             time_parts.append(em(aten.mul.Tensor, rows, wt) if width == 1 else em(aten.mm.default, rows, wt))
         start = stop

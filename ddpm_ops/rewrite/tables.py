@@ -5,7 +5,9 @@ own nodes; when they are the same for the whole batch (shared timesteps:
 a Python-int ``t``, ``torch.full`` timesteps) each step's value is its first
 row, and the K rows are stacked into tables indexed by ``s = K - 1 - k``
 (``t_start = K - 1``). :func:`_uniform` proves a value is the same in
-every row. Loop-invariant inputs of the first Linear fold into ``cond_bias``.
+every row. Where the timesteps differ between samples, :func:`_indexed_tables`
+evaluates step 0's coefficients at every step index (:mod:`.timesteps`).
+Loop-invariant inputs of the first Linear fold into ``cond_bias``.
 """
 from __future__ import annotations
 
@@ -138,7 +140,7 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
     if node.op != "call_function":
         return False
     tags = getattr(node.target, "tags", ())
-    if torch.Tag.pointwise in tags or _is(node, prims.convert_element_type.default):
+    if torch.Tag.pointwise in tags or _is(node, prims.convert_element_type.default, aten._to_copy.default):
         return _inputs_uniform(node, batch, memo)
     if _is(node, aten.gather.default, aten.index.Tensor, aten.index_select.default):
         return _inputs_uniform(node, batch, memo)
@@ -172,3 +174,85 @@ def _check_uniform(nodes, batch) -> None:
         if _batched(n, batch) and not _uniform(n, batch, memo):
             raise _NoMatch(f"{n.name} may differ between samples, and the timesteps are not a "
                            "per-sample tensor")
+
+
+# ----------------------------------------------------------------------------- tables over step indices
+
+_ROWS = "ABCDES"
+
+
+def _coefs(u) -> list:
+    """The six coefficients of an update (``None`` where absent; B as the op reads it)."""
+    pre = u.pre or {}
+    b = pre.get("e")
+    return [pre.get("x"), None if b is None else _Coef("neg", (b,)), u.post.get("x0"), u.post.get("x"),
+            u.post.get("e"), u.post.get("z")]
+
+
+def _shape_of(c) -> Any:
+    """``c`` with its leaves blanked: two steps' coefficients are one function when these agree."""
+    if c is None or c.op == "num":
+        return c
+    if c.op == "leaf":
+        return "leaf"
+    return (c.op, *map(_shape_of, c.args))
+
+
+def _leaves_of(c, out: list) -> list:
+    if c is not None and c.op == "leaf":
+        out.append(c.args[0])
+    elif c is not None and c.op != "num":
+        for a in c.args:
+            _leaves_of(a, out)
+    return out
+
+
+def _step_values(updates: list) -> list[list]:
+    """Per step, the leaves of its coefficients in one order; raise unless every step has step 0's form."""
+    form = [_shape_of(c) for c in _coefs(updates[0])]
+    values = []
+    for k, u in enumerate(updates):
+        if [_shape_of(c) for c in _coefs(u)] != form:
+            raise _NoMatch(f"step {k}'s update is not step 0's function of its timestep")
+        values.append([leaf for c in _coefs(u) for leaf in _leaves_of(c, [])])
+    return values
+
+
+def _vector(em: _Emitter, c: _Coef, reemit, batch, memo: dict) -> Any:
+    """``c`` over every step index (``(S,)``), or a 0-d node or float where it does not vary."""
+    if c.op == "num":
+        return c.args[0]
+    if c.op == "leaf":
+        leaf = c.args[0]
+        if leaf in memo:
+            return memo[leaf]
+        if reemit.depends(leaf):
+            rows = reemit.rows(leaf)
+            memo[leaf] = em(aten.reshape.default, rows, [reemit.size()])
+        else:
+            _check_uniform([leaf], batch)
+            memo[leaf] = _scalar(em, c, {})
+        return memo[leaf]
+    parts = [_vector(em, a, reemit, batch, memo) for a in c.args]
+    if all(isinstance(p, float) for p in parts):
+        return _scalar(em, _Coef(c.op, tuple(_Coef("num", (p,)) for p in parts)), {})
+    if c.op == "neg":
+        return em(aten.neg.default, parts[0])
+    a, b = (p if isinstance(p, Node) else em.full([], p) for p in parts)
+    target = {"mul": aten.mul.Tensor, "add": aten.add.Tensor, "div": aten.div.Tensor}[c.op]
+    return em(target, a, b)
+
+
+def _indexed_tables(em: _Emitter, updates: list, reemit, batch) -> Node:
+    """``(6, S)``: step 0's coefficients evaluated at every step index ``s``."""
+    S = reemit.size()
+    memo: dict = {}
+    rows = []
+    for c in _coefs(updates[0]):
+        v = 0.0 if c is None else _vector(em, c, reemit, batch, memo)
+        if not isinstance(v, Node):
+            v = em.full([], v)
+        if _val(v).dim() == 0:
+            v = em(aten.expand.default, em(aten.reshape.default, v, [1]), [S])
+        rows.append(v)
+    return em.stack(rows)

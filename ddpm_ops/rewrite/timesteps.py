@@ -1,0 +1,272 @@
+"""Step-only values as tables over every step index, computed by the loop's own nodes.
+
+A step's coefficients and time embeddings are functions of its timestep.
+:func:`_unify` proves that step ``k``'s value is step 0's function applied
+to step ``k``'s timestep: the two subgraphs are the same node for node,
+except at *sites*:
+
+* ``"index"``: per-sample timesteps ``t_k = root - (offset + k)``, one root
+  and one offset for the whole loop (every lookup reads ``t_k`` itself);
+* ``"full"``: timesteps shared by the batch, ``full(shape, v_k)`` with the
+  same shape and dtype in every step.
+
+:class:`_Reemit` then copies step 0's subgraph into the graph with each
+site replaced by a vector (``arange(S)`` for index sites, the K step values
+``v_k``, last step first, for full sites) after proving that every copied
+node maps row ``b`` of its inputs to row ``b`` of its output, so row ``s``
+of the copy is the value at step index ``s``. Parameters are read by the
+copy, so the tables follow them from call to call. Anything else raises
+``_NoMatch`` with the node it could not prove.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from .patterns import _NoMatch, _is, _known_eq, _resolve_t, _val, aten, prims
+
+_RANDOM = {getattr(prims, n).default for n in ("inductor_random", "inductor_randint", "inductor_seeds")
+           if hasattr(prims, n)}
+_LOOKUPS = (aten.gather.default, aten.index.Tensor, aten.index_select.default)
+_KEEP_ROWS = (aten.clone.default, aten.alias.default, aten.contiguous.default)
+_SHAPED = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default)
+
+
+def _random(node: Node) -> bool:
+    return node.target in _RANDOM or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+
+
+class _Sites:
+    """The sites found so far: step-0 site node -> per-step node, and the index root."""
+
+    def __init__(self, K: int):
+        self.K = K
+        self.steps: dict[Node, list] = {}
+        self.kind: str | None = None
+        self.root: Node | None = None
+        self.offset: int | None = None
+
+    def _index_pair(self, a: Node, b: Node, k: int) -> bool:
+        va, vb = _val(a), _val(b)
+        if va is None or vb is None or va.dtype not in (torch.int32, torch.int64) or va.dtype != vb.dtype \
+                or va.dim() != 1 or vb.dim() != 1:
+            return False
+        try:
+            (ra, oa), (rb, ob) = _resolve_t(a), _resolve_t(b)
+        except _NoMatch:
+            return False
+        if ra is not rb or oa - ob != k:
+            return False
+        if self.root is None:
+            self.root, self.offset = rb, ob
+        if rb is not self.root or ob != self.offset:
+            raise _NoMatch(f"{b.name} reads the timestep at offset {ob}, another lookup at {self.offset}")
+        return True
+
+    def _full_pair(self, a: Node, b: Node) -> bool:
+        if not (_is(a, aten.full.default) and _is(b, aten.full.default)):
+            return False
+        va, vb = _val(a), _val(b)
+        return list(a.args[0]) == list(b.args[0]) and a.kwargs == b.kwargs and va.dim() >= 1 \
+            and isinstance(a.args[1], (int, float)) and isinstance(b.args[1], (int, float))
+
+    def pair(self, a: Node, b: Node, k: int) -> bool:
+        kind = "index" if self._index_pair(a, b, k) else "full" if self._full_pair(a, b) else None
+        if kind is None:
+            return False
+        if self.kind not in (None, kind):
+            raise _NoMatch(f"{b.name}: the loop mixes per-sample and batch-shared timesteps")
+        self.kind = kind
+        per_step = self.steps.setdefault(b, [None] * self.K)
+        if per_step[k] not in (None, a):
+            raise _NoMatch(f"{b.name} stands for two values of step {k}")
+        per_step[k] = a
+        return True
+
+
+def _depends_on(node: Any, roots: set, memo: dict) -> bool:
+    if not isinstance(node, Node):
+        return False
+    if node not in memo:
+        memo[node] = node in roots or any(_depends_on(a, roots, memo) for a in node.all_input_nodes)
+    return memo[node]
+
+
+def _unify(a: Any, b: Any, k: int, sites: _Sites, seen: dict) -> bool:
+    """Whether step ``k``'s value ``a`` is step 0's value ``b`` with sites swapped."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_unify(x, y, k, sites, seen) for x, y in zip(a, b))
+    if not isinstance(a, Node) or not isinstance(b, Node):
+        return not isinstance(a, Node) and not isinstance(b, Node) and type(a) is type(b) and a == b
+    if (a, b) in seen:
+        return seen[(a, b)]
+    if a is b:
+        ok = True
+        if k:
+            seen.setdefault("shared", []).append((a, k))
+    elif sites.pair(a, b, k):
+        ok = True
+    else:
+        ok = a.op == b.op == "call_function" and a.target == b.target and not _random(a) \
+            and _unify(list(a.args), list(b.args), k, sites, seen) \
+            and a.kwargs.keys() == b.kwargs.keys() \
+            and all(_unify(a.kwargs[n], b.kwargs[n], k, sites, seen) for n in a.kwargs)
+    seen[(a, b)] = ok
+    return ok
+
+
+def _find_sites(per_step: list[list], K: int) -> _Sites:
+    """The sites of values ``per_step[k][j]`` (step k, value j); raise if a value is not step 0's."""
+    sites = _Sites(K)
+    seen: dict = {}
+    for k in range(1, K):  # step 1 first: it finds the root the later steps are held to
+        for a, b in zip(per_step[k], per_step[0]):
+            if not _unify(a, b, k, sites, seen):
+                raise _NoMatch(f"{getattr(a, 'name', a)} of step {k} is not step 0's "
+                               f"{getattr(b, 'name', b)} at its own timestep")
+    memo: dict = {}
+    for a, k in seen.get("shared", []):  # a value shared by two steps reads no step's own timestep
+        if sites.root is not None and _depends_on(a, {sites.root}, {}):
+            raise _NoMatch(f"{a.name} is read by step {k} and step 0 but depends on the timestep")
+        for b, nodes in sites.steps.items():
+            if _depends_on(a, {b}, memo.setdefault(b, {})):
+                if nodes[k] not in (None, b):
+                    raise _NoMatch(f"{a.name} is read by step {k} and step 0 but depends on a timestep")
+                nodes[k] = b
+    for b, nodes in sites.steps.items():
+        nodes[0] = b
+        if any(n is None for n in nodes):
+            raise _NoMatch(f"the timestep {b.name} of step 0 has no counterpart in every step")
+    return sites
+
+
+class _Reemit:
+    """Copies step-0 values with their sites replaced by vectors (see the module docstring)."""
+
+    def __init__(self, em, sites: _Sites):
+        self.em, self.sites = em, sites
+        self.memo: dict[Node, Any] = {}
+        self.proved: set = set()
+        self.dep: dict = {}
+        self.bound: int | None = None
+        self.vectors: dict[Node, Node] = {}
+
+    def depends(self, node: Any) -> bool:
+        return _depends_on(node, set(self.sites.steps), self.dep)
+
+    # -- the proof, before anything is emitted
+    def prove(self, node: Any) -> None:
+        if not self.depends(node) or node in self.sites.steps:
+            return
+        if node in self.proved:
+            return
+        self.proved.add(node)
+        self._prove_node(node)
+        for a in node.all_input_nodes:
+            self.prove(a)
+
+    def _rows_operand(self, node: Node, a: Any) -> None:
+        out, v = _val(node), _val(a)
+        if self.depends(a):
+            if v is None or v.dim() != out.dim() or v.dim() == 0 or not _known_eq(v.shape[0], out.shape[0]):
+                raise _NoMatch(f"{node.name} does not keep the timestep's rows in dim 0")
+        elif v is not None and v.dim() == out.dim() and v.dim() > 0 and not _known_eq(v.shape[0], 1):
+            raise _NoMatch(f"{node.name} combines the timestep with {a.name}, whose rows are not broadcast")
+
+    def _prove_node(self, n: Node) -> None:
+        out = _val(n)
+        if n.op != "call_function" or out is None or out.dim() == 0 or _random(n):
+            raise _NoMatch(f"{n.name} ({n.target}) is not a row-wise function of the timestep")
+        tags = getattr(n.target, "tags", ())
+        if torch.Tag.pointwise in tags or _is(n, prims.convert_element_type.default, *_KEEP_ROWS) \
+                or (_is(n, aten._to_copy.default) and out.device == _val(n.args[0]).device):
+            for a in n.all_input_nodes:
+                self._rows_operand(n, a)
+            return
+        if _is(n, *_LOOKUPS):
+            self._prove_lookup(n)
+            return
+        if _is(n, aten.mm.default, aten.addmm.default):
+            lhs, rhs = n.args[:2] if _is(n, aten.mm.default) else n.args[1:3]
+            bias = n.args[0] if _is(n, aten.addmm.default) else None
+            if not self.depends(lhs) or self.depends(rhs) or self.depends(bias) \
+                    or (bias is not None and _val(bias).dim() > 1):
+                raise _NoMatch(f"{n.name} is not the timestep's rows times a fixed matrix")
+            return
+        if _is(n, aten.cat.default):
+            dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+            if dim % out.dim() != 0:
+                for p in n.args[0]:
+                    self._rows_operand(n, p)
+                    if not self.depends(p):
+                        raise _NoMatch(f"{n.name} concatenates {p.name}, which is not computed from the timestep")
+                return
+        src = n.args[0]
+        sv = _val(src)
+        if sv is None or sv.dim() == 0 or not _known_eq(sv.shape[0], out.shape[0]):
+            raise _NoMatch(f"{n.name} does not keep the timestep's rows in dim 0")
+        if _is(n, *_SHAPED) or (_is(n, aten.unsqueeze.default) and n.args[1] % (sv.dim() + 1) != 0) \
+                or (_is(n, aten.permute.default) and list(n.args[1])[0] % sv.dim() == 0) \
+                or (_is(n, aten.slice.Tensor, aten.select.int) and n.args[1] % sv.dim() != 0):
+            return
+        raise _NoMatch(f"{n.name} ({n.target}) is not a row-wise function of the timestep")
+
+    def _prove_lookup(self, n: Node) -> None:
+        if _is(n, aten.index.Tensor):
+            table, idx, ok = n.args[0], n.args[1][0] if len(n.args[1]) == 1 else None, True
+        elif _is(n, aten.index_select.default):
+            table, idx, ok = n.args[0], n.args[2], n.args[1] == 0
+        else:
+            table, idx = n.args[0], n.args[2]
+            ok = n.args[1] in (0, -1) and _val(table).dim() == 1 and not n.kwargs.get("sparse_grad")
+        if not ok or idx is None or self.depends(table) or _val(idx).dim() != 1:
+            raise _NoMatch(f"{n.name} is not a lookup table[t] of one timestep tensor")
+        if self.sites.kind == "index":
+            if idx not in self.sites.steps:
+                raise _NoMatch(f"{n.name} indexes a table by a value computed from the timestep")
+            size = _val(table).shape[0]
+            if not isinstance(size, int):
+                raise _NoMatch(f"{table.name} has a symbolic length")
+            self.bound = size if self.bound is None else min(self.bound, size)
+
+    # -- the copy
+    def vector(self, site: Node) -> Node:
+        em = self.em
+        if site not in self.vectors:
+            if self.sites.kind == "index":
+                self.vectors[site] = em(prims.iota.default, self.size(), start=0, step=1,
+                                        dtype=_val(site).dtype, device=em.device, requires_grad=False)
+            else:
+                shape = list(site.args[0])[1:]
+                values = [n.args[1] for n in reversed(self.sites.steps[site])]
+                self.vectors[site] = em.stack([em(aten.full.default, shape, v, **site.kwargs) for v in values])
+        return self.vectors[site]
+
+    def size(self) -> int:
+        if self.sites.kind == "full":
+            return self.sites.K
+        if self.bound is None:
+            raise _NoMatch("no table is indexed by the per-sample timestep: its range is unknown")
+        return self.bound
+
+    def copy(self, node: Any) -> Any:
+        if isinstance(node, (list, tuple)):
+            return type(node)(self.copy(a) for a in node)
+        if not isinstance(node, Node) or not self.depends(node):
+            return node
+        if node in self.sites.steps:
+            return self.vector(node)
+        if node not in self.memo:
+            args = [self.copy(a) for a in node.args]
+            if _is(node, *_SHAPED):
+                args[1] = [self.size(), *list(args[1])[1:]] if args[1][0] != -1 else list(args[1])
+            kwargs = {k: self.copy(v) for k, v in node.kwargs.items()}
+            self.memo[node] = self.em(node.target, *args, **kwargs)
+        return self.memo[node]
+
+    def rows(self, node: Any) -> Any:
+        """``node`` over every step index: ``(S, ...)``; a value without a site as it is."""
+        self.prove(node)
+        return self.copy(node)
