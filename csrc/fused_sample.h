@@ -67,42 +67,31 @@ void check_timesteps_in_range(const at::Tensor& t_start, int64_t num_steps,
 enum class Precision { kFloat32, kTF32, kBFloat16 };
 Precision parse_precision(c10::string_view precision);
 
-at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
-                            at::TensorList weights, at::TensorList biases,
-                            const at::Tensor& sqrt_recip_alphas,
-                            const at::Tensor& coef_eps, int64_t num_steps,
-                            int64_t total_timesteps, bool validate,
-                            c10::string_view precision);
+// The kernels' signatures, as the schema in ops.cpp fixes them, written once:
+// every backend's kernel of an overload is declared with its type.
+using FusedSampleKernel = at::Tensor(const at::Tensor& x, const at::Tensor& t_start,
+                                     at::TensorList weights, at::TensorList biases,
+                                     const at::Tensor& sqrt_recip_alphas,
+                                     const at::Tensor& coef_eps, int64_t num_steps,
+                                     int64_t total_timesteps, bool validate,
+                                     c10::string_view precision);
+using FusedSampleRuleKernel = at::Tensor(const at::Tensor& x, const at::Tensor& t_start,
+                                         at::TensorList weights, at::TensorList biases,
+                                         const at::Tensor& step_tables, int64_t num_steps,
+                                         const std::vector<std::string>& activations,
+                                         const std::optional<at::Tensor>& time_bias,
+                                         const std::optional<at::Tensor>& cond_bias,
+                                         OptionalRange clip, OptionalRange post_clip,
+                                         const std::optional<at::Tensor>& noise,
+                                         bool return_chain, bool validate,
+                                         c10::string_view precision);
 
+FusedSampleKernel fused_sample_cpu;
+FusedSampleKernel fused_sample_cuda;
 // The step-rule overload's CPU kernel.
-at::Tensor fused_sample_rule_cpu(const at::Tensor& x, const at::Tensor& t_start,
-                                 at::TensorList weights, at::TensorList biases,
-                                 const at::Tensor& step_tables, int64_t num_steps,
-                                 const std::vector<std::string>& activations,
-                                 const std::optional<at::Tensor>& time_bias,
-                                 const std::optional<at::Tensor>& cond_bias,
-                                 OptionalRange clip,
-                                 OptionalRange post_clip,
-                                 const std::optional<at::Tensor>& noise, bool return_chain,
-                                 bool validate, c10::string_view precision);
-
+FusedSampleRuleKernel fused_sample_rule_cpu;
 // The step-rule overload as a loop of ATen ops, for any device (the kernel of
 // devices without a fused one).
-at::Tensor fused_sample_rule_unfused(const at::Tensor& x, const at::Tensor& t_start,
-                                     at::TensorList weights, at::TensorList biases,
-                                     const at::Tensor& step_tables, int64_t num_steps,
-                                     const std::vector<std::string>& activations,
-                                     const std::optional<at::Tensor>& time_bias,
-                                     const std::optional<at::Tensor>& cond_bias,
-                                     OptionalRange clip, OptionalRange post_clip,
-                                     const std::optional<at::Tensor>& noise, bool return_chain,
-                                     bool validate, c10::string_view precision);
-
-at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
-                             at::TensorList weights, at::TensorList biases,
-                             const at::Tensor& sqrt_recip_alphas,
-                             const at::Tensor& coef_eps, int64_t num_steps,
-                             int64_t total_timesteps, bool validate,
-                             c10::string_view precision);
+FusedSampleRuleKernel fused_sample_rule_unfused;
 
 }  // namespace ddpm_ops

@@ -68,7 +68,7 @@ at::Tensor fused_sample_autograd(const at::Tensor& x, const at::Tensor& t_start,
   refuse_derivatives(coef_eps, "coef_eps");
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("ddpm::fused_sample", "")
-                       .typed<decltype(fused_sample_autograd)>();
+                       .typed<FusedSampleKernel>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(x, t_start, weights, biases, sqrt_recip_alphas, coef_eps, num_steps,
                  total_timesteps, validate, precision);
@@ -111,7 +111,7 @@ at::Tensor fused_sample_rule_autograd(const at::Tensor& x, const at::Tensor& t_s
   refuse_derivatives_if_given(noise, "noise");
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("ddpm::fused_sample", "rule")
-                       .typed<decltype(fused_sample_rule_autograd)>();
+                       .typed<FusedSampleRuleKernel>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
                  cond_bias, clip, post_clip, noise, return_chain, validate, precision);
