@@ -44,13 +44,29 @@ def cuda_arch_list() -> tuple[str | None, str]:
                     for a in archs.split(";") if a), ""
 
 
+def openmp_flags() -> list[str]:
+    """-fopenmp where torch's intra-op threads are OpenMP's.
+
+    at::parallel_for is a header template: compiled without -fopenmp it runs
+    its range on the calling thread, so the CPU kernel would use one core
+    whatever torch.set_num_threads says. The extension then needs libgomp.so.1,
+    which resolves to the one torch has already loaded (torch.set_num_threads
+    sets that runtime's thread count).
+    """
+    if torch.backends.openmp.is_available() and sys.platform.startswith("linux"):
+        return ["-fopenmp"]
+    return []
+
+
 def extension():
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp") + glob.glob("csrc/plan/*.cpp"))
-    cxx_flags = ["-O3"]
+    cxx_flags = ["-O3"] + openmp_flags()
+    link_flags = openmp_flags()
     archs, why_not = cuda_arch_list()
     if archs is None:
         print(f"ddpm_ops: building the CPU kernel only: {why_not}", file=sys.stderr)
-        return CppExtension("ddpm_ops._C", sources, extra_compile_args={"cxx": cxx_flags})
+        return CppExtension("ddpm_ops._C", sources, extra_compile_args={"cxx": cxx_flags},
+                            extra_link_args=link_flags)
     print(f"ddpm_ops: building the CPU kernel and the CUDA kernels for {archs}", file=sys.stderr)
     os.environ["TORCH_CUDA_ARCH_LIST"] = archs  # read by BuildExtension
     nvcc_flags = ["-O3", "-lineinfo", "-Xptxas=-v"]
@@ -60,6 +76,7 @@ def extension():
         "ddpm_ops._C",
         sources + sorted(glob.glob("csrc/cuda/**/*.cu", recursive=True)),
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+        extra_link_args=link_flags,
     )
 
 

@@ -1,6 +1,7 @@
 """The step-rule overload ``ddpm::fused_sample.rule`` and ``ddpm_ops.sample``:
 every feature and their combinations against the float64 reference, noise,
 bad input, opcheck, torch.compile, export and AOTInductor."""
+import copy
 import itertools
 import pathlib
 
@@ -235,12 +236,13 @@ class RuleSampler(torch.nn.Module):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device):
-    model = RuleSampler().to(device)
-    compiled = torch.compile(model, fullgraph=True)
+    model = RuleSampler()
+    compiled = torch.compile(copy.deepcopy(model).to(device), fullgraph=True)
     with torch.no_grad():
         for batch in (3, 8):
-            x, state = torch.randn(batch, 4, device=device), torch.randn(batch, 3, device=device)
-            assert relative_error(compiled(x, state), model.reference(x.cpu(), state.cpu())) <= TOLERANCE
+            x, state = torch.randn(batch, 4), torch.randn(batch, 3)
+            got = compiled(x.to(device), state.to(device))
+            assert relative_error(got, model.reference(x, state)) <= TOLERANCE
 
 
 def test_export_save_load_and_aoti(tmp_path):
