@@ -120,7 +120,8 @@ void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
                             const std::optional<at::Tensor>& cond_bias,
                             OptionalRange clip,
                             OptionalRange post_clip,
-                            const std::optional<at::Tensor>& noise, c10::string_view precision) {
+                            const std::optional<at::Tensor>& noise, c10::string_view precision,
+                            const std::optional<at::Tensor>& noise_seed) {
   check_x_and_t_start(x, t_start);
   check_mlp(x, weights, biases, x.sym_size(1), " where in_features = dim (x alone)");
   parse_activations(activations, static_cast<int64_t>(weights.size()));
@@ -161,6 +162,15 @@ void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
                 num_steps, ", ", x.sym_size(0), ", ", x.sym_size(1), "), got shape ",
                 shape_of(*noise));
     check_float32_on(*noise, "noise", x);
+  }
+  if (noise_seed.has_value()) {
+    TORCH_CHECK(!noise.has_value(), "ddpm::fused_sample: noise and noise_seed: expected at most "
+                "one of them (the noise, or a seed to draw it from), got both");
+    TORCH_CHECK(noise_seed->scalar_type() == at::kLong && noise_seed->sym_numel() == 1,
+                "ddpm::fused_sample: noise_seed must be one int64 element, got ",
+                noise_seed->scalar_type(), " of shape ", shape_of(*noise_seed));
+    TORCH_CHECK(noise_seed->device() == x.device(), "ddpm::fused_sample: noise_seed must be on "
+                "x's device (", x.device(), "), got ", noise_seed->device());
   }
   parse_precision(precision);
 }

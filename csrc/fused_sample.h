@@ -36,7 +36,8 @@ void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
                             const std::optional<at::Tensor>& cond_bias,
                             OptionalRange clip,
                             OptionalRange post_clip,
-                            const std::optional<at::Tensor>& noise, c10::string_view precision);
+                            const std::optional<at::Tensor>& noise, c10::string_view precision,
+                            const std::optional<at::Tensor>& noise_seed);
 
 // step_tables' rows, in this order: x0 = A x - B e; x = C x0 + D x + E e + S z.
 constexpr int64_t kStepTables = 6;
@@ -84,7 +85,8 @@ using FusedSampleRuleKernel = at::Tensor(const at::Tensor& x, const at::Tensor& 
                                          OptionalRange clip, OptionalRange post_clip,
                                          const std::optional<at::Tensor>& noise,
                                          bool return_chain, bool validate,
-                                         c10::string_view precision);
+                                         c10::string_view precision,
+                                         const std::optional<at::Tensor>& noise_seed);
 
 FusedSampleKernel fused_sample_cpu;
 FusedSampleKernel fused_sample_cuda;

@@ -83,9 +83,10 @@ at::Tensor fused_sample_rule_meta(const at::Tensor& x, const at::Tensor& t_start
                                   OptionalRange clip,
                                   OptionalRange post_clip,
                                   const std::optional<at::Tensor>& noise, bool return_chain,
-                                  bool /*validate*/, c10::string_view precision) {
+                                  bool /*validate*/, c10::string_view precision,
+                                  const std::optional<at::Tensor>& noise_seed) {
   check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
-                         time_bias, cond_bias, clip, post_clip, noise, precision);
+                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed);
   if (return_chain) {
     return at::empty_symint({num_steps + 1, x.sym_size(0), x.sym_size(1)}, x.options());
   }
@@ -101,7 +102,8 @@ at::Tensor fused_sample_rule_autograd(const at::Tensor& x, const at::Tensor& t_s
                                       OptionalRange clip,
                                       OptionalRange post_clip,
                                       const std::optional<at::Tensor>& noise, bool return_chain,
-                                      bool validate, c10::string_view precision) {
+                                      bool validate, c10::string_view precision,
+                                      const std::optional<at::Tensor>& noise_seed) {
   refuse_derivatives(x, "x");
   refuse_derivatives_of_each(weights, "weights");
   refuse_derivatives_of_each(biases, "biases");
@@ -114,7 +116,7 @@ at::Tensor fused_sample_rule_autograd(const at::Tensor& x, const at::Tensor& t_s
                        .typed<FusedSampleRuleKernel>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
-                 cond_bias, clip, post_clip, noise, return_chain, validate, precision);
+                 cond_bias, clip, post_clip, noise, return_chain, validate, precision, noise_seed);
 }
 
 }  // namespace
@@ -131,7 +133,7 @@ TORCH_LIBRARY(ddpm, m) {
       "Tensor step_tables, int num_steps, str[] activations, Tensor? time_bias=None, "
       "Tensor? cond_bias=None, float[]? clip=None, float[]? post_clip=None, "
       "Tensor? noise=None, bool return_chain=False, bool validate=False, "
-      "str precision=\"fp32\") -> Tensor");
+      "str precision=\"fp32\", Tensor? noise_seed=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ddpm, Meta, m) {

@@ -7,6 +7,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <cmath>
+
+#include "seeded_noise.h"
+
 namespace ddpm_ops {
 namespace {
 
@@ -23,6 +27,54 @@ at::Tensor activate(const at::Tensor& h, Activation act) {
   return h;
 }
 
+// Unsigned integer arithmetic in int64 lanes, for the seeded noise.
+// v >> s of the unsigned 64-bit value v holds: the arithmetic shift, sign bits masked.
+at::Tensor shift_right(const at::Tensor& v, int s) {
+  return at::bitwise_and(at::bitwise_right_shift(v, s), (int64_t{1} << (64 - s)) - 1);
+}
+
+// mod 2^64: int64 products wrap.
+at::Tensor mix64(at::Tensor z) {
+  namespace sn = seeded_noise;
+  z = at::bitwise_xor(z, shift_right(z, sn::kMix64Shift1)) * static_cast<int64_t>(sn::kMix64Mul1);
+  z = at::bitwise_xor(z, shift_right(z, sn::kMix64Shift2)) * static_cast<int64_t>(sn::kMix64Mul2);
+  return at::bitwise_xor(z, shift_right(z, sn::kMix64Shift3));
+}
+
+// (a * b) mod 2^32 for 0 <= a < 2^32, exact: by 16-bit halves of a, every
+// product stays below 2^48.
+at::Tensor mul_mod32(const at::Tensor& a, uint32_t b) {
+  const int64_t m = b;
+  const at::Tensor low = at::bitwise_and(a, 0xffff) * m;
+  const at::Tensor high = at::bitwise_left_shift(
+      at::bitwise_and(at::bitwise_right_shift(a, 16) * m, 0xffff), 16);
+  return at::bitwise_and(low + high, 0xffffffff);
+}
+
+// 0 <= x < 2^32.
+at::Tensor mix32(at::Tensor x) {
+  namespace sn = seeded_noise;
+  x = mul_mod32(at::bitwise_xor(x, at::bitwise_right_shift(x, sn::kMix32Shift1)), sn::kMix32Mul1);
+  x = mul_mod32(at::bitwise_xor(x, at::bitwise_right_shift(x, sn::kMix32Shift2)), sn::kMix32Mul2);
+  return at::bitwise_xor(x, at::bitwise_right_shift(x, sn::kMix32Shift3));
+}
+
+// The (K, batch, dim) noise drawn from `seed` (seeded_noise.h), on the seed's
+// device and without reading it on the host.
+at::Tensor seeded_noise_of(const at::Tensor& seed, int64_t num_steps, int64_t batch, int64_t dim,
+                           const at::TensorOptions& float_options) {
+  const at::TensorOptions long_options = seed.options().dtype(at::kLong);
+  const at::Tensor rows = at::arange(num_steps * batch, long_options);
+  const at::Tensor keys = mix64(at::bitwise_xor(rows, mix64(seed.reshape({})))).unsqueeze(1);
+  const at::Tensor low = at::bitwise_and(keys, 0xffffffff), high = shift_right(keys, 32);
+  const at::Tensor columns = at::arange(dim, long_options);
+  const at::Tensor bits = mix32(at::bitwise_and(mix32(at::bitwise_xor(columns, low)) + high, 0xffffffff));
+  constexpr int64_t kRange = int64_t{1} << seeded_noise::kUniformBits;
+  const at::Tensor top = at::bitwise_right_shift(bits, 32 - seeded_noise::kUniformBits);
+  const at::Tensor v = (top.to(at::kDouble) * 2 + (1 - kRange)) / static_cast<double>(kRange);
+  return (at::erfinv(v) * M_SQRT2).to(float_options.dtype()).view({num_steps, batch, dim});
+}
+
 }  // namespace
 
 at::Tensor fused_sample_rule_unfused(const at::Tensor& x, const at::Tensor& t_start,
@@ -33,9 +85,10 @@ at::Tensor fused_sample_rule_unfused(const at::Tensor& x, const at::Tensor& t_st
                                      const std::optional<at::Tensor>& cond_bias,
                                      OptionalRange clip, OptionalRange post_clip,
                                      const std::optional<at::Tensor>& noise, bool return_chain,
-                                     bool validate, c10::string_view precision) {
+                                     bool validate, c10::string_view precision,
+                                     const std::optional<at::Tensor>& noise_seed) {
   check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
-                         time_bias, cond_bias, clip, post_clip, noise, precision);
+                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed);
   const int64_t table_length = step_tables.size(1);
   // Off the CPU the default never synchronises: a row whose step indices leave
   // the tables reads clamped indices and ends as NaN, as the fused kernels do.
@@ -45,6 +98,10 @@ at::Tensor fused_sample_rule_unfused(const at::Tensor& x, const at::Tensor& t_st
   const auto x0_range = parse_clip(clip, "clip");
   const auto x_range = parse_clip(post_clip, "post_clip");
 
+  const std::optional<at::Tensor> z =
+      noise_seed.has_value()
+          ? std::optional<at::Tensor>(seeded_noise_of(*noise_seed, num_steps, x.size(0), x.size(1), x.options()))
+          : noise;
   const at::Tensor t = t_start.to(at::kLong);
   at::Tensor current = x.clone(at::MemoryFormat::Contiguous);
   std::vector<at::Tensor> chain{current};
@@ -60,7 +117,7 @@ at::Tensor fused_sample_rule_unfused(const at::Tensor& x, const at::Tensor& t_st
     at::Tensor x0 = c[kA] * current - c[kB] * h;
     if (x0_range) x0 = x0.clamp(x0_range->first, x0_range->second);
     at::Tensor next = c[kC] * x0 + c[kD] * current + c[kE] * h;
-    if (noise.has_value()) next = next + c[kS] * (*noise)[k];
+    if (z.has_value()) next = next + c[kS] * (*z)[k];
     if (x_range) next = next.clamp(x_range->first, x_range->second);
     current = next;
     if (return_chain) chain.push_back(current);

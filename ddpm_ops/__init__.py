@@ -22,7 +22,7 @@ from .modules import DiffusionSampler, mlp_layers
 from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, sample, silu_mlp
 from . import conditioning, step_rules
 from .conditioning import cond_bias, split_first_linear, time_bias, time_bias_from_module
-from .reference import reference, reference_sample
+from .reference import reference, reference_sample, seeded_noise
 from .schedules import coefficient_tables, cosine_betas, linear_betas
 from .step_rules import StepRule
 
@@ -57,6 +57,7 @@ __all__ = [
     "reference_sample",
     "rewrite_stats",
     "sample",
+    "seeded_noise",
     "silu_mlp",
     "split_first_linear",
     "step_rules",

@@ -15,6 +15,8 @@ from .reference import resolve_activations
 from .step_rules import StepRule
 
 PRECISIONS = ("fp32", "tf32", "bf16")
+# Noise seeds are drawn from [0, NOISE_SEED_BOUND): 62 bits.
+NOISE_SEED_BOUND = 1 << 62
 
 
 def fused_sample(
@@ -134,10 +136,13 @@ def sample(
         cond_bias: ``(batch, H0)``, or ``(H0,)`` for the whole batch: added to the
             first Linear's output at every step (:func:`ddpm_ops.cond_bias`).
         noise: ``z``, shaped ``(num_steps, *x.shape)``. When it is not given and
-            the rule adds noise, it is drawn with ``torch.randn`` from
-            ``generator`` (or torch's default generator) before the op runs, so
-            a run is reproducible from the generator's state.
-        generator: the ``torch.Generator`` to draw the noise from.
+            the rule adds noise, the op draws it itself, in parallel with the
+            steps, from one int64 seed taken from ``generator`` (or torch's
+            default generator) with ``torch.randint``, so a run is
+            reproducible from the generator's state, and inside a CUDA graph
+            every replay draws fresh noise. The noise a seed gives is
+            :func:`ddpm_ops.reference.seeded_noise`.
+        generator: the ``torch.Generator`` to take the noise seed from.
         return_chain: return every sample ``x_0 .. x_K`` stacked,
             ``(num_steps + 1, *x.shape)``, ``x_0`` being the input.
         precision: ``"fp32"``: relative error at most 1e-5 against float64.
@@ -161,7 +166,7 @@ def sample(
         raise ValueError(f"x: expected (batch, dim) or (batch, *event), got shape {tuple(x.shape)}")
     num_steps = _as_int("num_steps", num_steps)
     batch, event = x.shape[0], x.shape[1:]
-    flat = x.reshape(batch, -1)
+    flat = x if x.dim() == 2 else x.reshape(batch, -1)
     if rule.device != x.device:
         rule = rule.to(x.device)
     if cond_bias is not None and cond_bias.dim() == 1:
@@ -171,15 +176,18 @@ def sample(
             raise ValueError(f"noise: expected shape {(num_steps, *x.shape)} (num_steps, *x.shape), "
                              f"got {tuple(noise.shape)}")
         noise = noise.reshape(num_steps, batch, -1)
-    elif rule.adds_noise and num_steps > 0:
-        noise = torch.randn((num_steps, *flat.shape), generator=generator, dtype=x.dtype, device=x.device)
+    noise_seed = None
+    if noise is None and rule.adds_noise and num_steps > 0:
+        noise_seed = torch.randint(0, NOISE_SEED_BOUND, (1,), generator=generator, device=x.device)
     out = torch.ops.ddpm.fused_sample.rule(
         flat, _as_timesteps(t_start, x), list(weights), list(biases), rule.tables(), num_steps,
         resolve_activations(activations, len(weights) - 1), time_bias, cond_bias,
         None if rule.clip is None else list(rule.clip),
         None if rule.post_clip is None else list(rule.post_clip),
-        noise, return_chain, validate, precision,
+        noise, return_chain, validate, precision, noise_seed,
     )
+    if x.dim() == 2:
+        return out
     return out.reshape(num_steps + 1, *x.shape) if return_chain else out.reshape(x.shape)
 
 

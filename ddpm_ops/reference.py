@@ -9,8 +9,12 @@ negative timesteps like any Python indexing does; the op refuses them.
 :func:`reference_sample` is the general form: any :class:`~ddpm_ops.step_rules.StepRule`,
 per-layer activations, a per-step time bias and a per-sample conditioning bias
 on the first layer, and explicit noise.
+
+:func:`seeded_noise` is the noise the op draws itself from a ``noise_seed``,
+in float64.
 """
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -83,6 +87,55 @@ def resolve_activations(activations: str | Sequence[str], num_hidden: int) -> li
         if name not in ACTIVATIONS:
             raise ValueError(f"activations: expected names from {', '.join(ACTIVATIONS)}, got {name!r}")
     return names
+
+
+_MASK64 = (1 << 64) - 1
+_MASK32 = (1 << 32) - 1
+_UNIFORM_BITS = 24
+
+
+def _mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """The 32-bit hash on int64 lanes holding values below 2^32; the products
+    are taken by 16-bit halves so that none overflows int64."""
+    for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        x = x ^ (x >> shift)
+        x = ((x & 0xFFFF) * mul + ((((x >> 16) * mul) & 0xFFFF) << 16)) & _MASK32
+    return x ^ (x >> 16)
+
+
+def seeded_noise(seed: int, num_steps: int, batch: int, dim: int) -> torch.Tensor:
+    """The noise ``z`` that ``fused_sample.rule`` draws from ``noise_seed``, in float64.
+
+    ``z[k, r, j]`` (step ``k``, sample ``r``, feature ``j`` of the flattened
+    sample) is a standard normal that depends on ``(seed, k, r, j)`` alone::
+
+        key  = mix64((k * batch + r) ^ mix64(seed))       (SplitMix64's finaliser)
+        bits = mix32(mix32(j ^ (key mod 2^32)) + (key >> 32))  mod 2^32
+        u    = ((bits >> 8) + 1/2) / 2^24
+        z    = sqrt(2) * erfinv(2u - 1)
+
+    The op computes ``erfinv`` in float32 (relative error below 3e-7).
+
+    Args:
+        seed: the int64 seed (negative values are taken modulo 2^64).
+        num_steps, batch, dim: the shape ``(num_steps, batch, dim)``.
+
+    Returns:
+        A float64 tensor ``(num_steps, batch, dim)``.
+    """
+    seed_key = _mix64(int(seed) & _MASK64)
+    keys = [_mix64(q ^ seed_key) for q in range(num_steps * batch)]
+    low = torch.tensor([k & _MASK32 for k in keys], dtype=torch.int64).view(-1, 1)
+    high = torch.tensor([k >> 32 for k in keys], dtype=torch.int64).view(-1, 1)
+    bits = _mix32((_mix32(torch.arange(dim) ^ low) + high) & _MASK32)
+    v = (2 * (bits >> (32 - _UNIFORM_BITS)) + 1 - (1 << _UNIFORM_BITS)).double() / (1 << _UNIFORM_BITS)
+    return (torch.erfinv(v) * math.sqrt(2)).view(num_steps, batch, dim)
 
 
 def reference_sample(

@@ -110,13 +110,15 @@ class RuleProblem:
     cond_bias: torch.Tensor | None
     noise: torch.Tensor | None
     return_chain: bool = False
+    noise_seed: torch.Tensor | None = None
 
     def args(self):
         rule = self.rule
         return (self.x, self.t_start, self.weights, self.biases, rule.tables(), self.num_steps,
                 self.activations, self.time_bias, self.cond_bias,
                 None if rule.clip is None else list(rule.clip),
-                None if rule.post_clip is None else list(rule.post_clip), self.noise, self.return_chain)
+                None if rule.post_clip is None else list(rule.post_clip), self.noise, self.return_chain,
+                False, "fp32", self.noise_seed)
 
     def reference64(self) -> torch.Tensor:
         def f64(t):
@@ -125,14 +127,21 @@ class RuleProblem:
             f64(self.x), self.t_start.cpu(), [f64(w) for w in self.weights],
             [f64(b) for b in self.biases], self.rule.to("cpu"), self.num_steps,
             activations=self.activations, time_bias=f64(self.time_bias),
-            cond_bias=f64(self.cond_bias), noise=f64(self.noise), return_chain=self.return_chain)
+            cond_bias=f64(self.cond_bias), noise=self.noise64(), return_chain=self.return_chain)
+
+    def noise64(self) -> torch.Tensor | None:
+        """The noise the op adds, in float64: the given tensor or the seeded one."""
+        if self.noise_seed is not None:
+            return ddpm_ops.seeded_noise(int(self.noise_seed), self.num_steps, *self.x.shape)
+        return None if self.noise is None else self.noise.detach().cpu().double()
 
 
 def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation="mish",
                       rule="ddpm_epsilon", table_length=50, device="cpu", t_dtype=torch.int64,
                       generator=None) -> RuleProblem:
     """A random problem of the step-rule overload. ``features`` names the
-    optional parts to give: "time", "cond", "clip", "post_clip", "noise", "chain";
+    optional parts to give: "time", "cond", "clip", "post_clip", "noise", "chain",
+    "seeded" (a noise_seed instead of "noise");
     ``activation`` one name for every hidden layer or "mixed" (a different one
     per layer)."""
     g = generator if generator is not None else torch.Generator().manual_seed(torch.seed())
@@ -156,8 +165,10 @@ def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation=
         time_bias=torch.randn(table_length, h0, generator=g) * 0.5 if "time" in features else None,
         cond_bias=torch.randn(batch, h0, generator=g) * 0.5 if "cond" in features else None,
         noise=torch.randn(num_steps, batch, dim, generator=g) if "noise" in features else None,
-        return_chain="chain" in features)
-    for name in ("x", "t_start", "time_bias", "cond_bias", "noise"):
+        return_chain="chain" in features,
+        noise_seed=(torch.randint(-2 ** 63, 2 ** 63 - 1, (1,), generator=g)
+                    if "seeded" in features else None))
+    for name in ("x", "t_start", "time_bias", "cond_bias", "noise", "noise_seed"):
         value = getattr(problem, name)
         if value is not None:
             setattr(problem, name, value.to(device))

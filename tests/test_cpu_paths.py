@@ -1,9 +1,12 @@
 """Every path of the CPU kernel (ISA build x tile kernel x BLAS), forced through
 its environment knobs in a fresh process, against the float64 reference, on
 shapes at the vector, register-block and tile boundaries."""
+import pathlib
+import sys
 import textwrap
 
 import pytest
+import torch
 
 from problems import run_python
 
@@ -66,6 +69,10 @@ RULE_SCRIPT = textwrap.dedent("""
                                   rule=RULES[(i + j) % len(RULES)])
             out = torch.ops.ddpm.fused_sample.rule(*p.args())
             worst = max(worst, relative_error(out, p.reference64()))
+        # The noise drawn from a seed, by every rule (those without noise ignore it).
+        for rule in RULES:
+            p = make_rule_problem(*shape, features=("seeded", "clip", "chain"), rule=rule)
+            worst = max(worst, relative_error(torch.ops.ddpm.fused_sample.rule(*p.args()), p.reference64()))
     print(worst)
 """)
 
@@ -79,3 +86,14 @@ def test_cpu_path_of_the_rule_overload_matches_float64_reference(path):
     result = run_python(RULE_SCRIPT, RULE_PATHS[path])
     assert result.returncode == 0, result.stderr
     assert float(result.stdout.strip().splitlines()[-1]) <= 1e-5
+
+
+@pytest.mark.skipif(not (torch.backends.openmp.is_available() and sys.platform.startswith("linux")),
+                    reason="torch's intra-op threads are not OpenMP's here")
+def test_cpu_kernel_is_built_to_run_on_torchs_threads():
+    """at::parallel_for is a header template: built without -fopenmp it runs on
+    the calling thread alone, whatever torch.set_num_threads says. Built with
+    it, the extension calls libgomp's parallel region."""
+    import ddpm_ops
+    library = pathlib.Path(ddpm_ops.LIBRARY_PATH).read_bytes()
+    assert b"GOMP_parallel" in library

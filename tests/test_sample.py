@@ -95,15 +95,40 @@ def test_saved_first_version_program_keeps_its_numbers():
 
 
 def test_generator_runs_are_reproducible_and_independent():
-    problem = make_rule_problem(64, 4, [16], 5, rule="ddpm_epsilon")
+    problem = make_rule_problem(64, 4, [16], 5, rule="ddpm_epsilon", activation="silu")
     args = (problem.x, problem.t_start, problem.weights, problem.biases, problem.rule, 5)
     first = ddpm_ops.sample(*args, generator=torch.Generator().manual_seed(7))
     again = ddpm_ops.sample(*args, generator=torch.Generator().manual_seed(7))
     other = ddpm_ops.sample(*args, generator=torch.Generator().manual_seed(8))
     assert torch.equal(first, again)
     assert relative_error(first, other.double()) > 1e-3
-    drawn = torch.randn((5, 64, 4), generator=torch.Generator().manual_seed(7))
-    assert torch.equal(first, ddpm_ops.sample(*args, noise=drawn))
+    # The op drew its noise from one seed taken from the generator: the same
+    # call with that seed, and (to the op's float32 accuracy) with the noise
+    # the seed stands for.
+    seed = torch.randint(0, ddpm_ops.ops.NOISE_SEED_BOUND, (1,), generator=torch.Generator().manual_seed(7))
+    op_args = list(problem.args())
+    op_args[-1] = seed
+    assert torch.equal(first, torch.ops.ddpm.fused_sample.rule(*op_args))
+    drawn = ddpm_ops.seeded_noise(int(seed), 5, 64, 4)
+    assert relative_error(first, ddpm_ops.sample(*args, noise=drawn.float()).double()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("seed", [0, 1, -1, 2 ** 62 + 12345, -(2 ** 63)])
+def test_seeded_noise_is_independent_standard_normal(seed):
+    """The reference definition of the in-op noise: moments, and no correlation
+    between steps, rows or neighbouring columns."""
+    z = ddpm_ops.seeded_noise(seed, 4, 5000, 6)
+    flat = z.reshape(-1)
+    n = flat.numel()
+    assert abs(flat.mean()) < 4 / n ** 0.5
+    assert abs(flat.var() - 1) < 4 * (2 / n) ** 0.5
+    assert abs((flat ** 4).mean() - 3) < 0.1
+    assert abs(flat.abs().max()) < 5.5                                     # 24-bit uniforms
+    for a, b in [(z[0], z[1]), (z[:, :-1], z[:, 1:]), (z[..., :-1], z[..., 1:])]:
+        r = torch.corrcoef(torch.stack([a.reshape(-1), b.reshape(-1)]))[0, 1]
+        assert abs(r) < 4 / a.numel() ** 0.5
+    other = ddpm_ops.seeded_noise(seed + 1, 4, 5000, 6)
+    assert abs(torch.corrcoef(torch.stack([flat, other.reshape(-1)]))[0, 1]) < 4 / n ** 0.5
 
 
 def test_generator_noise_is_distributed_like_randn():
@@ -173,6 +198,9 @@ BAD = {
     "activation count": (dict(activations=["silu", "silu"]), r"activations must name one activation per hidden layer \(1 for 2 weights\), got 2"),
     "first layer width": (dict(weights=[torch.randn(8, 6), torch.randn(5, 8)]), r"weights\[0\] must have the nn.Linear layout \(out_features, 5\) where in_features = dim \(x alone\), got shape \[8, 6\]"),
     "t_start range": (dict(t_start=torch.tensor([1, 60, 3, 4])), r"t_start out of range: .* \[2, 49\] .* got t_start in \[1, 60\]"),
+    "noise and seed": (dict(noise_seed=torch.tensor([3])), r"noise and noise_seed: expected at most one of them .* got both"),
+    "seed dtype": (dict(noise=None, noise_seed=torch.tensor([3.0])), r"noise_seed must be one int64 element, got Float of shape \[1\]"),
+    "seed size": (dict(noise=None, noise_seed=torch.tensor([3, 4])), r"noise_seed must be one int64 element, got Long of shape \[2\]"),
 }
 
 
@@ -200,7 +228,8 @@ def test_python_api_errors_name_the_argument():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("features", [(), FEATURES, ("time", "clip"), ("cond", "noise", "chain")])
+@pytest.mark.parametrize("features", [(), FEATURES, ("time", "clip"), ("cond", "noise", "chain"),
+                                      ("seeded", "clip", "chain")])
 def test_opcheck(device, features):
     problem = make_rule_problem(5, 6, [16, 16], 3, features=features, activation="mixed", device=device)
     opcheck(torch.ops.ddpm.fused_sample.rule, problem.args())

@@ -23,7 +23,8 @@ inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 //   h  = W0 x + b0 + time_bias[s] + (s / T) * time_weight + cond_bias[r]
 //   e  = the rest of the MLP (act[l] after every layer l but the last)
 //   x0 = A[s] x - B[s] e, clamped to [clip_lo, clip_hi] when clip
-//   x  = C[s] x0 + D[s] x + E[s] e + S[s] noise[k, r], then clamped when post_clip
+//   x  = C[s] x0 + D[s] x + E[s] e + S[s] z[k, r], then clamped when post_clip
+//        (z: `noise`, or drawn from `noise_seed`)
 // A null table stands for its identity (A: 1; D, E, S: 0), so a rule that
 // lacks a term costs nothing for it.
 struct MlpPlan {
@@ -57,6 +58,9 @@ struct MlpPlan {
   bool clip = false, post_clip = false;
   float clip_lo = 0.f, clip_hi = 0.f, post_lo = 0.f, post_hi = 0.f;
   const float* noise = nullptr;  // (K, batch, dim); null: no noise term
+  // Instead of `noise`: z drawn from noise_seed (seeded_noise.h).
+  bool seeded_noise = false;
+  uint64_t noise_seed = 0;
   float* chain = nullptr;        // (K + 1, batch, dim): x after step k goes to chain[k + 1]
 
   // Whether layer 0 needs bias rows of its own (else it uses bias[0] for every row).
