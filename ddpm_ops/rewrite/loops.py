@@ -25,19 +25,12 @@ from .affine import _read_update, _Update
 from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region
 from .network import _find_nets
 from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
+from .report import count as _count, fused as _report_fused
 from .tables import (_check_uniform, _Emitter, _first_row, _indexed_tables, _shared_tables, _stack_rows,
                      _step_values)
 from .timesteps import _find_sites, _Reemit
 
 log = logging.getLogger("ddpm_ops.rewrite")
-
-#: What the general reader did in this process: loops fused, steps fused, loops left alone.
-STATS = {"loops_fused": 0, "steps_fused": 0, "loops_left_alone": 0}
-
-
-def _count(key: str, n: int = 1) -> None:
-    STATS[key] += n
-    torch._dynamo.utils.counters["ddpm_ops"][key] += n
 
 RULE = torch.ops.ddpm.fused_sample.rule
 
@@ -297,7 +290,7 @@ def rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
 
 def _log(plan: _Plan, fused: Node) -> None:
     net = plan.loop.nets[0]
-    log.info("ddpm_ops: fused %d steps into one ddpm::fused_sample.rule (batch shape %s, "
-             "%d layers %s, clip %s, post_clip %s, noise %s)", len(plan.loop.nets),
-             tuple(_val(plan.loop.x(0)).shape), len(net.weights), net.activations, plan.clip,
-             plan.post_clip, "yes" if fused.args[11] is not None else "no")
+    _report_fused(
+        f"ddpm_ops: fused {len(plan.loop.nets)} steps into one ddpm::fused_sample.rule (batch shape "
+        f"{tuple(_val(plan.loop.x(0)).shape)}, {len(net.weights)} layers {net.activations}, clip "
+        f"{plan.clip}, post_clip {plan.post_clip}, noise {'yes' if fused.args[11] is not None else 'no'})")

@@ -16,6 +16,7 @@ import torch
 from torch.fx import Graph, Node
 
 from .. import _library  # noqa: F401  (registers ddpm::fused_sample)
+from . import report
 from .patterns import _NoMatch, _is, _val, aten
 from .steps import _build_runs, _match_step, _Step, looks_like_update
 
@@ -218,9 +219,8 @@ def _log_fused(run: list[_Step], args: tuple) -> None:
     first = run[0]
     xv = _val(args[0])
     widths = [tuple(_val(w).shape) for w in first.weights]
-    log.info("ddpm_ops: fused %d DDPM steps into one ddpm::fused_sample "
-             "(batch shape %s, %d layers with weights %s, T=%d)", len(run),
-             tuple(xv.shape), len(widths), widths, first.total_timesteps)
+    report.fused(f"ddpm_ops: fused {len(run)} DDPM steps into one ddpm::fused_sample (batch shape "
+                 f"{tuple(xv.shape)}, {len(widths)} layers with weights {widths}, T={first.total_timesteps})")
 
 
 # ----------------------------------------------------------------------------- dead code
