@@ -117,7 +117,8 @@ class DDPMSamplingRewrite(_PassBase):
             return
         if is_inference is False:
             if any(looks_like_update(n) for n in graph.nodes):
-                log.debug("ddpm_ops: training graph left alone (the op has no backward)")
+                log.debug("ddpm_ops: training graph left alone by the time-column matcher and the "
+                          "general reader alike (the op has no backward)")
             return
         # An inference graph can still hold tensors that require grad (AOTInductor
         # compiling an exported program under grad mode); inductor would then call
