@@ -277,14 +277,14 @@ def rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
             plan = _plan(loop, latest, position)
             fused, em = _emit(graph, plan)
         except _NoMatch as e:
-            log.debug("ddpm_ops: general reader: loop of %d steps ending near %s left alone: %s", len(loop.nets),
-                      loop.nets[-1].out.name, e)
+            log.debug("ddpm_ops: general reader: loop of %d steps ending near %s left alone: %s",
+                      len(loop.nets), loop.nets[-1].out.name, e)
             _count("loops_left_alone")
             continue
         why = refusal(plan, fused) if refusal is not None else None
         if why is not None:
-            log.debug("ddpm_ops: general reader: loop of %d steps at %s left alone: %s", len(loop.nets),
-                      plan.end.name, why)
+            log.debug("ddpm_ops: general reader: loop of %d steps at %s left alone: %s",
+                      len(loop.nets), plan.end.name, why)
             em.rollback()
             _count("loops_left_alone")
             continue
