@@ -30,8 +30,11 @@ from .step_rules import StepRule
 def rewrite_stats() -> dict:
     """Counts of the general loop reader in this process: ``loops_fused``,
     ``steps_fused``, ``loops_left_alone`` (also in ``torch._dynamo.utils.counters["ddpm_ops"]``).
-    A compilation served from the FX graph cache runs no pass and counts nothing."""
-    from .rewrite.loops import STATS
+
+    A graph ``torch.compile`` serves from inductor's FX graph cache is counted
+    too, as the compilation that made it counted it (and its INFO lines are
+    logged again), at the end of the Dynamo compilation that loaded it."""
+    from .rewrite.report import STATS
     return dict(STATS)
 
 __all__ = [

@@ -50,7 +50,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx import Graph
 
 from . import rewrite as _rewrite
-from .rewrite import looks_like_update, rewrite_graph
+from .rewrite import looks_like_update, report, rewrite_graph
 
 try:  # torch >= 2.12 tells inference-aware passes whether the graph is inference
     from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass as _PassBase
@@ -117,7 +117,8 @@ class DDPMSamplingRewrite(_PassBase):
             return
         if is_inference is False:
             if any(looks_like_update(n) for n in graph.nodes):
-                log.debug("ddpm_ops: training graph left alone (the op has no backward)")
+                log.debug("ddpm_ops: training graph left alone by the time-column matcher and the "
+                          "general reader alike (the op has no backward)")
             return
         # An inference graph can still hold tensors that require grad (AOTInductor
         # compiling an exported program under grad mode); inductor would then call
@@ -125,6 +126,10 @@ class DDPMSamplingRewrite(_PassBase):
         rewrite_graph(graph, grad_inputs_ok=False)
 
     def uuid(self) -> Any:
+        # Inductor asks for the uuid on every compilation it may serve from its FX graph
+        # cache, before the lookup, and torch._dynamo.reset() drops compile callbacks:
+        # so this is where the reporting of cache hits is (re)installed.
+        report.watch_cache_hits()
         chained = []
         for p in get_custom_graph_passes(self.chained):
             u = p.uuid() if isinstance(p, CustomGraphPass) else None

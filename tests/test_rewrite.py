@@ -421,8 +421,10 @@ def test_logs_rewrite_and_near_miss(caplog):
     compile_run(model, *make_inputs(model))
     debug = [r.getMessage() for r in caplog.records
              if r.name == "ddpm_ops.rewrite" and r.levelno == logging.DEBUG]
-    assert any("is not SiLU" in m for m in debug), debug
+    assert any(m.startswith("ddpm_ops: time-column matcher: ") and "is not the time-column form: " in m
+               and "is not SiLU" in m for m in debug), debug
     assert not any(r.levelno == logging.INFO for r in caplog.records if r.name == "ddpm_ops.rewrite")
+
 
 
 # ----------------------------------------------------------------------------- 5. cache-correct

@@ -124,12 +124,26 @@ class PerSampleFirstStep(v1_variants.PosteriorSampler):
 
 NEAR_MISSES = {
     "not affine": (SquaredUpdate(timesteps="int"), "multiplies two sample-dependent values"),
-    "unsupported op": (LayerNormNet(), None),
+    "unsupported op": (LayerNormNet(), "['aten.sub.Tensor', 'aten.var_mean.correction'] reading it"),
     "trajectory": (Trajectory(timesteps="int"), "used outside the step"),
     "per-sample, two a step": (PerSampleTwice(), "at its own timestep"),
     "per-sample, t - 1": (PerSamplePrevious(), "reads the timestep at offset 1"),
     "per-sample, first step's value": (PerSampleFirstStep(), "may differ between samples"),
 }
+
+
+GENERAL = "ddpm_ops: general reader: "
+TIME_COLUMN = "ddpm_ops: time-column matcher: "
+
+
+def assert_general_reason(caplog, reason):
+    """The general reader's DEBUG line gives ``reason``; the time-column matcher's lines (it
+    reads first) say its form does not match, so they do not read as the reason."""
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "ddpm_ops.rewrite" and r.levelno == logging.DEBUG]
+    assert any(m.startswith(GENERAL + "loop of ") and reason in m for m in lines), lines
+    assert all(m.startswith(GENERAL) or m.startswith(TIME_COLUMN) and "is not the time-column form: " in m
+               for m in lines), lines
 
 
 @pytest.mark.parametrize("case", sorted(NEAR_MISSES))
@@ -142,8 +156,21 @@ def test_near_misses_are_left_alone_and_say_why(case, caplog):
     assert not RULE_CALL.search(code)
     with torch.no_grad():
         assert relative_error(out, model(x, t)) < 1e-5
-    if reason is not None:
-        assert any(reason in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert_general_reason(caplog, reason)
+
+
+def test_time_column_non_match_of_a_fused_loop_is_no_reason(caplog):
+    """A loop the general reader fuses: the time-column matcher's lines say only that its form
+    does not match, and no line says the loop was left alone."""
+    model, args, _ = CASES["v1_int_t"]()
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        compile_run(model, *args)
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    assert any(m.startswith(f"ddpm_ops: fused {model.num_steps} steps into one ddpm::fused_sample.rule")
+               for m in lines), lines
+    near = [m for m in lines if m.startswith(TIME_COLUMN)]
+    assert near and all("is not the time-column form: " in m for m in near), lines
+    assert not any("left alone" in m for m in lines), lines
 
 
 def test_float64_loop_is_left_alone(caplog):
@@ -152,14 +179,18 @@ def test_float64_loop_is_left_alone(caplog):
     with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
         _, code = compile_run(model, x, model.T - 1)
     assert not RULE_CALL.search(code)
-    assert any("float64" in r.getMessage() for r in caplog.records)
+    assert_general_reason(caplog, "the sample is torch.float64; the op computes float32 only")
 
 
-def test_training_graph_is_left_alone():
+def test_training_graph_is_left_alone(caplog):
     model = v1_variants.PosteriorSampler(timesteps="int")
     x = torch.randn(8, model.dim)
-    out, code = run_and_get_code(torch.compile(model), x, model.T - 1)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = run_and_get_code(torch.compile(model), x, model.T - 1)
     assert not RULE_CALL.search("\n".join(code))
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    assert lines == ["ddpm_ops: training graph left alone by the time-column matcher and the "
+                     "general reader alike (the op has no backward)"], lines
     out.sum().backward()
     assert model.eps_net[0].weight.grad is not None
 

@@ -13,7 +13,9 @@ concern:
 * :mod:`.steps`: one sampling step (its structure, its types, its isolation)
   and the chaining of steps into runs;
 * :mod:`.replace`: whether a run may be replaced, the insertion of the op and
-  the removal of what only the run needed.
+  the removal of what only the run needed;
+* :mod:`.report`: the INFO line of each fused loop and the counts of
+  ``ddpm_ops.rewrite_stats()``, also for graphs served from the FX graph cache.
 
 What is matched (every fact is proved on the graph, or nothing is rewritten)
 ---------------------------------------------------------------------------

@@ -25,19 +25,12 @@ from .affine import _read_update, _Update
 from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region
 from .network import _find_nets
 from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
+from .report import count as _count, fused as _report_fused
 from .tables import (_check_uniform, _Emitter, _first_row, _indexed_tables, _shared_tables, _stack_rows,
                      _step_values)
 from .timesteps import _find_sites, _Reemit
 
 log = logging.getLogger("ddpm_ops.rewrite")
-
-#: What the general reader did in this process: loops fused, steps fused, loops left alone.
-STATS = {"loops_fused": 0, "steps_fused": 0, "loops_left_alone": 0}
-
-
-def _count(key: str, n: int = 1) -> None:
-    STATS[key] += n
-    torch._dynamo.utils.counters["ddpm_ops"][key] += n
 
 RULE = torch.ops.ddpm.fused_sample.rule
 
@@ -78,9 +71,16 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         raise _NoMatch("the sample is not (batch, dim)")
     if x0v.dtype != torch.float32:
         raise _NoMatch(f"the sample is {x0v.dtype}; the op computes float32 only")
-    ev = _val(loop.nets[0].out)
+    out = loop.nets[0].out
+    ev = _val(out)
     if ev is None or tuple(ev.shape) != tuple(x0v.shape):
-        raise _NoMatch("the network's output is not shaped like the sample")
+        # A network ends at a Linear that no known activation leads on from to another Linear:
+        # what reads it is then usually the op that broke the network in two.
+        readers = sorted({str(u.target) for u in out.users})
+        shape = "unknown" if ev is None else tuple(ev.shape)
+        raise _NoMatch(f"the network's output {out.name} (shape {shape}) is not shaped like the "
+                       f"sample {tuple(x0v.shape)}; the network ends there because {readers} "
+                       "reading it is not an activation the reader knows followed by a Linear")
     for p in (*loop.nets[0].weights, *loop.nets[0].biases):
         pv = _val(p)
         if pv is None or pv.dtype != torch.float32 or pv.device != x0v.device:
@@ -184,7 +184,7 @@ def _shared_pieces(em: _Emitter, loop: _Loop, step_pieces: list) -> _Reemit | No
         for p in step_pieces:
             reemit.prove(loop.pieces[0][p])
     except _NoMatch as e:
-        log.debug("ddpm_ops: the step-only inputs of %s are stacked step by step: %s",
+        log.debug("ddpm_ops: general reader: the step-only inputs of %s are stacked step by step: %s",
                   loop.nets[0].inp.name, e)
         return None
     return reemit
@@ -268,7 +268,7 @@ def rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
         todo = [lp for lp in loops if lp.nets[0].out.name not in tried]
         if not todo:
             for r in reasons:
-                log.debug("ddpm_ops: %s", r)
+                log.debug("ddpm_ops: general reader: %s", r)
             return done
         loop = todo[0]
         tried.add(loop.nets[0].out.name)
@@ -277,14 +277,14 @@ def rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
             plan = _plan(loop, latest, position)
             fused, em = _emit(graph, plan)
         except _NoMatch as e:
-            log.debug("ddpm_ops: loop of %d steps ending near %s left alone: %s", len(loop.nets),
-                      loop.nets[-1].out.name, e)
+            log.debug("ddpm_ops: general reader: loop of %d steps ending near %s left alone: %s",
+                      len(loop.nets), loop.nets[-1].out.name, e)
             _count("loops_left_alone")
             continue
         why = refusal(plan, fused) if refusal is not None else None
         if why is not None:
-            log.debug("ddpm_ops: loop of %d steps at %s left alone: %s", len(loop.nets),
-                      plan.end.name, why)
+            log.debug("ddpm_ops: general reader: loop of %d steps at %s left alone: %s",
+                      len(loop.nets), plan.end.name, why)
             em.rollback()
             _count("loops_left_alone")
             continue
@@ -297,7 +297,7 @@ def rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
 
 def _log(plan: _Plan, fused: Node) -> None:
     net = plan.loop.nets[0]
-    log.info("ddpm_ops: fused %d steps into one ddpm::fused_sample.rule (batch shape %s, "
-             "%d layers %s, clip %s, post_clip %s, noise %s)", len(plan.loop.nets),
-             tuple(_val(plan.loop.x(0)).shape), len(net.weights), net.activations, plan.clip,
-             plan.post_clip, "yes" if fused.args[11] is not None else "no")
+    _report_fused(
+        f"ddpm_ops: fused {len(plan.loop.nets)} steps into one ddpm::fused_sample.rule (batch shape "
+        f"{tuple(_val(plan.loop.x(0)).shape)}, {len(net.weights)} layers {net.activations}, clip "
+        f"{plan.clip}, post_clip {plan.post_clip}, noise {'yes' if fused.args[11] is not None else 'no'})")

@@ -16,6 +16,7 @@ import torch
 from torch.fx import Graph, Node
 
 from .. import _library  # noqa: F401  (registers ddpm::fused_sample)
+from . import report
 from .patterns import _NoMatch, _is, _val, aten
 from .steps import _build_runs, _match_step, _Step, looks_like_update
 
@@ -56,7 +57,7 @@ def _rewrite_runs(graph: Graph, protected, renamed, grad_inputs_ok) -> int:
         args = _fused_args(run, replaced)
         why = _refusal(run, args, position, mutations, protected, grad_inputs_ok)
         if why is not None:
-            log.debug("ddpm_ops: run ending at %s left alone: %s", last.out.name, why)
+            log.debug("ddpm_ops: time-column matcher: run ending at %s left alone: %s", last.out.name, why)
             continue
         fused = _insert_fused(graph, last.out, args)
         if fused is None:
@@ -114,7 +115,7 @@ def _match_steps(graph: Graph) -> list[_Step]:
         try:
             steps.append(_match_step(node))
         except _NoMatch as e:
-            log.debug("ddpm_ops: left %s alone: %s", node.name, e)
+            log.debug("ddpm_ops: time-column matcher: %s is not the time-column form: %s", node.name, e)
     return steps
 
 
@@ -193,7 +194,7 @@ def _insert_fused(graph: Graph, out: Node, args: tuple) -> Node | None:
         val = _fake_value(FUSED_SAMPLE, args)
     except Exception as e:  # the op's own checks refuse: leave the graph as it was
         graph.erase_node(fused)
-        log.debug("ddpm_ops: run at %s left alone: the op refuses its arguments: %s",
+        log.debug("ddpm_ops: time-column matcher: run at %s left alone: the op refuses its arguments: %s",
                   out.name, e)
         return None
     if val is not None:
@@ -218,9 +219,8 @@ def _log_fused(run: list[_Step], args: tuple) -> None:
     first = run[0]
     xv = _val(args[0])
     widths = [tuple(_val(w).shape) for w in first.weights]
-    log.info("ddpm_ops: fused %d DDPM steps into one ddpm::fused_sample "
-             "(batch shape %s, %d layers with weights %s, T=%d)", len(run),
-             tuple(xv.shape), len(widths), widths, first.total_timesteps)
+    report.fused(f"ddpm_ops: fused {len(run)} DDPM steps into one ddpm::fused_sample (batch shape "
+                 f"{tuple(xv.shape)}, {len(widths)} layers with weights {widths}, T={first.total_timesteps})")
 
 
 # ----------------------------------------------------------------------------- dead code

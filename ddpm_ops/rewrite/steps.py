@@ -243,15 +243,15 @@ def _build_runs(steps: list[_Step]) -> list[list[_Step]]:
 def _chains(s: _Step, nxt: _Step) -> bool:
     """Whether ``nxt``, which reads ``s``'s output, continues ``s``'s run."""
     if not nxt.same_params(s):
-        log.debug("ddpm_ops: step %s and step %s not merged: different weights, tables, "
-                  "T or timestep root", s.out.name, nxt.out.name)
+        log.debug("ddpm_ops: time-column matcher: step %s and step %s not merged: different "
+                  "weights, tables, T or timestep root", s.out.name, nxt.out.name)
         return False
     if nxt.t_offset != s.t_offset + 1:
-        log.debug("ddpm_ops: step %s and step %s not merged: timesteps t-%d then t-%d "
-                  "are not consecutive", s.out.name, nxt.out.name, s.t_offset, nxt.t_offset)
+        log.debug("ddpm_ops: time-column matcher: step %s and step %s not merged: timesteps "
+                  "t-%d then t-%d are not consecutive", s.out.name, nxt.out.name, s.t_offset, nxt.t_offset)
         return False
     if set(s.out.users) != nxt.entry:
-        log.debug("ddpm_ops: run ends at %s: its x is also used by %s", s.out.name,
-                  [u.name for u in s.out.users if u not in nxt.entry])
+        log.debug("ddpm_ops: time-column matcher: run ends at %s: its x is also used by %s",
+                  s.out.name, [u.name for u in s.out.users if u not in nxt.entry])
         return False
     return True
