@@ -182,6 +182,18 @@ def test_float64_loop_is_left_alone(caplog):
     assert_general_reason(caplog, "the sample is torch.float64; the op computes float32 only")
 
 
+def test_loop_on_a_device_without_a_fused_kernel_is_left_alone(caplog, monkeypatch):
+    """Where the general step has no fused kernel (CUDA, for now) the op would run its
+    ATen loop, slower than inductor's own code: the reader leaves the loop to inductor."""
+    from ddpm_ops.rewrite import loops
+    monkeypatch.setattr(loops, "has_fused_rule_kernel", lambda device: False)
+    model, args, _ = CASES["diffusion_ql"]()
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        _, code = compile_run(model, *args)
+    assert not RULE_CALL.search(code)
+    assert_general_reason(caplog, "ddpm::fused_sample.rule has no fused kernel on cpu")
+
+
 def test_training_graph_is_left_alone(caplog):
     model = v1_variants.PosteriorSampler(timesteps="int")
     x = torch.randn(8, model.dim)

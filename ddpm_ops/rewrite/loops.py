@@ -24,6 +24,7 @@ from torch.fx import Graph, Node
 from .affine import _read_update, _Update
 from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region
 from .network import _find_nets
+from .._library import has_fused_rule_kernel
 from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
 from .report import count as _count, fused as _report_fused
 from .tables import (_check_uniform, _Emitter, _first_row, _indexed_tables, _shared_tables, _stack_rows,
@@ -71,6 +72,9 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         raise _NoMatch("the sample is not (batch, dim)")
     if x0v.dtype != torch.float32:
         raise _NoMatch(f"the sample is {x0v.dtype}; the op computes float32 only")
+    if not has_fused_rule_kernel(x0v.device):
+        # Elsewhere the op runs its ATen loop, which is slower than inductor's code for the loop.
+        raise _NoMatch(f"ddpm::fused_sample.rule has no fused kernel on {x0v.device.type}")
     out = loop.nets[0].out
     ev = _val(out)
     if ev is None or tuple(ev.shape) != tuple(x0v.shape):
