@@ -182,7 +182,7 @@ def run_table(name, cfg, args, clock, device):
 
         contenders = {} if args.only_fused else {"eager": lambda: model(x, t)}
         for key, cmodel in compiled.items():
-            if args.only_fused or (args.skip_compile_above and batch > args.skip_compile_above):
+            if args.only_fused or args.no_compile or (args.skip_compile_above and batch > args.skip_compile_above):
                 continue
             if key == "compile-ro":  # its outputs live in a CUDA graph pool: mark each call
                 contenders[key] = (lambda m: lambda: (torch.compiler.cudagraph_mark_step_begin(), m(x, t))[1])(cmodel)
@@ -303,6 +303,10 @@ def main():
     parser.add_argument("--skip-compile-above", type=int, default=0,
                         help="leave torch.compile out for batches above this (0: never)")
     parser.add_argument("--only-fused", action="store_true", help="time the fused op alone")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave torch.compile out (torch 2.13's inductor aborts with 'malloc(): unaligned "
+                             "tcache chunk detected' compiling the seed loop with dynamic shapes on an "
+                             "AVX-512 Xeon)")
     parser.add_argument("--variants", action="store_true",
                         help="also time each CUDA kernel variant forced (fp32, and the wgmma kernel in bf16)")
     parser.add_argument("--budget", type=float, default=0.15, help="seconds of calls per measurement")

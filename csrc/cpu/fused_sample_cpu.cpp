@@ -309,9 +309,8 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
 // identity for that term), so a rule without a term runs as fast as one
 // that never had it. A plain scan: a reduction op per row would cost more
 // than a small batch's whole call.
-const float* unless_all(const at::Tensor& row, float value) {
-  const float* p = row.data_ptr<float>();
-  return std::all_of(p, p + row.numel(), [value](float v) { return v == value; }) ? nullptr : p;
+const float* unless_all(const float* row, int64_t length, float value) {
+  return std::all_of(row, row + length, [value](float v) { return v == value; }) ? nullptr : row;
 }
 
 }  // namespace
@@ -371,12 +370,15 @@ at::Tensor fused_sample_rule_cpu(const at::Tensor& x, const at::Tensor& t_start,
   plan.num_steps = num_steps;
   plan.time_bias = time.defined() ? time.data_ptr<float>() : nullptr;
   plan.cond_bias = cond.defined() ? cond.data_ptr<float>() : nullptr;
-  plan.A = unless_all(tables[kA], 1.f);
-  plan.B = tables[kB].data_ptr<float>();
-  plan.C = tables[kC].data_ptr<float>();
-  plan.D = unless_all(tables[kD], 0.f);
-  plan.E = unless_all(tables[kE], 0.f);
-  plan.S = unless_all(tables[kS], 0.f);
+  // Rows by pointer: a tensor per row would cost a call at batch 1 more than its update.
+  const int64_t length = tables.size(1);
+  const float* row = tables.data_ptr<float>();
+  plan.A = unless_all(row + kA * length, length, 1.f);
+  plan.B = row + kB * length;
+  plan.C = row + kC * length;
+  plan.D = unless_all(row + kD * length, length, 0.f);
+  plan.E = unless_all(row + kE * length, length, 0.f);
+  plan.S = unless_all(row + kS * length, length, 0.f);
   plan.noise = z.defined() ? z.data_ptr<float>() : nullptr;
   if (noise_seed.has_value()) {
     plan.seeded_noise = true;

@@ -53,10 +53,11 @@ inline Vec silu(Vec v) {
 
 inline Vec mish(Vec v) {
   // v * tanh(log1p(exp(v))) with one exp: tanh(log(1 + n)) = n (n + 2) / (n (n + 2) + 2).
-  // Past v = 20 the factor is 1 in float32 (and n (n + 2) would overflow).
-  const Vec n = at::vec::minimum(v, Vec(20.f)).exp_u20();
+  // From v = 20 on the factor is 1 in float32, so the exp's argument stops there
+  // (n (n + 2) would overflow past about 44).
+  const Vec n = at::vec::clamp_max(v, Vec(20.f)).exp_u20();  // NaN stays NaN
   const Vec p = n * (n + Vec(2.f));
-  return Vec::blendv(v * p / (p + Vec(2.f)), v, v > Vec(20.f));
+  return v * p / (p + Vec(2.f));
 }
 
 template <Activation ACT>
@@ -309,6 +310,27 @@ inline IVec mix32(IVec x) {
   return x ^ shift_right(x, sn::kMix32Shift3);
 }
 
+// log of positive normal floats, within 2 ulp: Cephes' logf polynomial, inline
+// (Sleef's log is an out-of-line call whose latency dominated the noise).
+inline Vec log_positive(Vec x) {
+  const IVec bits = at::vec::cast<int32_t>(x);
+  const IVec exponent = shift_right(bits, 23) - IVec(126);  // x = m 2^e, m in [0.5, 1)
+  Vec m = at::vec::cast<float>((bits & IVec(0x007fffff)) | IVec(0x3f000000));
+  const Vec below = m < Vec(0.70710678f);  // then m 2^e = (2m) 2^(e - 1)
+  const Vec e = at::vec::convert_to_fp_of_same_size<float>(exponent) - (below & Vec(1.f));
+  m = m + (below & m) - Vec(1.f);
+  const Vec z = m * m;
+  Vec p(7.0376836292e-2f);
+  for (const float c : {-1.1514610310e-1f, 1.1676998740e-1f, -1.2420140846e-1f, 1.4249322787e-1f,
+                        -1.6668057665e-1f, 2.0000714765e-1f, -2.4999993993e-1f, 3.3333331174e-1f}) {
+    p = at::vec::fmadd(p, m, Vec(c));
+  }
+  Vec y = p * m * z;
+  y = at::vec::fmadd(e, Vec(-2.12194440e-4f), y);
+  y = at::vec::fmadd(z, Vec(-0.5f), y);
+  return at::vec::fmadd(e, Vec(0.693359375f), m + y);
+}
+
 // Noise vectors drawn at once: their dependency chains (a log, then a
 // polynomial of 9 dependent FMAs) interleave instead of running one by one.
 constexpr int kNoiseVectors = 4;
@@ -330,7 +352,9 @@ inline void seeded_normals(uint64_t key, int64_t j0, Vec* z) {
     // 2u - 1 = (2 top + 1 - 2^24) / 2^24, exact in float32.
     x[i] = at::vec::fmadd(top, Vec(2.f * kUlp), Vec(kUlp - 1.f));
   }
-  for (int i = 0; i < kNoiseVectors; ++i) w[i] = Vec(0.f) - ((Vec(1.f) - x[i]) * (Vec(1.f) + x[i])).log();
+  for (int i = 0; i < kNoiseVectors; ++i) {
+    w[i] = Vec(0.f) - log_positive((Vec(1.f) - x[i]) * (Vec(1.f) + x[i]));
+  }
   for (int i = 0; i < kNoiseVectors; ++i) p[i] = Vec(2.81022636e-08f);
   for (const float c : {3.43273939e-07f, -3.5233877e-06f, -4.39150654e-06f, 0.00021858087f,
                         -0.00125372503f, -0.00417768164f, 0.246640727f, 1.50140941f}) {
