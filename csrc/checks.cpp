@@ -48,37 +48,80 @@ void check_x_and_t_start(const at::Tensor& x, const at::Tensor& t_start) {
               ", got ", t_start.device());
 }
 
-// weights and biases: an MLP of nn.Linear layers from first_in_features to
-// x's dim, float32 on x's device.
-void check_mlp(const at::Tensor& x, at::TensorList weights, at::TensorList biases,
-               const c10::SymInt& first_in_features, const char* first_note) {
-  TORCH_CHECK(!weights.empty(),
-              "ddpm::fused_sample: weights must hold at least one Linear weight, got an empty list");
-  TORCH_CHECK(biases.size() == weights.size(), "ddpm::fused_sample: biases must hold one bias per "
-              "weight (", weights.size(), "), got ", biases.size());
-  c10::SymInt in_features = first_in_features;
+// A chain of nn.Linear layers, float32 on x's device: weights[l] is
+// (out_l, in_l) with in_0 = first_in_features, in_l = out_{l-1} and the last
+// out_l = last_out_features; one (out_l,) bias per layer, but for the last when
+// !last_has_bias. `name` is the arguments' prefix ("", "time_", "cond_").
+struct LinearChain {
+  std::string name;
+  c10::SymInt first_in_features;
+  std::string first_note;
+  c10::SymInt last_out_features;
+  std::string last_note;
+  bool last_has_bias;
+};
+
+void check_linear_chain(const at::Tensor& x, at::TensorList weights, at::TensorList biases,
+                        const LinearChain& chain) {
+  const std::string weights_name = chain.name + "weights", biases_name = chain.name + "biases";
+  TORCH_CHECK(!weights.empty(), "ddpm::fused_sample: ", weights_name,
+              " must hold at least one Linear weight, got an empty list");
+  const size_t num_biases = weights.size() - (chain.last_has_bias ? 0 : 1);
+  TORCH_CHECK(biases.size() == num_biases, "ddpm::fused_sample: ", biases_name, " must hold one "
+              "bias per weight", chain.last_has_bias ? "" : " but the last", " (", num_biases,
+              "), got ", biases.size());
+  c10::SymInt in_features = chain.first_in_features;
   for (size_t l = 0; l < weights.size(); ++l) {
-    const std::string w_name = "weights[" + std::to_string(l) + "]";
-    const std::string b_name = "biases[" + std::to_string(l) + "]";
+    const std::string w_name = weights_name + "[" + std::to_string(l) + "]";
     const at::Tensor& w = weights[l];
-    const at::Tensor& b = biases[l];
     TORCH_CHECK(w.dim() == 2 && w.sym_size(1) == in_features, "ddpm::fused_sample: ", w_name,
                 " must have the nn.Linear layout (out_features, ", in_features, ")",
-                l == 0 ? first_note : "",
-                ", got shape ", shape_of(w));
+                l == 0 ? chain.first_note : std::string(), ", got shape ", shape_of(w));
     const bool last = l + 1 == weights.size();
-    TORCH_CHECK(!last || w.sym_size(0) == x.sym_size(1), "ddpm::fused_sample: ", w_name,
-                " is the last layer and must output dim = ", x.sym_size(1),
-                " features, got shape ", shape_of(w));
+    TORCH_CHECK(!last || w.sym_size(0) == chain.last_out_features, "ddpm::fused_sample: ", w_name,
+                " is the last layer and must output ", chain.last_note, " = ",
+                chain.last_out_features, " features, got shape ", shape_of(w));
     TORCH_CHECK(w.sym_size(0) >= 1, "ddpm::fused_sample: ", w_name,
                 " must have at least one output feature, got shape ", shape_of(w));
-    TORCH_CHECK(b.dim() == 1 && b.sym_size(0) == w.sym_size(0), "ddpm::fused_sample: ", b_name,
-                " must have shape (", w.sym_size(0), ",) to match ", w_name, ", got shape ",
-                shape_of(b));
     check_float32_on(w, w_name, x);
-    check_float32_on(b, b_name, x);
+    if (l < biases.size()) {
+      const std::string b_name = biases_name + "[" + std::to_string(l) + "]";
+      const at::Tensor& b = biases[l];
+      TORCH_CHECK(b.dim() == 1 && b.sym_size(0) == w.sym_size(0), "ddpm::fused_sample: ", b_name,
+                  " must have shape (", w.sym_size(0), ",) to match ", w_name, ", got shape ",
+                  shape_of(b));
+      check_float32_on(b, b_name, x);
+    }
     in_features = w.sym_size(0);
   }
+}
+
+// The network of the time_* or cond_* arguments (`prefix`): its input has
+// `rows` rows (`rows_note` says which) and its output layer 0's width.
+void check_bias_net(const at::Tensor& x, const BiasNet& net, const std::string& prefix,
+                    const c10::SymInt& rows, const char* rows_note, const c10::SymInt& hidden0) {
+  const std::string input_name = prefix + "input";
+  if (!net.input.has_value()) {
+    TORCH_CHECK(!net.weights.has_value() && !net.biases.has_value() && !net.activations.has_value(),
+                "ddpm::fused_sample: ", prefix, "weights, ", prefix, "biases and ", prefix,
+                "activations describe the network of ", input_name, ": expected none of them "
+                "without ", input_name, ", got ",
+                net.weights.has_value() ? "weights" : net.biases.has_value() ? "biases" : "activations");
+    return;
+  }
+  const at::Tensor& input = *net.input;
+  TORCH_CHECK(input.dim() == 2 && input.sym_size(0) == rows, "ddpm::fused_sample: ", input_name,
+              " must have shape (", rows_note, ", features) = (", rows, ", features), got shape ",
+              shape_of(input));
+  check_float32_on(input, input_name, x);
+  TORCH_CHECK(net.weights.has_value(), "ddpm::fused_sample: ", input_name, " needs ", prefix,
+              "weights (at least layer 0's columns for it), got none");
+  const at::TensorList weights = *net.weights;
+  check_linear_chain(x, weights, net.biases.value_or(at::TensorList()),
+                     {prefix, input.sym_size(1), " where in_features = " + input_name + "'s columns",
+                      hidden0, "the out_features of weights[0]", /*last_has_bias=*/false});
+  parse_activations(net.activations.value_or(std::vector<std::string>()),
+                    static_cast<int64_t>(weights.size()), (prefix + "activations").c_str());
 }
 
 }  // namespace
@@ -89,7 +132,8 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
                              const at::Tensor& coef_eps, int64_t num_steps,
                              int64_t total_timesteps, c10::string_view precision) {
   check_x_and_t_start(x, t_start);
-  check_mlp(x, weights, biases, x.sym_size(1) + 1, " where in_features = dim + 1 (the time column)");
+  check_linear_chain(x, weights, biases, {"", x.sym_size(1) + 1, " where in_features = dim + 1 (the time column)",
+                                          x.sym_size(1), "dim", /*last_has_bias=*/true});
 
   TORCH_CHECK(sqrt_recip_alphas.dim() == 1 && sqrt_recip_alphas.sym_size(0) >= 1,
               "ddpm::fused_sample: sqrt_recip_alphas must be a non-empty 1-D table, got shape ",
@@ -121,9 +165,11 @@ void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
                             OptionalRange clip,
                             OptionalRange post_clip,
                             const std::optional<at::Tensor>& noise, c10::string_view precision,
-                            const std::optional<at::Tensor>& noise_seed) {
+                            const std::optional<at::Tensor>& noise_seed, const BiasNet& time_net,
+                            const BiasNet& cond_net) {
   check_x_and_t_start(x, t_start);
-  check_mlp(x, weights, biases, x.sym_size(1), " where in_features = dim (x alone)");
+  check_linear_chain(x, weights, biases, {"", x.sym_size(1), " where in_features = dim (x alone)",
+                                          x.sym_size(1), "dim", /*last_has_bias=*/true});
   parse_activations(activations, static_cast<int64_t>(weights.size()));
 
   TORCH_CHECK(step_tables.dim() == 2 && step_tables.sym_size(0) == kStepTables &&
@@ -153,6 +199,8 @@ void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
                 shape_of(*cond_bias));
     check_float32_on(*cond_bias, "cond_bias", x);
   }
+  check_bias_net(x, time_net, "time_", table_length, "steps", hidden0);
+  check_bias_net(x, cond_net, "cond_", x.sym_size(0), "batch", hidden0);
   parse_clip(clip, "clip");
   parse_clip(post_clip, "post_clip");
   if (noise.has_value()) {
@@ -176,9 +224,9 @@ void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
 }
 
 std::vector<Activation> parse_activations(const std::vector<std::string>& names,
-                                          int64_t num_layers) {
+                                          int64_t num_layers, const char* name) {
   TORCH_CHECK(static_cast<int64_t>(names.size()) == num_layers - 1,
-              "ddpm::fused_sample: activations must name one activation per hidden layer (",
+              "ddpm::fused_sample: ", name, " must name one activation per hidden layer (",
               num_layers - 1, " for ", num_layers, " weights), got ", names.size());
   static const std::pair<const char*, Activation> known[] = {
       {"silu", Activation::kSilu},       {"mish", Activation::kMish},
@@ -189,7 +237,7 @@ std::vector<Activation> parse_activations(const std::vector<std::string>& names,
   for (size_t l = 0; l < names.size(); ++l) {
     const auto* hit = std::find_if(std::begin(known), std::end(known),
                                    [&](const auto& k) { return names[l] == k.first; });
-    TORCH_CHECK(hit != std::end(known), "ddpm::fused_sample: activations[", l, "] must be one of "
+    TORCH_CHECK(hit != std::end(known), "ddpm::fused_sample: ", name, "[", l, "] must be one of "
                 "silu, mish, relu, gelu, gelu_tanh, tanh, identity, got \"", names[l], "\"");
     parsed.push_back(hit->second);
   }

@@ -18,6 +18,20 @@ namespace ddpm_ops {
 // infer a schema type from it.
 using OptionalRange = std::optional<c10::ArrayRef<double>>;
 
+// A small network whose output is added to layer 0's output, computed once a
+// call: the rows of `input` through Linear layers, activations[l] after each but
+// the last, and the last without a bias (it is layer 0's block of columns for
+// this input; layer 0's bias is biases[0]). The schema's time_* arguments (one
+// input row per step index: a time embedding's MLP and its columns) and cond_*
+// arguments (one row per sample: an observation's columns). Absent when `input`
+// is.
+struct BiasNet {
+  const std::optional<at::Tensor>& input;
+  std::optional<at::TensorList> weights;
+  std::optional<at::TensorList> biases;
+  const std::optional<std::vector<std::string>>& activations;
+};
+
 // Shape, dtype and device checks that do not look at tensor values. Written
 // against symbolic sizes so the Meta kernel (torch.compile, torch.export) runs
 // exactly the checks the CPU and CUDA kernels run.
@@ -37,16 +51,24 @@ void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
                             OptionalRange clip,
                             OptionalRange post_clip,
                             const std::optional<at::Tensor>& noise, c10::string_view precision,
-                            const std::optional<at::Tensor>& noise_seed);
+                            const std::optional<at::Tensor>& noise_seed, const BiasNet& time_net,
+                            const BiasNet& cond_net);
+
+// `bias` plus `net`'s output (either may be absent), contiguous: the rows the
+// kernels add to layer 0. Checked arguments only.
+std::optional<at::Tensor> with_bias_net(const std::optional<at::Tensor>& bias, const BiasNet& net);
+
+// An activation by ATen ops.
+at::Tensor activate(const at::Tensor& h, Activation act);
 
 // step_tables' rows, in this order: x0 = A x - B e; x = C x0 + D x + E e + S z.
 constexpr int64_t kStepTables = 6;
 enum StepTable : int64_t { kA, kB, kC, kD, kE, kS };
 
 // One activation per hidden layer (num_layers - 1 names), or an error naming
-// the argument.
+// the argument (`name`).
 std::vector<Activation> parse_activations(const std::vector<std::string>& names,
-                                          int64_t num_layers);
+                                          int64_t num_layers, const char* name = "activations");
 
 // A clamp range (lo, hi) with lo <= hi, or nullopt; `name` is the argument's.
 std::optional<std::pair<float, float>> parse_clip(OptionalRange range,
@@ -86,7 +108,15 @@ using FusedSampleRuleKernel = at::Tensor(const at::Tensor& x, const at::Tensor& 
                                          const std::optional<at::Tensor>& noise,
                                          bool return_chain, bool validate,
                                          c10::string_view precision,
-                                         const std::optional<at::Tensor>& noise_seed);
+                                         const std::optional<at::Tensor>& noise_seed,
+                                         const std::optional<at::Tensor>& time_input,
+                                         std::optional<at::TensorList> time_weights,
+                                         std::optional<at::TensorList> time_biases,
+                                         const std::optional<std::vector<std::string>>& time_activations,
+                                         const std::optional<at::Tensor>& cond_input,
+                                         std::optional<at::TensorList> cond_weights,
+                                         std::optional<at::TensorList> cond_biases,
+                                         const std::optional<std::vector<std::string>>& cond_activations);
 
 FusedSampleKernel fused_sample_cpu;
 FusedSampleKernel fused_sample_cuda;

@@ -6,7 +6,8 @@
 //   fused_sample       the time-column loop: input cat([x, t / T]), SiLU,
 //                      x = sqrt_recip_alphas[t] * (x - coef_eps[t] * eps);
 //   fused_sample.rule  the general step: layer 0 on x alone plus bias rows
-//                      (time_bias[s], cond_bias), an activation per layer, the
+//                      (time_bias[s], cond_bias, and the time_* and cond_* bias
+//                      networks' outputs), an activation per layer, the
 //                      step rule's six tables, clamps, noise, optionally the chain.
 #include "fused_sample.h"
 
@@ -84,9 +85,19 @@ at::Tensor fused_sample_rule_meta(const at::Tensor& x, const at::Tensor& t_start
                                   OptionalRange post_clip,
                                   const std::optional<at::Tensor>& noise, bool return_chain,
                                   bool /*validate*/, c10::string_view precision,
-                                  const std::optional<at::Tensor>& noise_seed) {
+                                  const std::optional<at::Tensor>& noise_seed,
+                                  const std::optional<at::Tensor>& time_input,
+                                  std::optional<at::TensorList> time_weights,
+                                  std::optional<at::TensorList> time_biases,
+                                  const std::optional<std::vector<std::string>>& time_activations,
+                                  const std::optional<at::Tensor>& cond_input,
+                                  std::optional<at::TensorList> cond_weights,
+                                  std::optional<at::TensorList> cond_biases,
+                                  const std::optional<std::vector<std::string>>& cond_activations) {
   check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
-                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed);
+                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed,
+                         {time_input, time_weights, time_biases, time_activations},
+                         {cond_input, cond_weights, cond_biases, cond_activations});
   if (return_chain) {
     return at::empty_symint({num_steps + 1, x.sym_size(0), x.sym_size(1)}, x.options());
   }
@@ -103,7 +114,15 @@ at::Tensor fused_sample_rule_autograd(const at::Tensor& x, const at::Tensor& t_s
                                       OptionalRange post_clip,
                                       const std::optional<at::Tensor>& noise, bool return_chain,
                                       bool validate, c10::string_view precision,
-                                      const std::optional<at::Tensor>& noise_seed) {
+                                      const std::optional<at::Tensor>& noise_seed,
+                                      const std::optional<at::Tensor>& time_input,
+                                      std::optional<at::TensorList> time_weights,
+                                      std::optional<at::TensorList> time_biases,
+                                      const std::optional<std::vector<std::string>>& time_activations,
+                                      const std::optional<at::Tensor>& cond_input,
+                                      std::optional<at::TensorList> cond_weights,
+                                      std::optional<at::TensorList> cond_biases,
+                                      const std::optional<std::vector<std::string>>& cond_activations) {
   refuse_derivatives(x, "x");
   refuse_derivatives_of_each(weights, "weights");
   refuse_derivatives_of_each(biases, "biases");
@@ -111,12 +130,20 @@ at::Tensor fused_sample_rule_autograd(const at::Tensor& x, const at::Tensor& t_s
   refuse_derivatives_if_given(time_bias, "time_bias");
   refuse_derivatives_if_given(cond_bias, "cond_bias");
   refuse_derivatives_if_given(noise, "noise");
+  refuse_derivatives_if_given(time_input, "time_input");
+  refuse_derivatives_of_each(time_weights.value_or(at::TensorList()), "time_weights");
+  refuse_derivatives_of_each(time_biases.value_or(at::TensorList()), "time_biases");
+  refuse_derivatives_if_given(cond_input, "cond_input");
+  refuse_derivatives_of_each(cond_weights.value_or(at::TensorList()), "cond_weights");
+  refuse_derivatives_of_each(cond_biases.value_or(at::TensorList()), "cond_biases");
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("ddpm::fused_sample", "rule")
                        .typed<FusedSampleRuleKernel>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
-                 cond_bias, clip, post_clip, noise, return_chain, validate, precision, noise_seed);
+                 cond_bias, clip, post_clip, noise, return_chain, validate, precision, noise_seed,
+                 time_input, time_weights, time_biases, time_activations, cond_input, cond_weights,
+                 cond_biases, cond_activations);
 }
 
 }  // namespace
@@ -133,7 +160,10 @@ TORCH_LIBRARY(ddpm, m) {
       "Tensor step_tables, int num_steps, str[] activations, Tensor? time_bias=None, "
       "Tensor? cond_bias=None, float[]? clip=None, float[]? post_clip=None, "
       "Tensor? noise=None, bool return_chain=False, bool validate=False, "
-      "str precision=\"fp32\", Tensor? noise_seed=None) -> Tensor");
+      "str precision=\"fp32\", Tensor? noise_seed=None, Tensor? time_input=None, "
+      "Tensor[]? time_weights=None, Tensor[]? time_biases=None, str[]? time_activations=None, "
+      "Tensor? cond_input=None, Tensor[]? cond_weights=None, Tensor[]? cond_biases=None, "
+      "str[]? cond_activations=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ddpm, Meta, m) {

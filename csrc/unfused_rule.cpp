@@ -14,19 +14,6 @@
 namespace ddpm_ops {
 namespace {
 
-at::Tensor activate(const at::Tensor& h, Activation act) {
-  switch (act) {
-    case Activation::kSilu: return at::silu(h);
-    case Activation::kMish: return at::mish(h);
-    case Activation::kRelu: return at::relu(h);
-    case Activation::kGelu: return at::gelu(h, "none");
-    case Activation::kGeluTanh: return at::gelu(h, "tanh");
-    case Activation::kTanh: return at::tanh(h);
-    case Activation::kIdentity: return h;
-  }
-  return h;
-}
-
 // Unsigned integer arithmetic in int64 lanes, for the seeded noise.
 // v >> s of the unsigned 64-bit value v holds: the arithmetic shift, sign bits masked.
 at::Tensor shift_right(const at::Tensor& v, int s) {
@@ -86,9 +73,20 @@ at::Tensor fused_sample_rule_unfused(const at::Tensor& x, const at::Tensor& t_st
                                      OptionalRange clip, OptionalRange post_clip,
                                      const std::optional<at::Tensor>& noise, bool return_chain,
                                      bool validate, c10::string_view precision,
-                                     const std::optional<at::Tensor>& noise_seed) {
+                                     const std::optional<at::Tensor>& noise_seed,
+                                     const std::optional<at::Tensor>& time_input,
+                                     std::optional<at::TensorList> time_weights,
+                                     std::optional<at::TensorList> time_biases,
+                                     const std::optional<std::vector<std::string>>& time_activations,
+                                     const std::optional<at::Tensor>& cond_input,
+                                     std::optional<at::TensorList> cond_weights,
+                                     std::optional<at::TensorList> cond_biases,
+                                     const std::optional<std::vector<std::string>>& cond_activations) {
+  const BiasNet time_net{time_input, time_weights, time_biases, time_activations};
+  const BiasNet cond_net{cond_input, cond_weights, cond_biases, cond_activations};
   check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
-                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed);
+                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed,
+                         time_net, cond_net);
   const int64_t table_length = step_tables.size(1);
   // Off the CPU the default never synchronises: a row whose step indices leave
   // the tables reads clamped indices and ends as NaN, as the fused kernels do.
@@ -102,14 +100,16 @@ at::Tensor fused_sample_rule_unfused(const at::Tensor& x, const at::Tensor& t_st
       noise_seed.has_value()
           ? std::optional<at::Tensor>(seeded_noise_of(*noise_seed, num_steps, x.size(0), x.size(1), x.options()))
           : noise;
+  const std::optional<at::Tensor> time_rows = with_bias_net(time_bias, time_net);
+  const std::optional<at::Tensor> cond_rows = with_bias_net(cond_bias, cond_net);
   const at::Tensor t = t_start.to(at::kLong);
   at::Tensor current = x.clone(at::MemoryFormat::Contiguous);
   std::vector<at::Tensor> chain{current};
   for (int64_t k = 0; k < num_steps; ++k) {
     const at::Tensor s = (t - k).clamp(0, table_length - 1);
     at::Tensor h = at::linear(current, weights[0], biases[0]);
-    if (time_bias.has_value()) h = h + time_bias->index_select(0, s);
-    if (cond_bias.has_value()) h = h + *cond_bias;
+    if (time_rows.has_value()) h = h + time_rows->index_select(0, s);
+    if (cond_rows.has_value()) h = h + *cond_rows;
     for (size_t l = 1; l < weights.size(); ++l) {
       h = at::linear(activate(h, acts[l - 1]), weights[l], biases[l]);
     }

@@ -21,7 +21,7 @@ from .graph_pass import (
 from .modules import DiffusionSampler, mlp_layers
 from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, sample, silu_mlp
 from . import conditioning, step_rules
-from .conditioning import cond_bias, split_first_linear, time_bias, time_bias_from_module
+from .conditioning import BiasNet, cond_bias, split_first_linear, time_bias, time_bias_from_module
 from .reference import reference, reference_sample, seeded_noise
 from .schedules import coefficient_tables, cosine_betas, linear_betas
 from .step_rules import StepRule
@@ -38,6 +38,7 @@ def rewrite_stats() -> dict:
     return dict(STATS)
 
 __all__ = [
+    "BiasNet",
     "__version__",
     "DDPMSamplingRewrite",
     "DiffusionSampler",

@@ -22,11 +22,69 @@ sampled with a diffusers scheduler::
 Both biases are computed in float64 and rounded once to float32, so they
 carry less rounding than the float32 matmul of the concatenated input does;
 the split form agrees with the unfused network to float32 accuracy.
+
+Or the op computes them itself, once a call, from a :class:`BiasNet`: the
+time embedding's MLP and ``W_t`` over one feature row per step index, the
+observation and ``W_c`` (what the torch.compile rewrite passes, so that no
+matmul is left outside the op)::
+
+    time_net = BiasNet(sinusoidal_features, [lin1.weight, lin2.weight, W_t],
+                       [lin1.bias, lin2.bias], ["mish", "identity"])
+    cond_net = BiasNet(state, [W_c])
 """
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+@dataclass(frozen=True)
+class BiasNet:
+    """A small network whose output the op adds to the first Linear's output,
+    computed once a call::
+
+        rows = Linear_n(act_{n-1}(... act_1(Linear_1(input))))
+
+    ``Linear_l(h) = h @ weights[l].T + biases[l]``, but the last has no bias:
+    it is the first Linear's block of columns for this input (the first
+    Linear's bias is ``biases[0]`` of the sampler's network).
+
+    Attributes:
+        input: ``(rows, features)``: one row per step index (``time_net``: a
+            time embedding's features at every step index of the rule) or one
+            per sample (``cond_net``: an observation).
+        weights: the ``nn.Linear`` weights, ``(out_l, in_l)``; the last
+            ``(H0, in)``, H0 the first Linear's width.
+        biases: one per weight but the last.
+        activations: after each weight but the last: one name for all, or one
+            per layer (:data:`ddpm_ops.reference.ACTIVATIONS`).
+    """
+
+    input: torch.Tensor
+    weights: Sequence[torch.Tensor]
+    biases: Sequence[torch.Tensor] = ()
+    activations: str | Sequence[str] = "silu"
+
+    def op_args(self) -> tuple:
+        """``(input, weights, biases, activations)`` as the op's ``time_*`` / ``cond_*`` arguments."""
+        from .reference import resolve_activations
+        if len(self.biases) != len(self.weights) - 1:
+            raise ValueError(f"biases: expected one per weight but the last ({len(self.weights) - 1}), "
+                             f"got {len(self.biases)}")
+        return (self.input, list(self.weights), list(self.biases),
+                resolve_activations(self.activations, len(self.weights) - 1))
+
+    def rows(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The network's output as plain PyTorch, in ``dtype`` (default: the input's)."""
+        from .reference import ACTIVATIONS
+        inp, weights, biases, names = self.op_args()
+        dtype = dtype or inp.dtype
+        h = inp.to(dtype)
+        for w, b, name in zip(weights, biases, names):
+            h = ACTIVATIONS[name](F.linear(h, w.to(dtype), b.to(dtype)))
+        return F.linear(h, weights[-1].to(dtype))
 
 
 def split_first_linear(

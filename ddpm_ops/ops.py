@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from . import _library  # noqa: F401  (registers ddpm::fused_sample)
+from .conditioning import BiasNet
 from .reference import resolve_activations
 from .step_rules import StepRule
 
@@ -100,6 +101,8 @@ def sample(
     return_chain: bool = False,
     precision: str = "fp32",
     validate: bool = False,
+    time_net: BiasNet | None = None,
+    cond_net: BiasNet | None = None,
 ) -> torch.Tensor:
     """Run ``num_steps`` steps of a diffusion sampler with an MLP network as one op.
 
@@ -109,6 +112,7 @@ def sample(
     inference step), and::
 
         h  = x @ weights[0].T + biases[0] + time_bias[s] + cond_bias
+                                        + time_net.rows()[s] + cond_net.rows()
         e  = the rest of the MLP on h (activations[l] after every Linear but the last)
         x0 = rule.A[s] * x - rule.B[s] * e,   clamped to rule.clip
         x  = rule.C[s] * x0 + rule.D[s] * x + rule.E[s] * e + rule.S[s] * z_k,
@@ -149,6 +153,13 @@ def sample(
         validate: on CUDA, check the step indices on the host and raise for one
             outside the tables (a sync); without it such rows are NaN. The CPU
             always checks and raises.
+        time_net: a :class:`~ddpm_ops.conditioning.BiasNet` with one input row
+            per step index (``len(rule)`` rows): a time embedding's MLP and the
+            first Linear's time columns, run by the op once a call; its row
+            ``s`` is added like ``time_bias[s]``.
+        cond_net: a ``BiasNet`` with one input row per sample (the
+            observation and the first Linear's columns for it), added like
+            ``cond_bias``.
 
     Returns:
         A new float32 tensor shaped like ``x`` (or the chain); inputs are never
@@ -185,10 +196,15 @@ def sample(
         None if rule.clip is None else list(rule.clip),
         None if rule.post_clip is None else list(rule.post_clip),
         noise, return_chain, validate, precision, noise_seed,
+        *_bias_net_args(time_net), *_bias_net_args(cond_net),
     )
     if x.dim() == 2:
         return out
     return out.reshape(num_steps + 1, *x.shape) if return_chain else out.reshape(x.shape)
+
+
+def _bias_net_args(net: BiasNet | None) -> tuple:
+    return (None, None, None, None) if net is None else net.op_args()
 
 
 def _as_timesteps(t_start, x: torch.Tensor) -> torch.Tensor:

@@ -151,6 +151,8 @@ def reference_sample(
     cond_bias: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
     return_chain: bool = False,
+    time_net: "BiasNet | None" = None,
+    cond_net: "BiasNet | None" = None,
 ) -> torch.Tensor:
     """Run ``num_steps`` steps of ``rule`` with an MLP network, as plain PyTorch.
 
@@ -158,6 +160,7 @@ def reference_sample(
     table::
 
         h = x @ weights[0].T + biases[0] (+ time_bias[s]) (+ cond_bias)
+              (+ time_net.rows()[s]) (+ cond_net.rows())
         e = the remaining Linear layers, activations[i] after each but the last
         x0 = A[s] x - B[s] e, clamped to rule.clip
         x = C[s] x0 + D[s] x + E[s] e + S[s] noise[k], clamped to rule.post_clip
@@ -180,6 +183,9 @@ def reference_sample(
         noise: ``(num_steps, batch, dim)`` or ``None`` (no noise).
         return_chain: return every sample ``(num_steps + 1, batch, dim)``,
             the input first, instead of the last.
+        time_net, cond_net: :class:`ddpm_ops.conditioning.BiasNet` or
+            ``None``: networks whose output rows are added like ``time_bias``
+            (one input row per step index) and ``cond_bias`` (one per sample).
 
     Returns:
         ``(batch, dim)`` (or the chain) in the dtype of ``x``.
@@ -207,6 +213,8 @@ def reference_sample(
     weights = [cast(w) for w in weights]
     biases = [cast(b) for b in biases]
     time_bias, cond_bias, noise = cast(time_bias), cast(cond_bias), cast(noise)
+    time_bias = _plus_rows(time_bias, time_net, x)
+    cond_bias = _plus_rows(cond_bias, cond_net, x)
     t_start = t_start.to(x.device)
 
     chain = [x]
@@ -235,3 +243,11 @@ def reference_sample(
             x_cur = x_cur.clamp(*rule.post_clip)
         chain.append(x_cur)
     return torch.stack(chain) if return_chain else x_cur
+
+
+def _plus_rows(bias, net, x):
+    """``bias`` plus ``net``'s rows in ``x``'s dtype and device (either may be ``None``)."""
+    if net is None:
+        return bias
+    rows = net.rows(x.dtype).to(x.device)
+    return rows if bias is None else bias + rows

@@ -111,6 +111,8 @@ class RuleProblem:
     noise: torch.Tensor | None
     return_chain: bool = False
     noise_seed: torch.Tensor | None = None
+    time_net: "ddpm_ops.BiasNet | None" = None
+    cond_net: "ddpm_ops.BiasNet | None" = None
 
     def args(self):
         rule = self.rule
@@ -118,7 +120,8 @@ class RuleProblem:
                 self.activations, self.time_bias, self.cond_bias,
                 None if rule.clip is None else list(rule.clip),
                 None if rule.post_clip is None else list(rule.post_clip), self.noise, self.return_chain,
-                False, "fp32", self.noise_seed)
+                False, "fp32", self.noise_seed,
+                *_net_args(self.time_net), *_net_args(self.cond_net))
 
     def reference64(self) -> torch.Tensor:
         def f64(t):
@@ -127,7 +130,8 @@ class RuleProblem:
             f64(self.x), self.t_start.cpu(), [f64(w) for w in self.weights],
             [f64(b) for b in self.biases], self.rule.to("cpu"), self.num_steps,
             activations=self.activations, time_bias=f64(self.time_bias),
-            cond_bias=f64(self.cond_bias), noise=self.noise64(), return_chain=self.return_chain)
+            cond_bias=f64(self.cond_bias), noise=self.noise64(), return_chain=self.return_chain,
+            time_net=_net64(self.time_net), cond_net=_net64(self.cond_net))
 
     def noise64(self) -> torch.Tensor | None:
         """The noise the op adds, in float64: the given tensor or the seeded one."""
@@ -136,12 +140,41 @@ class RuleProblem:
         return None if self.noise is None else self.noise.detach().cpu().double()
 
 
+def _net_args(net) -> tuple:
+    return (None,) * 4 if net is None else net.op_args()
+
+
+def _net64(net):
+    if net is None:
+        return None
+    def f64(t):
+        return t.detach().cpu().double()
+    return ddpm_ops.BiasNet(f64(net.input), [f64(w) for w in net.weights], [f64(b) for b in net.biases],
+                            net.activations)
+
+
+def random_bias_net(rows, h0, widths, activations, generator, device="cpu") -> "ddpm_ops.BiasNet":
+    """A ``BiasNet`` of ``rows`` input rows: Linear layers ``widths[0] -> ... -> widths[-1] -> h0``
+    (the last without bias), drawn like ``nn.Linear``'s default, its input of scale 1."""
+    g = generator
+    features = [*widths, h0]
+    weights, biases = [], []
+    for fan_in, fan_out in zip(features[:-1], features[1:]):
+        bound = fan_in ** -0.5
+        weights.append(((torch.rand(fan_out, fan_in, generator=g) * 2 - 1) * bound).to(device))
+        biases.append(((torch.rand(fan_out, generator=g) * 2 - 1) * bound).to(device))
+    return ddpm_ops.BiasNet(torch.randn(rows, widths[0], generator=g).to(device), weights, biases[:-1],
+                            activations)
+
+
 def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation="mish",
                       rule="ddpm_epsilon", table_length=50, device="cpu", t_dtype=torch.int64,
                       generator=None) -> RuleProblem:
     """A random problem of the step-rule overload. ``features`` names the
     optional parts to give: "time", "cond", "clip", "post_clip", "noise", "chain",
-    "seeded" (a noise_seed instead of "noise");
+    "seeded" (a noise_seed instead of "noise"), "time_net" (a time MLP of
+    two layers and the time columns, Mish between), "cond_net" (an
+    observation's columns alone);
     ``activation`` one name for every hidden layer or "mixed" (a different one
     per layer)."""
     g = generator if generator is not None else torch.Generator().manual_seed(torch.seed())
@@ -167,7 +200,10 @@ def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation=
         noise=torch.randn(num_steps, batch, dim, generator=g) if "noise" in features else None,
         return_chain="chain" in features,
         noise_seed=(torch.randint(-2 ** 63, 2 ** 63 - 1, (1,), generator=g)
-                    if "seeded" in features else None))
+                    if "seeded" in features else None),
+        time_net=(random_bias_net(table_length, h0, [6, 10, 5], ["mish", "identity"], g, device)
+                  if "time_net" in features else None),
+        cond_net=random_bias_net(batch, h0, [3], [], g, device) if "cond_net" in features else None)
     for name in ("x", "t_start", "time_bias", "cond_bias", "noise", "noise_seed"):
         value = getattr(problem, name)
         if value is not None:

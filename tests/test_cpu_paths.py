@@ -58,7 +58,7 @@ RULE_SCRIPT = textwrap.dedent("""
     import itertools
     import torch
     from problems import RULES, make_rule_problem, relative_error
-    features = ("time", "cond", "clip", "post_clip", "noise", "chain")
+    features = ("time", "cond", "clip", "post_clip", "noise", "chain", "time_net", "cond_net")
     worst = 0.0
     shapes = [(1, 6, [32, 32], 5), (5, 7, [15, 17], 3), (13, 1, [], 4), (40, 17, [33, 65, 9], 3),
               (257, 12, [64], 2)]

@@ -14,6 +14,9 @@ from problems import DEVICES, RULES, make_rule, make_rule_problem, relative_erro
 
 TOLERANCE = 1e-5
 FEATURES = ("time", "cond", "clip", "post_clip", "noise", "chain")
+# The bias networks the op runs once a call, kept out of FEATURES' subsets (each
+# would double them) and given with every feature instead.
+ALL_FEATURES = (*FEATURES, "time_net", "cond_net")
 # A program saved by the first release (export of a time-column sampler) and
 # its inputs and output: every later version must load it and match.
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
@@ -37,8 +40,12 @@ CASES = [
         [(1, 6, [32, 32], 5), (7, 17, [33], 3), (50, 6, [256, 256, 256], 5)]))
 ] + [
     (FEATURES, "ddpm_epsilon", "tanh", (3, 1, [], 4)),            # a single Linear
+    (ALL_FEATURES, "ddpm_epsilon", "silu", (2, 5, [], 3)),
     (FEATURES, "ddim_strided", "gelu_tanh", (13, 7, [5, 65, 9], 9)),
+    (ALL_FEATURES, "ddim_strided", "mish", (50, 6, [256, 256, 256], 5)),
     (FEATURES, "ddpm_v", "identity", (129, 12, [64, 64], 2)),
+    (("time_net", "clip", "noise"), "ddpm_epsilon", "mish", (33, 4, [40], 5)),
+    (("cond_net", "chain"), "ddim", "relu", (8, 3, [16], 4)),
     (FEATURES, "ddpm_sample", "mixed", (300, 3, [48, 48], 6)),
 ]
 
@@ -107,7 +114,7 @@ def test_generator_runs_are_reproducible_and_independent():
     # the seed stands for.
     seed = torch.randint(0, ddpm_ops.ops.NOISE_SEED_BOUND, (1,), generator=torch.Generator().manual_seed(7))
     op_args = list(problem.args())
-    op_args[-1] = seed
+    op_args[[a.name for a in torch.ops.ddpm.fused_sample.rule._schema.arguments].index("noise_seed")] = seed
     assert torch.equal(first, torch.ops.ddpm.fused_sample.rule(*op_args))
     drawn = ddpm_ops.seeded_noise(int(seed), 5, 64, 4)
     assert relative_error(first, ddpm_ops.sample(*args, noise=drawn.float()).double()) <= TOLERANCE
@@ -175,12 +182,18 @@ def test_sample_flattens_event_dims_and_shares_cond_and_t():
 
 
 def _bad(**changes):
-    problem = make_rule_problem(4, 5, [8], 3, features=("time", "cond", "noise"))
+    problem = make_rule_problem(4, 5, [8], 3, features=("time", "cond", "noise", "time_net", "cond_net"))
     args = dict(zip(["x", "t_start", "weights", "biases", "step_tables", "num_steps", "activations",
-                     "time_bias", "cond_bias", "clip", "post_clip", "noise", "return_chain"],
+                     "time_bias", "cond_bias", "clip", "post_clip", "noise", "return_chain", "validate",
+                     "precision", "noise_seed", "time_input", "time_weights", "time_biases",
+                     "time_activations", "cond_input", "cond_weights", "cond_biases", "cond_activations"],
                     problem.args()))
     args.update(changes)
     return args
+
+
+def _time_weights(*shapes):
+    return [torch.randn(*s) for s in shapes]
 
 
 BAD = {
@@ -201,6 +214,20 @@ BAD = {
     "noise and seed": (dict(noise_seed=torch.tensor([3])), r"noise and noise_seed: expected at most one of them .* got both"),
     "seed dtype": (dict(noise=None, noise_seed=torch.tensor([3.0])), r"noise_seed must be one int64 element, got Float of shape \[1\]"),
     "seed size": (dict(noise=None, noise_seed=torch.tensor([3, 4])), r"noise_seed must be one int64 element, got Long of shape \[2\]"),
+    # The time network (6 features -> 10 -> 5 -> layer 0's 8) and the condition's (3 -> 8).
+    "time_input rows": (dict(time_input=torch.randn(49, 6)), r"time_input must have shape \(steps, features\) = \(50, features\), got shape \[49, 6\]"),
+    "time_input dtype": (dict(time_input=torch.randn(50, 6, dtype=torch.float64)), r"time_input must be float32, got Double"),
+    "time_weights chain": (dict(time_weights=_time_weights((10, 6), (5, 9), (8, 5))), r"time_weights\[1\] must have the nn.Linear layout \(out_features, 10\), got shape \[5, 9\]"),
+    "time_weights first": (dict(time_weights=_time_weights((10, 7), (5, 10), (8, 5))), r"time_weights\[0\] must have the nn.Linear layout \(out_features, 6\) where in_features = time_input's columns, got shape \[10, 7\]"),
+    "time_weights last": (dict(time_weights=_time_weights((10, 6), (5, 10), (9, 5))), r"time_weights\[2\] is the last layer and must output the out_features of weights\[0\] = 8 features, got shape \[9, 5\]"),
+    "time_weights empty": (dict(time_weights=[], time_biases=[], time_activations=[]), r"time_weights must hold at least one Linear weight, got an empty list"),
+    "time_biases count": (dict(time_biases=[torch.randn(10)] * 3), r"time_biases must hold one bias per weight but the last \(2\), got 3"),
+    "time_biases shape": (dict(time_biases=[torch.randn(10), torch.randn(4)]), r"time_biases\[1\] must have shape \(5,\) to match time_weights\[1\], got shape \[4\]"),
+    "time_activations": (dict(time_activations=["mish", "swish"]), r"time_activations\[1\] must be one of silu, .* got \"swish\""),
+    "time net without input": (dict(time_input=None), r"time_weights, time_biases and time_activations describe the network of time_input: expected none of them without time_input, got weights"),
+    "time input without net": (dict(time_weights=None, time_biases=None, time_activations=None), r"time_input needs time_weights \(at least layer 0's columns for it\), got none"),
+    "cond_input rows": (dict(cond_input=torch.randn(3, 3)), r"cond_input must have shape \(batch, features\) = \(4, features\), got shape \[3, 3\]"),
+    "cond_weights last": (dict(cond_weights=[torch.randn(7, 3)]), r"cond_weights\[0\] is the last layer and must output the out_features of weights\[0\] = 8 features, got shape \[7, 3\]"),
 }
 
 
@@ -209,6 +236,22 @@ def test_bad_input_names_argument(case):
     changes, message = BAD[case]
     with pytest.raises(RuntimeError, match=message):
         torch.ops.ddpm.fused_sample.rule(**_bad(**changes))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bias_nets_equal_their_rows_given_as_biases(device):
+    problem = make_rule_problem(9, 4, [16], 4, features=("time_net", "cond_net", "noise", "clip"),
+                                device=device)
+    args = (problem.x, problem.t_start, problem.weights, problem.biases, problem.rule, 4)
+    common = dict(activations=problem.activations, noise=problem.noise)
+    fused = ddpm_ops.sample(*args, time_net=problem.time_net, cond_net=problem.cond_net, **common)
+    with torch.no_grad():
+        as_rows = ddpm_ops.sample(*args, time_bias=problem.time_net.rows(), cond_bias=problem.cond_net.rows(),
+                                  **common)
+        without = ddpm_ops.sample(*args, **common)
+    assert relative_error(fused, problem.reference64()) <= TOLERANCE
+    assert relative_error(fused, as_rows) <= TOLERANCE
+    assert relative_error(fused, without) > 1e-3  # the nets do change the samples
 
 
 def test_python_api_errors_name_the_argument():
@@ -222,6 +265,12 @@ def test_python_api_errors_name_the_argument():
         ddpm_ops.sample(*args, problem.rule, 3, activations=["mish", "mish"])
     with pytest.raises(RuntimeError, match=r"inference-only .* time_bias requires grad"):
         ddpm_ops.sample(*args, problem.rule, 3, time_bias=torch.randn(50, 8, requires_grad=True))
+    with pytest.raises(RuntimeError, match=r"inference-only .* time_weights\[0\] requires grad"):
+        ddpm_ops.sample(*args, problem.rule, 3, time_net=ddpm_ops.BiasNet(
+            torch.randn(50, 2), [torch.randn(8, 2, requires_grad=True)]))
+    with pytest.raises(ValueError, match=r"biases: expected one per weight but the last \(1\), got 2"):
+        ddpm_ops.sample(*args, problem.rule, 3, cond_net=ddpm_ops.BiasNet(
+            torch.randn(4, 2), [torch.randn(3, 2), torch.randn(8, 3)], [torch.randn(3)] * 2))
 
 
 # ---- torch.library, torch.compile, export
@@ -229,7 +278,8 @@ def test_python_api_errors_name_the_argument():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("features", [(), FEATURES, ("time", "clip"), ("cond", "noise", "chain"),
-                                      ("seeded", "clip", "chain")])
+                                      ("seeded", "clip", "chain"), ALL_FEATURES, ("time_net",),
+                                      ("cond_net", "seeded")])
 def test_opcheck(device, features):
     problem = make_rule_problem(5, 6, [16, 16], 3, features=features, activation="mixed", device=device)
     opcheck(torch.ops.ddpm.fused_sample.rule, problem.args())

@@ -350,21 +350,34 @@ at::Tensor fused_sample_rule_cpu(const at::Tensor& x, const at::Tensor& t_start,
                                  OptionalRange post_clip,
                                  const std::optional<at::Tensor>& noise, bool return_chain,
                                  bool validate, c10::string_view precision,
-                                 const std::optional<at::Tensor>& noise_seed) {
+                                 const std::optional<at::Tensor>& noise_seed,
+                                 const std::optional<at::Tensor>& time_input,
+                                 std::optional<at::TensorList> time_weights,
+                                 std::optional<at::TensorList> time_biases,
+                                 const std::optional<std::vector<std::string>>& time_activations,
+                                 const std::optional<at::Tensor>& cond_input,
+                                 std::optional<at::TensorList> cond_weights,
+                                 std::optional<at::TensorList> cond_biases,
+                                 const std::optional<std::vector<std::string>>& cond_activations) {
   if (tuning().unfused) {
     return fused_sample_rule_unfused(x, t_start, weights, biases, step_tables, num_steps,
                                      activations, time_bias, cond_bias, clip, post_clip, noise,
-                                     return_chain, validate, precision, noise_seed);
+                                     return_chain, validate, precision, noise_seed, time_input,
+                                     time_weights, time_biases, time_activations, cond_input,
+                                     cond_weights, cond_biases, cond_activations);
   }
+  const BiasNet time_net{time_input, time_weights, time_biases, time_activations};
+  const BiasNet cond_net{cond_input, cond_weights, cond_biases, cond_activations};
   check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
-                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed);
+                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed,
+                         time_net, cond_net);
   check_timesteps_in_range(t_start, num_steps, step_tables.size(1));
   CpuProblem problem{x, t_start, std::vector<at::Tensor>(weights.begin(), weights.end()), biases,
                      parse_activations(activations, static_cast<int64_t>(weights.size())),
                      return_chain};
   const at::Tensor tables = step_tables.contiguous();
-  const at::Tensor time = time_bias.has_value() ? time_bias->contiguous() : at::Tensor();
-  const at::Tensor cond = cond_bias.has_value() ? cond_bias->contiguous() : at::Tensor();
+  const at::Tensor time = with_bias_net(time_bias, time_net).value_or(at::Tensor());
+  const at::Tensor cond = with_bias_net(cond_bias, cond_net).value_or(at::Tensor());
   const at::Tensor z = noise.has_value() ? noise->contiguous() : at::Tensor();
   MlpPlan plan;
   plan.num_steps = num_steps;
