@@ -13,6 +13,9 @@ Contenders (one process, the same inputs):
   eager       the loop as the project writes it (noise drawn per step)
   graph       (CUDA) that loop captured in one CUDA graph, replayed
   compile-ro  (CUDA) torch.compile(mode="reduce-overhead") of the loop
+  rewritten   (CUDA) the same with the rewrite on, as after `import ddpm_ops`:
+              the loop compiled into one ddpm::fused_sample.rule (noise drawn
+              by randn in the graph)
   fused       ddpm_ops.sample (the condition's bias row and the noise drawn
               in the call: what a policy pays per action)
 On the CPU the contenders alternate, round after round, and each reports its
@@ -25,6 +28,7 @@ events over back-to-back calls after warm-up, median of rounds.
     python benchmarks/bench_rule.py --device cuda
 """
 import argparse
+import copy
 import math
 import statistics
 import time
@@ -185,6 +189,12 @@ def dql_contenders(batch, device):
         contenders["graph"] = graphed(policy, state)
         compiled = torch.compile(policy, mode="reduce-overhead")
         contenders["compile-ro"] = lambda: compiled(state)
+        ddpm_ops.enable_auto_rewrite()
+        rewritten = torch.compile(copy.deepcopy(policy), mode="reduce-overhead")
+        for _ in range(3):  # compiled and captured while the rewrite is on
+            rewritten(state)
+        ddpm_ops.disable_auto_rewrite()
+        contenders["rewritten"] = lambda: rewritten(state)
     return contenders
 
 
@@ -214,8 +224,10 @@ def main():
                     cpu_medians_us(contenders, args.rounds, args.budget, clock)
                 cells = "  ".join(f"{name} {us:9.1f}" for name, us in times.items())
                 if shape == "dql":
-                    best = min(us for name, us in times.items() if name != "fused")
+                    best = min(us for name, us in times.items() if name not in ("fused", "rewritten"))
                     cells += f"  | fused {best / times['fused']:.1f}x the best other"
+                    if "rewritten" in times:
+                        cells += f", rewritten {best / times['rewritten']:.1f}x"
                 else:
                     cells += f"  | general/time-column {times['rule, mish+clip+noise'] / times['time-column op']:.2f}"
                 print(f"  batch {batch:>6}: {cells}", flush=True)

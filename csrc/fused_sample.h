@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "activation.h"
+#include "step_tables.h"
 
 namespace ddpm_ops {
 
@@ -60,10 +61,6 @@ std::optional<at::Tensor> with_bias_net(const std::optional<at::Tensor>& bias, c
 
 // An activation by ATen ops.
 at::Tensor activate(const at::Tensor& h, Activation act);
-
-// step_tables' rows, in this order: x0 = A x - B e; x = C x0 + D x + E e + S z.
-constexpr int64_t kStepTables = 6;
-enum StepTable : int64_t { kA, kB, kC, kD, kE, kS };
 
 // One activation per hidden layer (num_layers - 1 names), or an error naming
 // the argument (`name`).
@@ -122,6 +119,8 @@ FusedSampleKernel fused_sample_cpu;
 FusedSampleKernel fused_sample_cuda;
 // The step-rule overload's CPU kernel.
 FusedSampleRuleKernel fused_sample_rule_cpu;
+// The step-rule overload's CUDA kernel (csrc/cuda/fused_sample_rule_cuda.cu).
+FusedSampleRuleKernel fused_sample_rule_cuda;
 // The step-rule overload as a loop of ATen ops, for any device (the kernel of
 // devices without a fused one).
 FusedSampleRuleKernel fused_sample_rule_unfused;

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "host_device.h"
+
 namespace ddpm_ops {
 namespace seeded_noise {
 
@@ -28,20 +30,32 @@ constexpr uint32_t kMix32Mul2 = 0x846ca68bU;
 constexpr int kMix32Shift1 = 16, kMix32Shift2 = 15, kMix32Shift3 = 16;
 constexpr int kUniformBits = 24;
 
-inline uint64_t mix64(uint64_t z) {
+DDPM_HD inline uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> kMix64Shift1)) * kMix64Mul1;
   z = (z ^ (z >> kMix64Shift2)) * kMix64Mul2;
   return z ^ (z >> kMix64Shift3);
 }
 
-inline uint32_t mix32(uint32_t x) {
+DDPM_HD inline uint32_t mix32(uint32_t x) {
   x = (x ^ (x >> kMix32Shift1)) * kMix32Mul1;
   x = (x ^ (x >> kMix32Shift2)) * kMix32Mul2;
   return x ^ (x >> kMix32Shift3);
 }
 
 // The key of noise row q = k * batch + r.
-inline uint64_t row_key(uint64_t seed, uint64_t q) { return mix64(q ^ mix64(seed)); }
+DDPM_HD inline uint64_t row_key(uint64_t seed, uint64_t q) { return mix64(q ^ mix64(seed)); }
+
+// Column j's 32 bits in the noise row of `key`.
+DDPM_HD inline uint32_t column_bits(uint64_t key, uint32_t j) {
+  return mix32(mix32(j ^ static_cast<uint32_t>(key)) + static_cast<uint32_t>(key >> 32));
+}
+
+// 2u - 1 of those bits, exactly: (2 * top + 1 - 2^24) / 2^24 is an odd
+// integer over 2^24, below 2^24 in magnitude, so float32 holds it.
+DDPM_HD inline float centered_uniform(uint32_t bits) {
+  const int32_t top = static_cast<int32_t>(bits >> (32 - kUniformBits));
+  return static_cast<float>(2 * top + 1 - (int32_t{1} << kUniformBits)) * (1.f / (1 << kUniformBits));
+}
 
 }  // namespace seeded_noise
 }  // namespace ddpm_ops

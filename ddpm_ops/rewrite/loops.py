@@ -10,8 +10,9 @@ previous step made (:mod:`.chain`). Each step is proved to be
 with coefficients and pieces that depend on the step only, or on nothing
 that changes over the loop. The step-only values become tables
 (:mod:`.tables`), the first Linear's step-only columns ``time_bias``, its
-loop-invariant columns ``cond_bias``, the noise draws one ``(K, B, dim)``
-tensor. Anything not proved is left alone with one DEBUG line.
+loop-invariant columns ``cond_bias`` (or, for one piece each, the op's time
+and condition bias networks: the MLP that makes the piece and its columns,
+so that the op runs them), the noise draws one ``(K, B, dim)`` tensor. Anything not proved is left alone with one DEBUG line.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from torch.fx import Graph, Node
 
 from .affine import _read_update, _Update
 from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region
-from .network import _find_nets
+from .network import _find_nets, _net_ending_at
 from .._library import has_fused_rule_kernel
 from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
 from .report import count as _count, fused as _report_fused
@@ -145,12 +146,15 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             reemit = _shared_pieces(em, loop, step_pieces)
             tables = _shared_tables(em, updates)
             t_start = em.full([batch], K - 1, dtype=torch.int64)
-        weights, time_bias, cond_bias = _first_layer(em, loop, batch, reemit)
+        weights, time_bias, cond_bias, time_net, cond_net = _first_layer(em, loop, batch, reemit)
         noise = _noise(em, updates, K)
         clip = None if plan.clip is None else list(plan.clip)
         post = None if plan.post_clip is None else list(plan.post_clip)
+        nets = [None, *(time_net or [None] * 4), *cond_net]  # noise_seed, then the bias networks
+        while nets and nets[-1] is None:
+            nets.pop()
         fused = em(RULE, x, t_start, weights, list(net0.biases), tables, K, list(net0.activations),
-                   time_bias, cond_bias, clip, post, noise, False, False, "fp32")
+                   time_bias, cond_bias, clip, post, noise, False, False, "fp32", *nets)
     except Exception:
         em.rollback()
         raise
@@ -203,31 +207,72 @@ def _t_start(em: _Emitter, sites) -> Node:
     return t
 
 
-def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, Node | None, Node | None]:
-    """The op's weights (the first one: the columns of x), ``time_bias`` and ``cond_bias``."""
+def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, Node | None, Node | None, list, list]:
+    """The op's weights (the first one: the columns of x), ``time_bias``, ``cond_bias`` and the
+    arguments of its time and condition bias networks (four each, or none)."""
     net0 = loop.nets[0]
     w0 = net0.weights[0]
     if len(loop.pieces[0]) == 1:
-        return list(net0.weights), None, None
-    time_parts, cond_parts, start = [], [], 0
-    cols = None
+        return list(net0.weights), None, None, [], []
+    time_pieces, cond_pieces, start, cols = [], [], 0, None
     for p in range(len(loop.pieces[0])):
-        width = _val(loop.pieces[0][p]).shape[1]
-        stop = start + width
+        piece = loop.pieces[0][p]
+        stop = start + _val(piece).shape[1]
         w_cols = em(aten.slice.Tensor, w0, 1, start, stop)
         if p == loop.x_pos:
             cols = em(aten.clone.default, w_cols, memory_format=torch.contiguous_format)
-        elif all(step[p] is loop.pieces[0][p] for step in loop.pieces):
-            cond_parts.append(em(aten.mm.default, loop.pieces[0][p], em(aten.permute.default, w_cols, [1, 0])))
+        elif all(step[p] is piece for step in loop.pieces):
+            cond_pieces.append((piece, w_cols))
+        elif reemit is not None:
+            time_pieces.append((piece, w_cols))
         else:
-            if reemit is not None:
-                rows = reemit.rows(loop.pieces[0][p])
-            else:
-                rows = _stack_rows(em, [_first_row(em, step[p]) for step in loop.pieces])
-            wt = em(aten.permute.default, w_cols, [1, 0])
-            time_parts.append(em(aten.mul.Tensor, rows, wt) if width == 1 else em(aten.mm.default, rows, wt))
+            time_pieces.append((_stack_rows(em, [_first_row(em, step[p]) for step in loop.pieces]), w_cols))
         start = stop
-    return [cols, *net0.weights[1:]], _sum(em, time_parts), _sum(em, cond_parts)
+    if reemit is None:
+        time_bias, time_net = _bias_net(em, time_pieces, lambda n: n, lambda n: False)
+    else:
+        time_bias, time_net = _bias_net(em, time_pieces, reemit.rows, reemit.depends)
+    cond_bias, cond_net = _bias_net(em, cond_pieces, lambda n: n, lambda n: False)
+    return [cols, *net0.weights[1:]], time_bias, cond_bias, time_net, cond_net
+
+
+def _bias_net(em: _Emitter, pieces: list, rows_of, varies) -> tuple[Node | None, list]:
+    """The op's bias network for ``pieces`` (each a first-Linear input and its columns), and the
+    bias rows of what it does not take, computed in the graph. The network is the MLP that
+    makes one piece (its Linears then the piece's columns) where one does, else the pieces
+    concatenated and their columns. ``rows_of`` gives a node's rows (one per step index for
+    the time pieces); ``varies`` says whether a node changes with the step."""
+    if not pieces:
+        return None, []
+    for value, w_cols in pieces:
+        net = _net_ending_at(value)
+        if net is not None and _fixed_net(net, varies):
+            rest = [(v, w) for v, w in pieces if v is not value]
+            args = [rows_of(net.inp), [*net.weights, w_cols], list(net.biases), [*net.activations, "identity"]]
+            break
+    else:
+        inputs, columns = [rows_of(v) for v, _ in pieces], [w for _, w in pieces]
+        args = [_cat(em, inputs), [_cat(em, columns)], [], []]
+        rest = []
+    parts = [em(aten.mm.default, rows_of(v), em(aten.permute.default, w, [1, 0])) for v, w in rest]
+    return _sum(em, parts), args
+
+
+def _fixed_net(net, varies) -> bool:
+    """Whether the op can take ``net`` as a bias network: float32 weights and 1-D biases that do
+    not change with the step, and a 2-D input."""
+    iv = _val(net.inp)
+    if iv is None or iv.dim() != 2:
+        return False
+    for t, dims in [(w, 2) for w in net.weights] + [(b, 1) for b in net.biases]:
+        tv = _val(t)
+        if tv is None or tv.dim() != dims or tv.dtype != torch.float32 or tv.device != iv.device or varies(t):
+            return False
+    return True
+
+
+def _cat(em: _Emitter, parts: list) -> Node:
+    return parts[0] if len(parts) == 1 else em(aten.cat.default, parts, 1)
 
 
 def _sum(em: _Emitter, parts: list) -> Node | None:

@@ -5,7 +5,9 @@ Linear to the one before it when its input is that Linear's output, directly
 (``identity``) or through one activation (:func:`.activations._activation`),
 and returns one :class:`_Net` per chain, ending at a Linear no other Linear
 reads. A network's ``key`` (its weight and bias nodes and activations) says
-when two applications are the same network.
+when two applications are the same network. :func:`_net_ending_at` reads the
+one MLP that ends at a given node (a time embedding's, an observation
+encoder's), for the op's bias networks.
 """
 from __future__ import annotations
 
@@ -74,3 +76,27 @@ def _walk_back(last: Node, linears: dict, before: dict) -> _Net:
         acts.insert(0, act)
         nodes.update(act_nodes)
         cur = prev
+
+
+def _net_ending_at(node) -> _Net | None:
+    """The MLP whose last Linear makes ``node``, as long as the chain goes back; else ``None``."""
+    try:
+        inp, w, b, nodes = _linear(node)
+    except _NoMatch:
+        return None
+    net = _Net(out=node, inp=inp, weights=[w], biases=[b], activations=[], nodes=set(nodes))
+    while True:
+        try:
+            act, act_nodes = "identity", []
+            inp, w, b, nodes = _linear(net.inp)
+        except _NoMatch:
+            try:
+                act, z, act_nodes = _activation(net.inp)
+                inp, w, b, nodes = _linear(z)
+            except _NoMatch:
+                return net
+        net.inp = inp
+        net.weights.insert(0, w)
+        net.biases.insert(0, b)
+        net.activations.insert(0, act)
+        net.nodes.update(nodes, act_nodes)

@@ -5,12 +5,7 @@
 
 #include <cstdint>
 
-// Host and device functions of the layouts the plan and the kernels agree on.
-#if defined(__CUDACC__)
-#define DDPM_HD __host__ __device__
-#else
-#define DDPM_HD
-#endif
+#include "../../host_device.h"
 
 namespace ddpm_ops {
 namespace cuda_kernels {

@@ -10,7 +10,9 @@ namespace cuda_kernels {
 // Loads t_start[row], reporting whether every timestep t_start - k, k < steps,
 // indexes the tables. The returned start is clamped into [-1, table_length] so
 // that later int arithmetic cannot overflow; reads clamp again per step.
-__device__ __forceinline__ int load_t_start(const SampleArgs& a, int row, bool* valid) {
+// Args: SampleArgs, or the rule's RuleArgs (the same four fields).
+template <typename Args>
+__device__ __forceinline__ int load_t_start(const Args& a, int row, bool* valid) {
   const long long t = a.t_is_int64 ? static_cast<const long long*>(a.t_start)[row]
                                    : static_cast<long long>(static_cast<const int*>(a.t_start)[row]);
   *valid = t < a.table_length && t >= static_cast<long long>(a.num_steps) - 1;

@@ -1,0 +1,29 @@
+// The activations of fused_sample.rule's hidden layers on CUDA, in fp32 with
+// the formulas ATen's own kernels use (the ATen loop and the reference agree
+// to float32 rounding).
+#pragma once
+
+#include "../../activation.h"
+#include "rows.cuh"
+
+namespace ddpm_ops {
+namespace cuda_kernels {
+
+__device__ __forceinline__ float activate(float v, Activation act) {
+  switch (act) {
+    case Activation::kSilu: return silu(v);
+    case Activation::kMish: return v * tanhf(v > 20.f ? v : log1pf(expf(v)));
+    case Activation::kRelu: return v > 0.f ? v : (v == v ? 0.f : v);  // NaN stays NaN, as torch.relu
+    case Activation::kGelu: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    case Activation::kGeluTanh: {
+      const float inner = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+      return 0.5f * v * (1.f + tanhf(inner));
+    }
+    case Activation::kTanh: return tanhf(v);
+    case Activation::kIdentity: return v;
+  }
+  return v;
+}
+
+}  // namespace cuda_kernels
+}  // namespace ddpm_ops

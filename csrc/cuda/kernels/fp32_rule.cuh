@@ -1,0 +1,156 @@
+// The fp32_rule kernel of ddpm::fused_sample.rule: exact fp32 on CUDA cores.
+//
+// A thread block runs R rows through every step. Its samples and two buffers
+// of layer outputs live in shared memory; thread c computes output column c
+// (and c + 256, ...) of a layer for all R rows, reading its weight row from
+// global memory (L1 and L2 serve the repeats) and the layer's input from
+// shared memory, where every thread reads the same address (a broadcast).
+// Layer 0 adds the bias rows of the row's step index (time_rows) and of the
+// row (cond_rows); the epilogue of the last layer is the step rule: six
+// coefficients a row, the two clamps, the noise (given, or drawn from the
+// seed where the element is updated: seeded_noise.h) and, with the chain,
+// the sample of every step. Rows whose step indices leave the tables end as
+// NaN (load_t_start), as in every kernel of the op.
+#pragma once
+
+#include "../../seeded_noise.h"
+#include "../common/activation.cuh"
+#include "../common/rows.cuh"
+#include "fp32_rule.h"
+
+#include <cmath>
+
+namespace ddpm_ops {
+namespace cuda_kernels {
+
+// torch.clamp's: a NaN stays NaN.
+__device__ __forceinline__ float clamp_keep_nan(float v, float lo, float hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+__device__ __forceinline__ float seeded_normal(uint64_t seed, int k, int batch, int row, int j) {
+  const uint64_t key = seeded_noise::row_key(seed, static_cast<uint64_t>(k) * batch + row);
+  return 1.41421356237309505f * erfinvf(seeded_noise::centered_uniform(seeded_noise::column_bits(key, j)));
+}
+
+// out[r][c] for rows r < R and this thread's columns c of layer l: the bias
+// (plus, for layer 0, the bias rows), the dot product of in[r] and weight row
+// c, the layer's activation but after the last layer.
+template <int R>
+__device__ __forceinline__ void rule_layer(const RuleArgs& a, int l, const float* in, int in_ld, float* out,
+                                           const int* step_index, int row0, int rows) {
+  const LayerArgs& layer = a.layers[l];
+  const int K = layer.in, N = layer.out;
+  const bool last = l + 1 == a.num_layers;
+  const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(layer.weight) % 16 == 0;
+  for (int c = threadIdx.x; c < N; c += kRuleThreads) {
+    float acc[R];
+    const float b = __ldg(layer.bias + c);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = b;
+    if (l == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r >= rows) break;
+        if (a.time_rows != nullptr) acc[r] += __ldg(a.time_rows + static_cast<size_t>(step_index[r]) * N + c);
+        if (a.cond_rows != nullptr) acc[r] += __ldg(a.cond_rows + static_cast<size_t>(row0 + r) * N + c);
+      }
+    }
+    const float* w = layer.weight + static_cast<size_t>(c) * K;
+    if (vec) {
+#pragma unroll 4
+      for (int k = 0; k < K; k += 4) {
+        const float4 w4 = __ldg(reinterpret_cast<const float4*>(w + k));
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float4 h4 = *reinterpret_cast<const float4*>(in + r * in_ld + k);
+          acc[r] = fmaf(h4.x, w4.x, acc[r]);
+          acc[r] = fmaf(h4.y, w4.y, acc[r]);
+          acc[r] = fmaf(h4.z, w4.z, acc[r]);
+          acc[r] = fmaf(h4.w, w4.w, acc[r]);
+        }
+      }
+    } else {
+#pragma unroll 4
+      for (int k = 0; k < K; ++k) {
+        const float wk = __ldg(w + k);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = fmaf(in[r * in_ld + k], wk, acc[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r * a.width + c] = last ? acc[r] : activate(acc[r], a.activations[l]);
+  }
+}
+
+template <int R>
+__global__ void __launch_bounds__(kRuleThreads) fp32_rule_kernel(const RuleArgs a) {
+  extern __shared__ __align__(16) float smem[];
+  float* xs = smem;  // (R, dim_ld): the samples
+  float* const buffers[2] = {smem + R * a.dim_ld, smem + R * (a.dim_ld + a.width)};
+  __shared__ int t0[R];
+  __shared__ int step_index[R];
+  __shared__ bool valid[R];
+  __shared__ float coef[kStepTables][R];
+
+  const int row0 = blockIdx.x * R;
+  const int rows = min(R, a.batch - row0);
+  if (static_cast<int>(threadIdx.x) < R) {
+    bool ok = false;
+    t0[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? load_t_start(a, row0 + threadIdx.x, &ok) : 0;
+    valid[threadIdx.x] = ok;
+  }
+  for (int i = threadIdx.x; i < R * a.dim; i += kRuleThreads) {
+    const int r = i / a.dim, j = i - r * a.dim;
+    xs[r * a.dim_ld + j] = r < rows ? a.x[static_cast<size_t>(row0 + r) * a.dim + j] : 0.f;
+  }
+  const uint64_t seed = a.noise_seed != nullptr ? static_cast<uint64_t>(*a.noise_seed) : 0;
+  __syncthreads();
+  if (a.chain) {
+    for (int i = threadIdx.x; i < rows * a.dim; i += kRuleThreads) {
+      const int r = i / a.dim, j = i - r * a.dim;
+      a.out[static_cast<size_t>(row0 + r) * a.dim + j] = valid[r] ? xs[r * a.dim_ld + j] : NAN;
+    }
+  }
+
+  for (int k = 0; k < a.num_steps; ++k) {
+    if (static_cast<int>(threadIdx.x) < R) {
+      const int s = clamp_index(t0[threadIdx.x] - k, a.table_length);
+      step_index[threadIdx.x] = s;
+#pragma unroll
+      for (int q = 0; q < kStepTables; ++q) coef[q][threadIdx.x] = __ldg(a.tables + static_cast<size_t>(q) * a.table_length + s);
+    }
+    __syncthreads();
+    const float* in = xs;
+    int in_ld = a.dim_ld;
+    for (int l = 0; l < a.num_layers; ++l) {
+      rule_layer<R>(a, l, in, in_ld, buffers[l & 1], step_index, row0, rows);
+      __syncthreads();
+      in = buffers[l & 1];
+      in_ld = a.width;
+    }
+    float* const dest = a.chain ? a.out + static_cast<size_t>(k + 1) * a.batch * a.dim : a.out;
+    const bool last_step = k + 1 == a.num_steps;
+    for (int i = threadIdx.x; i < rows * a.dim; i += kRuleThreads) {
+      const int r = i / a.dim, j = i - r * a.dim;
+      const int row = row0 + r;
+      const float e = in[r * a.width + j];
+      const float xv = xs[r * a.dim_ld + j];
+      float x0 = coef[kA][r] * xv - coef[kB][r] * e;
+      if (a.clip) x0 = clamp_keep_nan(x0, a.clip_lo, a.clip_hi);
+      float next = coef[kC][r] * x0 + coef[kD][r] * xv + coef[kE][r] * e;
+      if (a.noise != nullptr) {
+        next += coef[kS][r] * __ldg(a.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j);
+      } else if (a.noise_seed != nullptr) {
+        next += coef[kS][r] * seeded_normal(seed, k, a.batch, row, j);
+      }
+      if (a.post_clip) next = clamp_keep_nan(next, a.post_lo, a.post_hi);
+      xs[r * a.dim_ld + j] = next;
+      if (a.chain || last_step) dest[static_cast<size_t>(row) * a.dim + j] = valid[r] ? next : NAN;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace cuda_kernels
+}  // namespace ddpm_ops

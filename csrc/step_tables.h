@@ -1,0 +1,12 @@
+// The rows of fused_sample.rule's step_tables, for host code and kernels.
+#pragma once
+
+#include <cstdint>
+
+namespace ddpm_ops {
+
+// step_tables' rows, in this order: x0 = A x - B e; x = C x0 + D x + E e + S z.
+constexpr int64_t kStepTables = 6;
+enum StepTable : int64_t { kA, kB, kC, kD, kE, kS };
+
+}  // namespace ddpm_ops
