@@ -38,6 +38,27 @@ def test_loop_fuses_with_eager_numbers(name):
     assert not MATMUL.findall(code), code
 
 
+@pytest.mark.parametrize("name", ["diffusion_ql", "v1_full_noise_clamps", "v1_posterior", "cleandiffuser_dql_ddim"])
+def test_dynamic_batch_fuses_with_eager_numbers(name):
+    """A batch dimension compiled as a symbol: the op's sizes (its timesteps, the noise drawn)
+    are read from the sample by ``sym_size`` nodes."""
+    model, args, noise_shape = CASES[name]()
+    compiled = torch.compile(model, dynamic=True)
+    for batch in (8, 13):
+        batched = tuple(a[:1].repeat(batch, *([1] * (a.dim() - 1))) + 0.1 * torch.randn(batch, *a.shape[1:])
+                        if isinstance(a, torch.Tensor) and a.is_floating_point() else
+                        a[:1].repeat(batch) if isinstance(a, torch.Tensor) else a for a in args)
+        if noise_shape:
+            batched = (*batched, torch.randn(noise_shape[0], batch, *noise_shape[2:]))
+        with torch.no_grad():
+            out, code = run_and_get_code(compiled, *batched)
+            ref = model(*batched)
+        assert relative_error(out, ref) < 1e-5
+    code = "\n".join(code)
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_loop_fuses_on_cuda_with_eager_numbers(name):

@@ -131,7 +131,7 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
     xv = _val(x)
     batch, dim = xv.shape
     K = len(loop.nets)
-    em = _Emitter(graph, plan.end, xv)
+    em = _Emitter(graph, plan.end, xv, x)
     try:
         leaves = {leaf for u in updates for leaf in u.leaves}
         step_pieces = [p for p in range(len(loop.pieces[0])) if p != loop.x_pos

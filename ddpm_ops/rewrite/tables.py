@@ -21,15 +21,32 @@ from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
 
 
 class _Emitter:
-    """Inserts nodes before ``anchor``, each with its fake ``val``."""
+    """Inserts nodes before ``anchor``, each with its fake ``val``. A symbolic size among the
+    arguments (a dynamic batch) is read from ``sample``, the node whose value ``example`` is,
+    by an ``aten.sym_size`` node: a post-grad graph names its sizes by nodes, not constants."""
 
-    def __init__(self, graph: Graph, anchor: Node, example: torch.Tensor):
-        self.graph, self.anchor = graph, anchor
+    def __init__(self, graph: Graph, anchor: Node, example: torch.Tensor, sample: Node | None = None):
+        self.graph, self.anchor, self.sample = graph, anchor, sample
         self.fake_mode = getattr(example, "fake_mode", None)
         self.device = example.device
         self.inserted: list[Node] = []
+        self.sizes: dict = {}
+
+    def _size_node(self, size: torch.SymInt) -> Node:
+        shape = _val(self.sample).shape if self.sample is not None else ()
+        for d, s in enumerate(shape):
+            if isinstance(s, torch.SymInt) and s.node.expr == size.node.expr:
+                if d not in self.sizes:
+                    self.sizes[d] = self(aten.sym_size.int, self.sample, d)
+                return self.sizes[d]
+        raise _NoMatch(f"the size {size} is symbolic and not one of the sample's")
 
     def __call__(self, target, *args, **kwargs) -> Node:
+        def name_sizes(a):
+            if isinstance(a, (list, tuple)):
+                return type(a)(name_sizes(v) for v in a)
+            return self._size_node(a) if isinstance(a, torch.SymInt) else a
+        args, kwargs = name_sizes(args), {k: name_sizes(v) for k, v in kwargs.items()}
         with self.graph.inserting_before(self.anchor):
             node = self.graph.call_function(target, args, kwargs)
         self.inserted.append(node)

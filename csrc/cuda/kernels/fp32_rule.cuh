@@ -86,12 +86,12 @@ __device__ __forceinline__ void rule_layer(const RuleArgs& a, int l, const float
 template <int R>
 __global__ void __launch_bounds__(kRuleThreads) fp32_rule_kernel(const RuleArgs a) {
   extern __shared__ __align__(16) float smem[];
-  float* xs = smem;  // (R, dim_ld): the samples
-  float* const buffers[2] = {smem + R * a.dim_ld, smem + R * (a.dim_ld + a.width)};
-  __shared__ int t0[R];
-  __shared__ int step_index[R];
-  __shared__ bool valid[R];
-  __shared__ float coef[kStepTables][R];
+  int* const t0 = reinterpret_cast<int*>(smem);  // the row header (rule_smem_bytes)
+  int* const step_index = t0 + R;
+  int* const valid = step_index + R;
+  float (*const coef)[R] = reinterpret_cast<float (*)[R]>(valid + R);  // [kStepTables][R]
+  float* const xs = smem + rule_row_header_floats(R);  // (R, dim_ld): the samples
+  float* const buffers[2] = {xs + R * a.dim_ld, xs + R * (a.dim_ld + a.width)};
 
   const int row0 = blockIdx.x * R;
   const int rows = min(R, a.batch - row0);

@@ -41,8 +41,15 @@ struct RuleArgs {
   int num_steps;
 };
 
+// A block's shared memory, all of it dynamic (prepare_kernel lets a kernel
+// ask for the device's whole opt-in size, which leaves no room for static
+// arrays): per row its first step index, its step index now, whether it is
+// valid and its six coefficients, rounded up to float4s; then the samples
+// (rows, dim_ld) and two activation buffers (rows, width).
+DDPM_HD inline int rule_row_header_floats(int rows) { return round_up4(static_cast<int>(3 + kStepTables) * rows); }
 DDPM_HD inline size_t rule_smem_bytes(int rows, int dim_ld, int width) {
-  return sizeof(float) * static_cast<size_t>(rows) * (dim_ld + 2 * static_cast<size_t>(width));
+  return sizeof(float) * (rule_row_header_floats(rows) +
+                          static_cast<size_t>(rows) * (dim_ld + 2 * static_cast<size_t>(width)));
 }
 
 // Rows per thread block: doubled from 1 while the blocks would outnumber the
