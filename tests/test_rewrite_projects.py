@@ -38,6 +38,34 @@ def test_loop_fuses_with_eager_numbers(name):
     assert not MATMUL.findall(code), code
 
 
+@pytest.fixture
+def pad_mm_on_cpu():
+    """Inductor's pad_mm, as it pads a GPU's misaligned matmuls (rows too: Diffusion-QL's batch of
+    50 becomes 52), made to apply on the CPU."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.fx_passes import pad_mm
+    original = pad_mm.check_device, pad_mm.has_triton
+    pad_mm.check_device, pad_mm.has_triton = (lambda a, b: True), (lambda: True)
+    try:
+        with inductor_config.patch(force_shape_pad=True):
+            yield
+    finally:
+        pad_mm.check_device, pad_mm.has_triton = original
+
+
+@pytest.mark.parametrize("name", ["diffusion_ql", "cleandiffuser_dql_ddpm", "diffusers_ddim_clip", "v1_obs",
+                                  "v1_posterior"])
+def test_padded_matmuls_fuse_with_eager_numbers(name, pad_mm_on_cpu):
+    model, args, noise_shape = CASES[name]()
+    args = (*args, torch.randn(noise_shape)) if noise_shape else args
+    out, code = compile_run(model, *args)
+    with torch.no_grad():
+        ref = model(*args)
+    assert relative_error(out, ref) < 1e-5
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+
+
 @pytest.mark.parametrize("name", ["diffusion_ql", "v1_full_noise_clamps", "v1_posterior", "cleandiffuser_dql_ddim"])
 def test_dynamic_batch_fuses_with_eager_numbers(name):
     """A batch dimension compiled as a symbol: the op's sizes (its timesteps, the noise drawn)

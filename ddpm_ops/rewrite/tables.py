@@ -17,6 +17,7 @@ import torch
 from torch.fx import Graph, Node
 
 from .affine import _Coef
+from .linear import _linear
 from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
 
 
@@ -156,6 +157,13 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
         return True
     if node.op != "call_function":
         return False
+    try:  # a Linear in any form (pad_mm pads a GPU's rows too): a row of it reads that row only
+        inp, _w, bias, _nodes = _linear(node)
+    except _NoMatch:
+        pass
+    else:
+        bias = _val(bias)
+        return bias is not None and bias.dim() <= 1 and _uniform(inp, batch, memo)
     tags = getattr(node.target, "tags", ())
     if torch.Tag.pointwise in tags or _is(node, prims.convert_element_type.default, aten._to_copy.default):
         return _inputs_uniform(node, batch, memo)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from .linear import _linear
 from .patterns import _NoMatch, _is, _known_eq, _resolve_t, _val, aten, prims
 
 _RANDOM = {getattr(prims, n).default for n in ("inductor_random", "inductor_randint", "inductor_seeds")
@@ -152,6 +153,7 @@ class _Reemit:
         self.dep: dict = {}
         self.bound: int | None = None
         self.vectors: dict[Node, Node] = {}
+        self.linears: dict[Node, tuple] = {}
 
     def depends(self, node: Any) -> bool:
         return _depends_on(node, set(self.sites.steps), self.dep)
@@ -163,9 +165,25 @@ class _Reemit:
         if node in self.proved:
             return
         self.proved.add(node)
+        if self._prove_linear(node):
+            return
         self._prove_node(node)
         for a in node.all_input_nodes:
             self.prove(a)
+
+    def _prove_linear(self, n: Node) -> bool:
+        """A Linear of the timestep's rows by fixed parameters, in any form ``_linear`` reads
+        (pad_mm's padding of the batch rows too): copied as one ``addmm`` of the rows."""
+        try:
+            inp, weight, bias, _ = _linear(n)
+        except _NoMatch:
+            return False
+        bv = _val(bias)
+        if not self.depends(inp) or self.depends(weight) or self.depends(bias) or bv is None or bv.dim() != 1:
+            return False
+        self.linears[n] = (inp, weight, bias)
+        self.prove(inp)
+        return True
 
     def _rows_operand(self, node: Node, a: Any) -> None:
         out, v = _val(node), _val(a)
@@ -258,6 +276,10 @@ class _Reemit:
             return node
         if node in self.sites.steps:
             return self.vector(node)
+        if node in self.linears and node not in self.memo:
+            inp, weight, bias = self.linears[node]
+            self.memo[node] = self.em(aten.addmm.default, bias, self.copy(inp),
+                                      self.em(aten.permute.default, weight, [1, 0]))
         if node not in self.memo:
             args = [self.copy(a) for a in node.args]
             if _is(node, *_SHAPED):

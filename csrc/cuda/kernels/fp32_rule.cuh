@@ -1,10 +1,10 @@
 // The fp32_rule kernel of ddpm::fused_sample.rule: exact fp32 on CUDA cores.
 //
 // A thread block runs R rows through every step. Its samples and two buffers
-// of layer outputs live in shared memory; thread c computes output column c
-// (and c + 256, ...) of a layer for all R rows, reading its weight row from
-// global memory (L1 and L2 serve the repeats) and the layer's input from
-// shared memory, where every thread reads the same address (a broadcast).
+// of layer outputs live in shared memory; each warp computes a few output
+// columns of a layer for all R rows at once (rule_layer), reading their weight
+// rows from global memory (L2 serves the repeats: small MLPs' weights do not
+// fit one SM's shared memory) and the layer's input from shared memory.
 // Layer 0 adds the bias rows of the row's step index (time_rows) and of the
 // row (cond_rows); the epilogue of the last layer is the step rule: six
 // coefficients a row, the two clamps, the noise (given, or drawn from the
@@ -16,6 +16,7 @@
 #include "../../seeded_noise.h"
 #include "../common/activation.cuh"
 #include "../common/rows.cuh"
+#include "../common/warp_reduce.cuh"
 #include "fp32_rule.h"
 
 #include <cmath>
@@ -33,58 +34,85 @@ __device__ __forceinline__ float seeded_normal(uint64_t seed, int k, int batch, 
   return 1.41421356237309505f * erfinvf(seeded_noise::centered_uniform(seeded_noise::column_bits(key, j)));
 }
 
-// out[r][c] for rows r < R and this thread's columns c of layer l: the bias
+// out[r][c] for the block's rows r < R and columns c of layer l: the bias
 // (plus, for layer 0, the bias rows), the dot product of in[r] and weight row
-// c, the layer's activation but after the last layer.
+// c, the layer's activation but after the last layer. Each warp takes VC
+// columns at a time; its lanes split the inner dimension (float4s when
+// aligned: a warp reads 512 contiguous bytes of a weight row at once) and the
+// R * VC sums are reduced across the lanes by the transposing butterfly
+// (warp_reduce.cuh), after which lane l holds sum l / (32 / V).
 template <int R>
 __device__ __forceinline__ void rule_layer(const RuleArgs& a, int l, const float* in, int in_ld, float* out,
                                            const int* step_index, int row0, int rows) {
+  constexpr int VC = rule_columns(R);
+  constexpr int V = R * VC;
+  constexpr int kReplicas = 32 / V;
+  constexpr int kWarps = rule_threads(R) / 32;
+  constexpr int kUnroll = R == 1 ? 2 : 1;  // more loads in flight where registers allow
+  static_assert(V >= 2 && V <= 32 && (V & (V - 1)) == 0, "a warp's sums are a power of two, at most 32");
   const LayerArgs& layer = a.layers[l];
   const int K = layer.in, N = layer.out;
   const bool last = l + 1 == a.num_layers;
   const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(layer.weight) % 16 == 0;
-  for (int c = threadIdx.x; c < N; c += kRuleThreads) {
-    float acc[R];
-    const float b = __ldg(layer.bias + c);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int c0 = warp * VC; c0 < N; c0 += kWarps * VC) {  // warp-uniform
+    const float* w_row[VC];
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = b;
-    if (l == 0) {
+    for (int j = 0; j < VC; ++j) w_row[j] = layer.weight + static_cast<size_t>(min(c0 + j, N - 1)) * K;
+    float v[V];
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r >= rows) break;
-        if (a.time_rows != nullptr) acc[r] += __ldg(a.time_rows + static_cast<size_t>(step_index[r]) * N + c);
-        if (a.cond_rows != nullptr) acc[r] += __ldg(a.cond_rows + static_cast<size_t>(row0 + r) * N + c);
-      }
-    }
-    const float* w = layer.weight + static_cast<size_t>(c) * K;
+    for (int e = 0; e < V; ++e) v[e] = 0.f;
     if (vec) {
-#pragma unroll 4
-      for (int k = 0; k < K; k += 4) {
-        const float4 w4 = __ldg(reinterpret_cast<const float4*>(w + k));
+#pragma unroll kUnroll
+      for (int k4 = lane; k4 < K / 4; k4 += 32) {
+        float4 w4[VC];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float4 h4 = *reinterpret_cast<const float4*>(in + r * in_ld + k);
-          acc[r] = fmaf(h4.x, w4.x, acc[r]);
-          acc[r] = fmaf(h4.y, w4.y, acc[r]);
-          acc[r] = fmaf(h4.z, w4.z, acc[r]);
-          acc[r] = fmaf(h4.w, w4.w, acc[r]);
+        for (int j = 0; j < VC; ++j) w4[j] = __ldg(reinterpret_cast<const float4*>(w_row[j]) + k4);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          const float4 h4 = reinterpret_cast<const float4*>(in + i * in_ld)[k4];
+#pragma unroll
+          for (int j = 0; j < VC; ++j) {
+            float& acc = v[i * VC + j];
+            acc = fmaf(h4.x, w4[j].x, acc);
+            acc = fmaf(h4.y, w4[j].y, acc);
+            acc = fmaf(h4.z, w4[j].z, acc);
+            acc = fmaf(h4.w, w4[j].w, acc);
+          }
         }
       }
     } else {
-#pragma unroll 4
-      for (int k = 0; k < K; ++k) {
-        const float wk = __ldg(w + k);
+#pragma unroll kUnroll
+      for (int k = lane; k < K; k += 32) {
+        float wk[VC];
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = fmaf(in[r * in_ld + k], wk, acc[r]);
+        for (int j = 0; j < VC; ++j) wk[j] = __ldg(w_row[j] + k);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          const float h = in[i * in_ld + k];
+#pragma unroll
+          for (int j = 0; j < VC; ++j) v[i * VC + j] = fmaf(h, wk[j], v[i * VC + j]);
+        }
       }
     }
+    reduce_transposing<V, V>(v, lane);
 #pragma unroll
-    for (int r = 0; r < R; ++r) out[r * a.width + c] = last ? acc[r] : activate(acc[r], a.activations[l]);
+    for (int o = kReplicas / 2; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    const int e = lane / kReplicas;
+    const int r = e / VC, c = c0 + e % VC;
+    if (lane % kReplicas != 0 || c >= N) continue;
+    float acc = v[0] + __ldg(layer.bias + c);
+    if (l == 0 && r < rows) {
+      if (a.time_rows != nullptr) acc += __ldg(a.time_rows + static_cast<size_t>(step_index[r]) * N + c);
+      if (a.cond_rows != nullptr) acc += __ldg(a.cond_rows + static_cast<size_t>(row0 + r) * N + c);
+    }
+    out[r * a.width + c] = last ? acc : activate(acc, a.activations[l]);
   }
 }
 
 template <int R>
-__global__ void __launch_bounds__(kRuleThreads) fp32_rule_kernel(const RuleArgs a) {
+__global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const RuleArgs a) {
+  constexpr int kThreads = rule_threads(R);
   extern __shared__ __align__(16) float smem[];
   int* const t0 = reinterpret_cast<int*>(smem);  // the row header (rule_smem_bytes)
   int* const step_index = t0 + R;
@@ -100,14 +128,14 @@ __global__ void __launch_bounds__(kRuleThreads) fp32_rule_kernel(const RuleArgs 
     t0[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? load_t_start(a, row0 + threadIdx.x, &ok) : 0;
     valid[threadIdx.x] = ok;
   }
-  for (int i = threadIdx.x; i < R * a.dim; i += kRuleThreads) {
+  for (int i = threadIdx.x; i < R * a.dim; i += kThreads) {
     const int r = i / a.dim, j = i - r * a.dim;
     xs[r * a.dim_ld + j] = r < rows ? a.x[static_cast<size_t>(row0 + r) * a.dim + j] : 0.f;
   }
   const uint64_t seed = a.noise_seed != nullptr ? static_cast<uint64_t>(*a.noise_seed) : 0;
   __syncthreads();
   if (a.chain) {
-    for (int i = threadIdx.x; i < rows * a.dim; i += kRuleThreads) {
+    for (int i = threadIdx.x; i < rows * a.dim; i += kThreads) {
       const int r = i / a.dim, j = i - r * a.dim;
       a.out[static_cast<size_t>(row0 + r) * a.dim + j] = valid[r] ? xs[r * a.dim_ld + j] : NAN;
     }
@@ -131,7 +159,7 @@ __global__ void __launch_bounds__(kRuleThreads) fp32_rule_kernel(const RuleArgs 
     }
     float* const dest = a.chain ? a.out + static_cast<size_t>(k + 1) * a.batch * a.dim : a.out;
     const bool last_step = k + 1 == a.num_steps;
-    for (int i = threadIdx.x; i < rows * a.dim; i += kRuleThreads) {
+    for (int i = threadIdx.x; i < rows * a.dim; i += kThreads) {
       const int r = i / a.dim, j = i - r * a.dim;
       const int row = row0 + r;
       const float e = in[r * a.width + j];

@@ -12,10 +12,17 @@
 namespace ddpm_ops {
 namespace cuda_kernels {
 
-constexpr int kRuleThreads = 256;
-// A thread computes one output column for every row of its block, so the
-// rows are its accumulators: 16 keeps them in registers.
+// Rows per block: 1, 2, 4, 8 or 16 (an instantiation each).
 constexpr int kRuleMaxRows = 16;
+
+// A warp computes `rule_columns(rows)` output columns of a layer for all the
+// block's rows at once (rows * columns sums, reduced across its lanes), so
+// that many weight rows are in flight; the columns shrink as the rows grow to
+// keep the sums and the weights' float4s in registers at the block size
+// `rule_threads(rows)`: 32 warps for one or two rows, whose layers then have
+// the most columns in flight per block, 16 for more.
+DDPM_HD constexpr int rule_threads(int rows) { return rows <= 2 ? 1024 : 512; }
+DDPM_HD constexpr int rule_columns(int rows) { return rows == 1 ? 8 : (rows <= 8 ? 4 : 2); }
 
 struct RuleArgs {
   LayerArgs layers[kMaxLayers];
