@@ -32,7 +32,8 @@ if [ "$mode" = rule ]; then
   exit 0
 fi
 if [ "$mode" != bench ]; then
-  python3 -m pytest -q -n 8 -rfEs tests 2>&1 | tee "$out/tests.log" | tail -25
+  # PYTEST_WORKERS, PYTEST_ARGS (e.g. --ignore of the files that need packages the image lacks).
+  python3 -m pytest -q -n "${PYTEST_WORKERS:-8}" -rfEs tests ${PYTEST_ARGS:-} 2>&1 | tee "$out/tests.log" | tail -25
 fi
 if [ "$mode" != tests ]; then
   python3 benchmarks/bench.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
