@@ -156,17 +156,10 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
   parse_precision(precision);
 }
 
-void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
-                            at::TensorList weights, at::TensorList biases,
-                            const at::Tensor& step_tables, int64_t num_steps,
-                            const std::vector<std::string>& activations,
-                            const std::optional<at::Tensor>& time_bias,
-                            const std::optional<at::Tensor>& cond_bias,
-                            OptionalRange clip,
-                            OptionalRange post_clip,
-                            const std::optional<at::Tensor>& noise, c10::string_view precision,
-                            const std::optional<at::Tensor>& noise_seed, const BiasNet& time_net,
-                            const BiasNet& cond_net) {
+void check_sample_rule_args(const SampleRuleCall& call) {
+  const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
+               clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
+               cond_net] = call;
   check_x_and_t_start(x, t_start);
   check_linear_chain(x, weights, biases, {"", x.sym_size(1), " where in_features = dim (x alone)",
                                           x.sym_size(1), "dim", /*last_has_bias=*/true});

@@ -42,18 +42,33 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
                              const at::Tensor& coef_eps, int64_t num_steps,
                              int64_t total_timesteps, c10::string_view precision);
 
+// The arguments of one fused_sample.rule call, in the schema's order (ops.cpp),
+// the bias networks' four arguments each as one BiasNet. Every kernel of the
+// overload takes them as one value: `rule_kernel` adapts it to the schema's
+// signature, so that signature is written out once.
+struct SampleRuleCall {
+  const at::Tensor& x;
+  const at::Tensor& t_start;
+  at::TensorList weights;
+  at::TensorList biases;
+  const at::Tensor& step_tables;
+  int64_t num_steps;
+  const std::vector<std::string>& activations;
+  const std::optional<at::Tensor>& time_bias;
+  const std::optional<at::Tensor>& cond_bias;
+  OptionalRange clip;
+  OptionalRange post_clip;
+  const std::optional<at::Tensor>& noise;
+  bool return_chain;
+  bool validate;
+  c10::string_view precision;
+  const std::optional<at::Tensor>& noise_seed;
+  BiasNet time_net;
+  BiasNet cond_net;
+};
+
 // The checks of the step-rule overload (fused_sample.rule), the same way.
-void check_sample_rule_args(const at::Tensor& x, const at::Tensor& t_start,
-                            at::TensorList weights, at::TensorList biases,
-                            const at::Tensor& step_tables, int64_t num_steps,
-                            const std::vector<std::string>& activations,
-                            const std::optional<at::Tensor>& time_bias,
-                            const std::optional<at::Tensor>& cond_bias,
-                            OptionalRange clip,
-                            OptionalRange post_clip,
-                            const std::optional<at::Tensor>& noise, c10::string_view precision,
-                            const std::optional<at::Tensor>& noise_seed, const BiasNet& time_net,
-                            const BiasNet& cond_net);
+void check_sample_rule_args(const SampleRuleCall& call);
 
 // `bias` plus `net`'s output (either may be absent), contiguous: the rows the
 // kernels add to layer 0. Checked arguments only.
@@ -95,34 +110,42 @@ using FusedSampleKernel = at::Tensor(const at::Tensor& x, const at::Tensor& t_st
                                      const at::Tensor& coef_eps, int64_t num_steps,
                                      int64_t total_timesteps, bool validate,
                                      c10::string_view precision);
-using FusedSampleRuleKernel = at::Tensor(const at::Tensor& x, const at::Tensor& t_start,
-                                         at::TensorList weights, at::TensorList biases,
-                                         const at::Tensor& step_tables, int64_t num_steps,
-                                         const std::vector<std::string>& activations,
-                                         const std::optional<at::Tensor>& time_bias,
-                                         const std::optional<at::Tensor>& cond_bias,
-                                         OptionalRange clip, OptionalRange post_clip,
-                                         const std::optional<at::Tensor>& noise,
-                                         bool return_chain, bool validate,
-                                         c10::string_view precision,
-                                         const std::optional<at::Tensor>& noise_seed,
-                                         const std::optional<at::Tensor>& time_input,
-                                         std::optional<at::TensorList> time_weights,
-                                         std::optional<at::TensorList> time_biases,
-                                         const std::optional<std::vector<std::string>>& time_activations,
-                                         const std::optional<at::Tensor>& cond_input,
-                                         std::optional<at::TensorList> cond_weights,
-                                         std::optional<at::TensorList> cond_biases,
-                                         const std::optional<std::vector<std::string>>& cond_activations);
+// fused_sample.rule's signature, as the dispatcher calls its kernels.
+template <at::Tensor (*Kernel)(const SampleRuleCall&)>
+at::Tensor rule_kernel(const at::Tensor& x, const at::Tensor& t_start, at::TensorList weights,
+                       at::TensorList biases, const at::Tensor& step_tables, int64_t num_steps,
+                       const std::vector<std::string>& activations,
+                       const std::optional<at::Tensor>& time_bias,
+                       const std::optional<at::Tensor>& cond_bias, OptionalRange clip,
+                       OptionalRange post_clip, const std::optional<at::Tensor>& noise,
+                       bool return_chain, bool validate, c10::string_view precision,
+                       const std::optional<at::Tensor>& noise_seed,
+                       const std::optional<at::Tensor>& time_input,
+                       std::optional<at::TensorList> time_weights,
+                       std::optional<at::TensorList> time_biases,
+                       const std::optional<std::vector<std::string>>& time_activations,
+                       const std::optional<at::Tensor>& cond_input,
+                       std::optional<at::TensorList> cond_weights,
+                       std::optional<at::TensorList> cond_biases,
+                       const std::optional<std::vector<std::string>>& cond_activations) {
+  return Kernel({x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
+                 cond_bias, clip, post_clip, noise, return_chain, validate, precision, noise_seed,
+                 {time_input, time_weights, time_biases, time_activations},
+                 {cond_input, cond_weights, cond_biases, cond_activations}});
+}
+
+// The signature's type, for typed calls of the dispatcher (ops.cpp).
+at::Tensor sample_rule_signature_of(const SampleRuleCall&);
+using FusedSampleRuleKernel = decltype(rule_kernel<&sample_rule_signature_of>);
 
 FusedSampleKernel fused_sample_cpu;
 FusedSampleKernel fused_sample_cuda;
 // The step-rule overload's CPU kernel.
-FusedSampleRuleKernel fused_sample_rule_cpu;
+at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call);
 // The step-rule overload's CUDA kernel (csrc/cuda/fused_sample_rule_cuda.cu).
-FusedSampleRuleKernel fused_sample_rule_cuda;
+at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call);
 // The step-rule overload as a loop of ATen ops, for any device (the kernel of
 // devices without a fused one).
-FusedSampleRuleKernel fused_sample_rule_unfused;
+at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call);
 
 }  // namespace ddpm_ops

@@ -75,75 +75,40 @@ at::Tensor fused_sample_autograd(const at::Tensor& x, const at::Tensor& t_start,
                  total_timesteps, validate, precision);
 }
 
-at::Tensor fused_sample_rule_meta(const at::Tensor& x, const at::Tensor& t_start,
-                                  at::TensorList weights, at::TensorList biases,
-                                  const at::Tensor& step_tables, int64_t num_steps,
-                                  const std::vector<std::string>& activations,
-                                  const std::optional<at::Tensor>& time_bias,
-                                  const std::optional<at::Tensor>& cond_bias,
-                                  OptionalRange clip,
-                                  OptionalRange post_clip,
-                                  const std::optional<at::Tensor>& noise, bool return_chain,
-                                  bool /*validate*/, c10::string_view precision,
-                                  const std::optional<at::Tensor>& noise_seed,
-                                  const std::optional<at::Tensor>& time_input,
-                                  std::optional<at::TensorList> time_weights,
-                                  std::optional<at::TensorList> time_biases,
-                                  const std::optional<std::vector<std::string>>& time_activations,
-                                  const std::optional<at::Tensor>& cond_input,
-                                  std::optional<at::TensorList> cond_weights,
-                                  std::optional<at::TensorList> cond_biases,
-                                  const std::optional<std::vector<std::string>>& cond_activations) {
-  check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
-                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed,
-                         {time_input, time_weights, time_biases, time_activations},
-                         {cond_input, cond_weights, cond_biases, cond_activations});
-  if (return_chain) {
-    return at::empty_symint({num_steps + 1, x.sym_size(0), x.sym_size(1)}, x.options());
+at::Tensor fused_sample_rule_meta(const SampleRuleCall& call) {
+  check_sample_rule_args(call);
+  const at::Tensor& x = call.x;
+  if (call.return_chain) {
+    return at::empty_symint({call.num_steps + 1, x.sym_size(0), x.sym_size(1)}, x.options());
   }
   return at::empty_symint(x.sym_sizes(), x.options());
 }
 
-at::Tensor fused_sample_rule_autograd(const at::Tensor& x, const at::Tensor& t_start,
-                                      at::TensorList weights, at::TensorList biases,
-                                      const at::Tensor& step_tables, int64_t num_steps,
-                                      const std::vector<std::string>& activations,
-                                      const std::optional<at::Tensor>& time_bias,
-                                      const std::optional<at::Tensor>& cond_bias,
-                                      OptionalRange clip,
-                                      OptionalRange post_clip,
-                                      const std::optional<at::Tensor>& noise, bool return_chain,
-                                      bool validate, c10::string_view precision,
-                                      const std::optional<at::Tensor>& noise_seed,
-                                      const std::optional<at::Tensor>& time_input,
-                                      std::optional<at::TensorList> time_weights,
-                                      std::optional<at::TensorList> time_biases,
-                                      const std::optional<std::vector<std::string>>& time_activations,
-                                      const std::optional<at::Tensor>& cond_input,
-                                      std::optional<at::TensorList> cond_weights,
-                                      std::optional<at::TensorList> cond_biases,
-                                      const std::optional<std::vector<std::string>>& cond_activations) {
-  refuse_derivatives(x, "x");
-  refuse_derivatives_of_each(weights, "weights");
-  refuse_derivatives_of_each(biases, "biases");
-  refuse_derivatives(step_tables, "step_tables");
-  refuse_derivatives_if_given(time_bias, "time_bias");
-  refuse_derivatives_if_given(cond_bias, "cond_bias");
-  refuse_derivatives_if_given(noise, "noise");
-  refuse_derivatives_if_given(time_input, "time_input");
-  refuse_derivatives_of_each(time_weights.value_or(at::TensorList()), "time_weights");
-  refuse_derivatives_of_each(time_biases.value_or(at::TensorList()), "time_biases");
-  refuse_derivatives_if_given(cond_input, "cond_input");
-  refuse_derivatives_of_each(cond_weights.value_or(at::TensorList()), "cond_weights");
-  refuse_derivatives_of_each(cond_biases.value_or(at::TensorList()), "cond_biases");
+void refuse_derivatives_of_net(const BiasNet& net, const std::string& prefix) {
+  refuse_derivatives_if_given(net.input, (prefix + "input").c_str());
+  refuse_derivatives_of_each(net.weights.value_or(at::TensorList()), (prefix + "weights").c_str());
+  refuse_derivatives_of_each(net.biases.value_or(at::TensorList()), (prefix + "biases").c_str());
+}
+
+at::Tensor fused_sample_rule_autograd(const SampleRuleCall& c) {
+  refuse_derivatives(c.x, "x");
+  refuse_derivatives_of_each(c.weights, "weights");
+  refuse_derivatives_of_each(c.biases, "biases");
+  refuse_derivatives(c.step_tables, "step_tables");
+  refuse_derivatives_if_given(c.time_bias, "time_bias");
+  refuse_derivatives_if_given(c.cond_bias, "cond_bias");
+  refuse_derivatives_if_given(c.noise, "noise");
+  refuse_derivatives_of_net(c.time_net, "time_");
+  refuse_derivatives_of_net(c.cond_net, "cond_");
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("ddpm::fused_sample", "rule")
                        .typed<FusedSampleRuleKernel>();
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return op.call(x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
-                 cond_bias, clip, post_clip, noise, return_chain, validate, precision, noise_seed,
-                 time_input, time_weights, time_biases, time_activations, cond_input, cond_weights,
-                 cond_biases, cond_activations);
+  const BiasNet &t = c.time_net, &n = c.cond_net;
+  return op.call(c.x, c.t_start, c.weights, c.biases, c.step_tables, c.num_steps, c.activations,
+                 c.time_bias, c.cond_bias, c.clip, c.post_clip, c.noise, c.return_chain, c.validate,
+                 c.precision, c.noise_seed, t.input, t.weights, t.biases, t.activations, n.input,
+                 n.weights, n.biases, n.activations);
 }
 
 }  // namespace
@@ -168,12 +133,12 @@ TORCH_LIBRARY(ddpm, m) {
 
 TORCH_LIBRARY_IMPL(ddpm, Meta, m) {
   m.impl("fused_sample", &fused_sample_meta);
-  m.impl("fused_sample.rule", &fused_sample_rule_meta);
+  m.impl("fused_sample.rule", &rule_kernel<&fused_sample_rule_meta>);
 }
 
 TORCH_LIBRARY_IMPL(ddpm, Autograd, m) {
   m.impl("fused_sample", &fused_sample_autograd);
-  m.impl("fused_sample.rule", &fused_sample_rule_autograd);
+  m.impl("fused_sample.rule", &rule_kernel<&fused_sample_rule_autograd>);
 }
 
 }  // namespace ddpm_ops

@@ -64,29 +64,11 @@ at::Tensor seeded_noise_of(const at::Tensor& seed, int64_t num_steps, int64_t ba
 
 }  // namespace
 
-at::Tensor fused_sample_rule_unfused(const at::Tensor& x, const at::Tensor& t_start,
-                                     at::TensorList weights, at::TensorList biases,
-                                     const at::Tensor& step_tables, int64_t num_steps,
-                                     const std::vector<std::string>& activations,
-                                     const std::optional<at::Tensor>& time_bias,
-                                     const std::optional<at::Tensor>& cond_bias,
-                                     OptionalRange clip, OptionalRange post_clip,
-                                     const std::optional<at::Tensor>& noise, bool return_chain,
-                                     bool validate, c10::string_view precision,
-                                     const std::optional<at::Tensor>& noise_seed,
-                                     const std::optional<at::Tensor>& time_input,
-                                     std::optional<at::TensorList> time_weights,
-                                     std::optional<at::TensorList> time_biases,
-                                     const std::optional<std::vector<std::string>>& time_activations,
-                                     const std::optional<at::Tensor>& cond_input,
-                                     std::optional<at::TensorList> cond_weights,
-                                     std::optional<at::TensorList> cond_biases,
-                                     const std::optional<std::vector<std::string>>& cond_activations) {
-  const BiasNet time_net{time_input, time_weights, time_biases, time_activations};
-  const BiasNet cond_net{cond_input, cond_weights, cond_biases, cond_activations};
-  check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
-                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed,
-                         time_net, cond_net);
+at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call) {
+  check_sample_rule_args(call);
+  const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
+               clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
+               cond_net] = call;
   const int64_t table_length = step_tables.size(1);
   // Off the CPU the default never synchronises: a row whose step indices leave
   // the tables reads clamped indices and ends as NaN, as the fused kernels do.
@@ -132,7 +114,7 @@ at::Tensor fused_sample_rule_unfused(const at::Tensor& x, const at::Tensor& t_st
 
 // Every backend without a kernel of its own (the CPU registers one).
 TORCH_LIBRARY_IMPL(ddpm, CompositeExplicitAutograd, m) {
-  m.impl("fused_sample.rule", &fused_sample_rule_unfused);
+  m.impl("fused_sample.rule", &rule_kernel<&fused_sample_rule_unfused>);
 }
 
 }  // namespace ddpm_ops

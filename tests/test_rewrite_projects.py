@@ -25,8 +25,10 @@ MATMUL = re.compile(r"extern_kernels\.(mm|addmm|bmm)\b|cpp_gemm|_mkl_linear|mkld
 
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_loop_fuses_with_eager_numbers(name):
+def assert_fuses_with_eager_numbers(name):
+    """The loop ``name`` of tests/loops/cases.py compiles to one fused call, with no matmul left
+    (the time MLP, the time columns and the condition's run inside the op), and eager's numbers
+    (the noise given as tensors). Returns the output."""
     model, args, noise_shape = CASES[name]()
     args = (*args, torch.randn(noise_shape)) if noise_shape else args
     out, code = compile_run(model, *args)
@@ -34,8 +36,13 @@ def test_loop_fuses_with_eager_numbers(name):
         ref = model(*args)
     assert relative_error(out, ref) < 1e-5
     assert len(RULE_CALL.findall(code)) == 1, code
-    # The time MLP, the time columns and the condition's run inside the op: no matmul is left.
     assert not MATMUL.findall(code), code
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_loop_fuses_with_eager_numbers(name):
+    assert_fuses_with_eager_numbers(name)
 
 
 @pytest.fixture
@@ -56,14 +63,7 @@ def pad_mm_on_cpu():
 @pytest.mark.parametrize("name", ["diffusion_ql", "cleandiffuser_dql_ddpm", "diffusers_ddim_clip", "v1_obs",
                                   "v1_posterior"])
 def test_padded_matmuls_fuse_with_eager_numbers(name, pad_mm_on_cpu):
-    model, args, noise_shape = CASES[name]()
-    args = (*args, torch.randn(noise_shape)) if noise_shape else args
-    out, code = compile_run(model, *args)
-    with torch.no_grad():
-        ref = model(*args)
-    assert relative_error(out, ref) < 1e-5
-    assert len(RULE_CALL.findall(code)) == 1, code
-    assert not MATMUL.findall(code), code
+    assert_fuses_with_eager_numbers(name)
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "v1_full_noise_clamps", "v1_posterior", "cleandiffuser_dql_ddim"])
@@ -92,15 +92,7 @@ def test_dynamic_batch_fuses_with_eager_numbers(name):
 def test_loop_fuses_on_cuda_with_eager_numbers(name):
     # Every factory call of the loop (its parameters, buffers, timesteps and noise) on the GPU.
     with torch.device("cuda"):
-        model, args, noise_shape = CASES[name]()
-        args = (*args, torch.randn(noise_shape)) if noise_shape else args
-        out, code = compile_run(model, *args)
-        with torch.no_grad():
-            ref = model(*args)
-    assert out.is_cuda
-    assert relative_error(out, ref) < 1e-5
-    assert len(RULE_CALL.findall(code)) == 1, code
-    assert not MATMUL.findall(code), code
+        assert assert_fuses_with_eager_numbers(name).is_cuda
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "tiny_diffusion", "v1_full_noise_clamps"])

@@ -340,37 +340,12 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
   return run(problem, plan);
 }
 
-at::Tensor fused_sample_rule_cpu(const at::Tensor& x, const at::Tensor& t_start,
-                                 at::TensorList weights, at::TensorList biases,
-                                 const at::Tensor& step_tables, int64_t num_steps,
-                                 const std::vector<std::string>& activations,
-                                 const std::optional<at::Tensor>& time_bias,
-                                 const std::optional<at::Tensor>& cond_bias,
-                                 OptionalRange clip,
-                                 OptionalRange post_clip,
-                                 const std::optional<at::Tensor>& noise, bool return_chain,
-                                 bool validate, c10::string_view precision,
-                                 const std::optional<at::Tensor>& noise_seed,
-                                 const std::optional<at::Tensor>& time_input,
-                                 std::optional<at::TensorList> time_weights,
-                                 std::optional<at::TensorList> time_biases,
-                                 const std::optional<std::vector<std::string>>& time_activations,
-                                 const std::optional<at::Tensor>& cond_input,
-                                 std::optional<at::TensorList> cond_weights,
-                                 std::optional<at::TensorList> cond_biases,
-                                 const std::optional<std::vector<std::string>>& cond_activations) {
-  if (tuning().unfused) {
-    return fused_sample_rule_unfused(x, t_start, weights, biases, step_tables, num_steps,
-                                     activations, time_bias, cond_bias, clip, post_clip, noise,
-                                     return_chain, validate, precision, noise_seed, time_input,
-                                     time_weights, time_biases, time_activations, cond_input,
-                                     cond_weights, cond_biases, cond_activations);
-  }
-  const BiasNet time_net{time_input, time_weights, time_biases, time_activations};
-  const BiasNet cond_net{cond_input, cond_weights, cond_biases, cond_activations};
-  check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
-                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed,
-                         time_net, cond_net);
+at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call) {
+  if (tuning().unfused) return fused_sample_rule_unfused(call);
+  check_sample_rule_args(call);
+  const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
+               clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
+               cond_net] = call;
   check_timesteps_in_range(t_start, num_steps, step_tables.size(1));
   CpuProblem problem{x, t_start, std::vector<at::Tensor>(weights.begin(), weights.end()), biases,
                      parse_activations(activations, static_cast<int64_t>(weights.size())),
@@ -410,7 +385,7 @@ at::Tensor fused_sample_rule_cpu(const at::Tensor& x, const at::Tensor& t_start,
 
 TORCH_LIBRARY_IMPL(ddpm, CPU, m) {
   m.impl("fused_sample", &fused_sample_cpu);
-  m.impl("fused_sample.rule", &fused_sample_rule_cpu);
+  m.impl("fused_sample.rule", &rule_kernel<&fused_sample_rule_cpu>);
 }
 
 }  // namespace ddpm_ops

@@ -30,29 +30,11 @@ int device_attribute(cudaDeviceAttr attribute, int device) {
 
 }  // namespace
 
-at::Tensor fused_sample_rule_cuda(const at::Tensor& x, const at::Tensor& t_start,
-                                  at::TensorList weights, at::TensorList biases,
-                                  const at::Tensor& step_tables, int64_t num_steps,
-                                  const std::vector<std::string>& activations,
-                                  const std::optional<at::Tensor>& time_bias,
-                                  const std::optional<at::Tensor>& cond_bias,
-                                  OptionalRange clip, OptionalRange post_clip,
-                                  const std::optional<at::Tensor>& noise, bool return_chain,
-                                  bool validate, c10::string_view precision,
-                                  const std::optional<at::Tensor>& noise_seed,
-                                  const std::optional<at::Tensor>& time_input,
-                                  std::optional<at::TensorList> time_weights,
-                                  std::optional<at::TensorList> time_biases,
-                                  const std::optional<std::vector<std::string>>& time_activations,
-                                  const std::optional<at::Tensor>& cond_input,
-                                  std::optional<at::TensorList> cond_weights,
-                                  std::optional<at::TensorList> cond_biases,
-                                  const std::optional<std::vector<std::string>>& cond_activations) {
-  const BiasNet time_net{time_input, time_weights, time_biases, time_activations};
-  const BiasNet cond_net{cond_input, cond_weights, cond_biases, cond_activations};
-  check_sample_rule_args(x, t_start, weights, biases, step_tables, num_steps, activations,
-                         time_bias, cond_bias, clip, post_clip, noise, precision, noise_seed,
-                         time_net, cond_net);
+at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
+  check_sample_rule_args(call);
+  const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
+               clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
+               cond_net] = call;
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t batch = x.size(0), dim = x.size(1), table_length = step_tables.size(1);
   const int num_layers = static_cast<int>(weights.size());
@@ -67,13 +49,7 @@ at::Tensor fused_sample_rule_cuda(const at::Tensor& x, const at::Tensor& t_start
                                       : 0;
   const bool fits = rows > 0 && num_layers <= kMaxLayers && table_length <= INT32_MAX &&
                     num_steps <= INT32_MAX;
-  if (num_steps == 0 || batch == 0 || !fits) {
-    return fused_sample_rule_unfused(x, t_start, weights, biases, step_tables, num_steps, activations,
-                                     time_bias, cond_bias, clip, post_clip, noise, return_chain, validate,
-                                     precision, noise_seed, time_input, time_weights, time_biases,
-                                     time_activations, cond_input, cond_weights, cond_biases,
-                                     cond_activations);
-  }
+  if (num_steps == 0 || batch == 0 || !fits) return fused_sample_rule_unfused(call);
   if (validate) check_timesteps_in_range(t_start, num_steps, table_length);
 
   // Contiguous views (copies only where needed), kept alive until the launch.
@@ -124,6 +100,6 @@ at::Tensor fused_sample_rule_cuda(const at::Tensor& x, const at::Tensor& t_start
   return out;
 }
 
-TORCH_LIBRARY_IMPL(ddpm, CUDA, m) { m.impl("fused_sample.rule", &fused_sample_rule_cuda); }
+TORCH_LIBRARY_IMPL(ddpm, CUDA, m) { m.impl("fused_sample.rule", &rule_kernel<&fused_sample_rule_cuda>); }
 
 }  // namespace ddpm_ops
