@@ -12,7 +12,8 @@ that changes over the loop. The step-only values become tables
 (:mod:`.tables`), the first Linear's step-only columns ``time_bias``, its
 loop-invariant columns ``cond_bias`` (or, for one piece each, the op's time
 and condition bias networks: the MLP that makes the piece and its columns,
-so that the op runs them), the noise draws one ``(K, B, dim)`` tensor. Anything not proved is left alone with one DEBUG line.
+so that the op runs them), the noise draws one ``(K, B, dim)`` tensor.
+Anything not proved is left alone with one DEBUG line.
 """
 from __future__ import annotations
 
@@ -153,8 +154,11 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         nets = [None, *(time_net or [None] * 4), *cond_net]  # noise_seed, then the bias networks
         while nets and nets[-1] is None:
             nets.pop()
-        fused = em(RULE, x, t_start, weights, list(net0.biases), tables, K, list(net0.activations),
-                   time_bias, cond_bias, clip, post, noise, False, False, "fp32", *nets)
+        try:
+            fused = em(RULE, x, t_start, weights, list(net0.biases), tables, K, list(net0.activations),
+                       time_bias, cond_bias, clip, post, noise, False, False, "fp32", *nets)
+        except RuntimeError as e:  # the op's Meta checks, on the arguments read
+            raise _NoMatch(f"the op refuses the arguments read: {e}") from None
     except Exception:
         em.rollback()
         raise
