@@ -17,6 +17,7 @@ Anything not proved is left alone with one DEBUG line.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -155,14 +156,32 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         while nets and nets[-1] is None:
             nets.pop()
         try:
-            fused = em(RULE, x, t_start, weights, list(net0.biases), tables, K, list(net0.activations),
-                       time_bias, cond_bias, clip, post, noise, False, False, "fp32", *nets)
+            with _meta_refusals_unlogged():
+                fused = em(RULE, x, t_start, weights, list(net0.biases), tables, K, list(net0.activations),
+                           time_bias, cond_bias, clip, post, noise, False, False, "fp32", *nets)
         except RuntimeError as e:  # the op's Meta checks, on the arguments read
             raise _NoMatch(f"the op refuses the arguments read: {e}") from None
     except Exception:
         em.rollback()
         raise
     return fused, em
+
+
+@contextlib.contextmanager
+def _meta_refusals_unlogged():
+    """Fake tensor mode logs an ERROR traceback when a Meta kernel raises; a refusal of the
+    fused op only leaves the loop alone, which its DEBUG line says."""
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    prefix = f"failed while attempting to run meta for {RULE}"
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(prefix)
+
+    fake_log.addFilter(keep)
+    try:
+        yield
+    finally:
+        fake_log.removeFilter(keep)
 
 
 def _per_sample(em: _Emitter, loop: _Loop, updates: list, step_pieces: list, shared: _NoMatch) -> _Reemit:
