@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from torch.fx import Graph, Node
 
 from .network import _Net
-from .patterns import _NoMatch, _is, _val, aten
+from .patterns import _ASSERT_METADATA, _NoMatch, _is, _val, aten
 
 
 @dataclass
@@ -25,7 +25,7 @@ class _Loop:
     """``K`` steps of one network: ``nets[k]`` reads ``pieces[k]`` (``x`` at ``x_pos``)."""
 
     nets: list
-    pieces: list  # per step, the first Linear's input pieces (a cat's tensors, or [input])
+    pieces: list  # per step, the first Linear's input pieces (a cat's tensors, or [input]), then its terms
     x_pos: int
 
     def x(self, k: int) -> Node:
@@ -33,6 +33,11 @@ class _Loop:
 
 
 def _pieces(net: _Net) -> list:
+    """The first layer's inputs: the pieces its Linear reads, then the terms it adds."""
+    return [*_input_pieces(net), *net.terms]
+
+
+def _input_pieces(net: _Net) -> list:
     inp = net.inp
     if _is(inp, aten.cat.default):
         dim = inp.args[1] if len(inp.args) > 1 else inp.kwargs.get("dim", 0)
@@ -77,13 +82,16 @@ def _loops(nets: list[_Net], latest: dict[Node, int]) -> tuple[list[_Loop], list
                            "than the previous one")
             close()
             continue
-        if len(reading) == 1 and current and current[-1] == j - 1 \
-                and len(pieces) == len(_pieces(nets[j - 1])):
+        if len(reading) == 1 and reading[0] < len(pieces) - len(net.terms) and current \
+                and current[-1] == j - 1 and len(pieces) == len(_pieces(nets[j - 1])):
             current.append(j)
             positions.append(reading[0])
             continue
         if len(reading) > 1:
             reasons.append(f"{net.inp.name} reads the previous step's sample in more than one piece")
+        elif reading and reading[0] >= len(pieces) - len(net.terms):
+            reasons.append(f"{pieces[reading[0]].name}, added to the first Linear's output, reads "
+                           "the previous step's sample (a residual connection?)")
         close()
         current.append(j)
     close()
@@ -91,12 +99,13 @@ def _loops(nets: list[_Net], latest: dict[Node, int]) -> tuple[list[_Loop], list
 
 
 def _descendants(starts: list[Node], stop: Node | None, excluded: set) -> list[Node]:
-    """Nodes reachable from ``starts`` through users, not through ``stop`` or ``excluded``."""
+    """Nodes reachable from ``starts`` through users, not through ``stop`` or ``excluded``
+    (nor metadata checks: they go with the node they check)."""
     seen: set[Node] = set()
     work = [u for s in starts for u in s.users]
     while work:
         n = work.pop()
-        if n in seen or n in excluded:
+        if n in seen or n in excluded or _is(n, _ASSERT_METADATA):
             continue
         seen.add(n)
         if n is not stop:
@@ -141,7 +150,7 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
     if leaked:
         raise _NoMatch(f"the network's intermediate {leaked[0].name} is used outside the step "
                        f"(by {[u.name for u in leaked[0].users if u not in net.nodes]})")
-    outside = [u for u in x.users if u is not net.inp and u not in inside]
+    outside = [u for u in x.users if u is not net.inp and u not in inside and u not in net.nodes]
     if outside:
         raise _NoMatch(f"the sample {x.name} of step {k} is also used by {[u.name for u in outside]} "
                        "(a trajectory kept?)")

@@ -32,7 +32,7 @@ from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
 from .report import count as _count, fused as _report_fused
 from .tables import (_check_uniform, _Emitter, _first_row, _indexed_tables, _shared_tables, _stack_rows,
                      _step_values)
-from .timesteps import _find_sites, _Reemit
+from .timesteps import _find_sites, _recomputed, _Reemit
 
 log = logging.getLogger("ddpm_ops.rewrite")
 
@@ -93,6 +93,13 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         if pv is None or pv.dtype != torch.float32 or pv.device != x0v.device:
             raise _NoMatch(f"{p.name} is not a float32 tensor on the sample's device")
 
+    # A piece every step recomputes alike from the same inputs (TabDDPM adds its label's
+    # embedding in each call of the network) is one loop-invariant value: step 0's.
+    for p, first in enumerate(loop.pieces[0]):
+        if p != loop.x_pos and all(step[p] is first or _recomputed(step[p], first) for step in loop.pieces):
+            for step in loop.pieces:
+                step[p] = first
+
     def step_only(n):
         return latest.get(n, -1) == -1
 
@@ -148,7 +155,7 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             reemit = _shared_pieces(em, loop, step_pieces)
             tables = _shared_tables(em, updates)
             t_start = em.full([batch], K - 1, dtype=torch.int64)
-        weights, time_bias, cond_bias, time_net, cond_net = _first_layer(em, loop, batch, reemit)
+        weights, biases, time_bias, cond_bias, time_net, cond_net = _first_layer(em, loop, batch, reemit)
         noise = _noise(em, updates, K)
         clip = None if plan.clip is None else list(plan.clip)
         post = None if plan.post_clip is None else list(plan.post_clip)
@@ -157,7 +164,7 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             nets.pop()
         try:
             with _meta_refusals_unlogged():
-                fused = em(RULE, x, t_start, weights, list(net0.biases), tables, K, list(net0.activations),
+                fused = em(RULE, x, t_start, weights, biases, tables, K, list(net0.activations),
                            time_bias, cond_bias, clip, post, noise, False, False, "fp32", *nets)
         except RuntimeError as e:  # the op's Meta checks, on the arguments read
             raise _NoMatch(f"the op refuses the arguments read: {e}") from None
@@ -230,18 +237,24 @@ def _t_start(em: _Emitter, sites) -> Node:
     return t
 
 
-def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, Node | None, Node | None, list, list]:
-    """The op's weights (the first one: the columns of x), ``time_bias``, ``cond_bias`` and the
-    arguments of its time and condition bias networks (four each, or none)."""
+def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, list, Node | None, Node | None,
+                                                                     list, list]:
+    """The op's weights (the first one: the columns of x), biases, ``time_bias``, ``cond_bias``
+    and the arguments of its time and condition bias networks (four each, or none)."""
     net0 = loop.nets[0]
     w0 = net0.weights[0]
     if len(loop.pieces[0]) == 1:
-        return list(net0.weights), None, None, [], []
+        return list(net0.weights), list(net0.biases), None, None, [], []
+    read = len(loop.pieces[0]) - len(net0.terms)  # pieces the first Linear reads; then its terms
     time_pieces, cond_pieces, start, cols = [], [], 0, None
     for p in range(len(loop.pieces[0])):
         piece = loop.pieces[0][p]
-        stop = start + _val(piece).shape[1]
-        w_cols = em(aten.slice.Tensor, w0, 1, start, stop)
+        if p < read:  # the piece's block of the first Linear's columns
+            stop = start + _val(piece).shape[1]
+            w_cols = em(aten.slice.Tensor, w0, 1, start, stop)
+            start = stop
+        else:  # a term: added as it is
+            w_cols = None
         if p == loop.x_pos:
             cols = em(aten.clone.default, w_cols, memory_format=torch.contiguous_format)
         elif all(step[p] is piece for step in loop.pieces):
@@ -250,35 +263,45 @@ def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, Node |
             time_pieces.append((piece, w_cols))
         else:
             time_pieces.append((_stack_rows(em, [_first_row(em, step[p]) for step in loop.pieces]), w_cols))
-        start = stop
     if reemit is None:
-        time_bias, time_net = _bias_net(em, time_pieces, lambda n: n, lambda n: False)
+        time_bias, time_net, time_b = _bias_net(em, time_pieces, lambda n: n, lambda n: False)
     else:
-        time_bias, time_net = _bias_net(em, time_pieces, reemit.rows, reemit.depends)
-    cond_bias, cond_net = _bias_net(em, cond_pieces, lambda n: n, lambda n: False)
-    return [cols, *net0.weights[1:]], time_bias, cond_bias, time_net, cond_net
+        time_bias, time_net, time_b = _bias_net(em, time_pieces, reemit.rows, reemit.depends)
+    cond_bias, cond_net, cond_b = _bias_net(em, cond_pieces, lambda n: n, lambda n: False)
+    b0 = _sum(em, [net0.biases[0], *time_b, *cond_b])
+    return [cols, *net0.weights[1:]], [b0, *net0.biases[1:]], time_bias, cond_bias, time_net, cond_net
 
 
-def _bias_net(em: _Emitter, pieces: list, rows_of, varies) -> tuple[Node | None, list]:
-    """The op's bias network for ``pieces`` (each a first-Linear input and its columns), and the
-    bias rows of what it does not take, computed in the graph. The network is the MLP that
-    makes one piece (its Linears then the piece's columns) where one does, else the pieces
-    concatenated and their columns. ``rows_of`` gives a node's rows (one per step index for
-    the time pieces); ``varies`` says whether a node changes with the step."""
+def _bias_net(em: _Emitter, pieces: list, rows_of, varies) -> tuple[Node | None, list, list]:
+    """The op's bias network for ``pieces`` (each a first-layer input and its block of the first
+    Linear's columns, or ``None`` for a term added as it is), the bias rows of what it does not
+    take, computed in the graph, and the biases it leaves to the first layer's. The network is
+    the MLP that makes one piece (its Linears, then the piece's columns; a term's MLP ends at its
+    own last Linear, whose bias joins the first layer's) where one does, else the pieces read
+    through columns, concatenated, and their columns. ``rows_of`` gives a node's rows (one per
+    step index for the time pieces); ``varies`` says whether a node changes with the step."""
     if not pieces:
-        return None, []
+        return None, [], []
+    args, taken, first_biases = [], [], []
     for value, w_cols in pieces:
         net = _net_ending_at(value)
         if net is not None and _fixed_net(net, varies):
-            rest = [(v, w) for v, w in pieces if v is not value]
-            args = [rows_of(net.inp), [*net.weights, w_cols], list(net.biases), [*net.activations, "identity"]]
+            if w_cols is None:
+                args = [rows_of(net.inp), list(net.weights), list(net.biases[:-1]), list(net.activations)]
+                first_biases = [net.biases[-1]]
+            else:
+                args = [rows_of(net.inp), [*net.weights, w_cols], list(net.biases),
+                        [*net.activations, "identity"]]
+            taken = [value]
             break
     else:
-        inputs, columns = [rows_of(v) for v, _ in pieces], [w for _, w in pieces]
-        args = [_cat(em, inputs), [_cat(em, columns)], [], []]
-        rest = []
-    parts = [em(aten.mm.default, rows_of(v), em(aten.permute.default, w, [1, 0])) for v, w in rest]
-    return _sum(em, parts), args
+        read = [(v, w) for v, w in pieces if w is not None]
+        if read:
+            args = [_cat(em, [rows_of(v) for v, _ in read]), [_cat(em, [w for _, w in read])], [], []]
+            taken = [v for v, _ in read]
+    parts = [rows_of(v) if w is None else em(aten.mm.default, rows_of(v), em(aten.permute.default, w, [1, 0]))
+             for v, w in pieces if not any(v is t for t in taken)]
+    return _sum(em, parts), args, first_biases
 
 
 def _fixed_net(net, varies) -> bool:

@@ -19,6 +19,18 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 
+def _op_or_none(packet: str, overload: str):
+    try:
+        return getattr(getattr(aten, packet), overload)
+    except (AttributeError, RuntimeError):  # pragma: no cover - older torch
+        return None
+
+
+# torch.export's check of a tensor's dtype/device: it reads a node without using its value,
+# so it goes with the node it checks.
+_ASSERT_METADATA = _op_or_none("_assert_tensor_metadata", "default")
+
+
 class _NoMatch(Exception):
     """Raised inside the matcher with the reason a candidate was left alone."""
 

@@ -17,7 +17,7 @@ from torch.fx import Graph, Node
 
 from .. import _library  # noqa: F401  (registers ddpm::fused_sample)
 from . import report
-from .patterns import _NoMatch, _is, _val, aten
+from .patterns import _ASSERT_METADATA, _NoMatch, _is, _val, aten
 from .steps import _build_runs, _match_step, _Step, looks_like_update
 
 log = logging.getLogger("ddpm_ops.rewrite")
@@ -224,17 +224,6 @@ def _log_fused(run: list[_Step], args: tuple) -> None:
 
 
 # ----------------------------------------------------------------------------- dead code
-
-def _op_or_none(packet: str, overload: str):
-    try:
-        return getattr(getattr(aten, packet), overload)
-    except (AttributeError, RuntimeError):  # pragma: no cover - older torch
-        return None
-
-
-# torch.export's check of a tensor's dtype/device (only checks a node we drop)
-_ASSERT_METADATA = _op_or_none("_assert_tensor_metadata", "default")
-
 
 def _dead_after_replacing(out: Node, kept: set[Node]) -> set[Node]:
     """The nodes left unused once ``out``'s users read another node that reads

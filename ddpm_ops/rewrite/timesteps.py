@@ -118,6 +118,16 @@ def _unify(a: Any, b: Any, k: int, sites: _Sites, seen: dict) -> bool:
     return ok
 
 
+class _NoSites(_Sites):
+    def pair(self, a: Node, b: Node, k: int) -> bool:
+        return False
+
+
+def _recomputed(a: Node, b: Node) -> bool:
+    """Whether ``a`` is ``b`` computed again: the same ops, nothing random, on the same inputs."""
+    return _unify(a, b, 1, _NoSites(2), {})
+
+
 def _find_sites(per_step: list[list], K: int) -> _Sites:
     """The sites of values ``per_step[k][j]`` (step k, value j); raise if a value is not step 0's."""
     sites = _Sites(K)

@@ -1,7 +1,7 @@
 """Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
 import torch
 
-from . import cleandiffuser, diffusers_style, diffusion_ql, tiny_diffusion, v1_variants
+from . import cleandiffuser, diffusers_style, diffusion_ql, tabddpm, tiny_diffusion, v1_variants
 
 
 def _dql():
@@ -32,6 +32,12 @@ def _tiny():
     return tiny_diffusion.TinyDiffusion(num_timesteps=10), (32,), (11, 32, 2)
 
 
+def _tabddpm():
+    torch.manual_seed(0)
+    m = tabddpm.GaussianSampler(num_timesteps=8, as_project=False)
+    return m, (torch.randint(0, 3, (64,)),), (9, 64, 6)
+
+
 def _v1(**kw):
     def make():
         torch.manual_seed(0)
@@ -58,6 +64,7 @@ CASES = {
     "diffusers_ddim_clip": _diffusers("ddim", True),
     "diffusers_ddim_noclip": _diffusers("ddim", False),
     "tiny_diffusion": _tiny,
+    "tabddpm": _tabddpm,
     "v1_posterior": _v1(),
     "v1_expand": _v1(lookup="expand"),
     "v1_int_t": _v1(timesteps="int"),
