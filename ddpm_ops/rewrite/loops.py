@@ -28,7 +28,7 @@ from .affine import _read_update, _Update
 from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region
 from .network import _find_nets, _net_ending_at
 from .._library import has_fused_rule_kernel
-from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
+from .patterns import _float32_cast_source, _NoMatch, _is, _known_eq, _val, aten, prims
 from .report import count as _count, fused as _report_fused
 from .tables import (_check_uniform, _Emitter, _first_row, _indexed_tables, _shared_tables, _stack_rows,
                      _step_values)
@@ -92,6 +92,12 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         pv = _val(p)
         if pv is None or pv.dtype != torch.float32 or pv.device != x0v.device:
             raise _NoMatch(f"{p.name} is not a float32 tensor on the sample's device")
+
+    for k in range(1, len(loop.nets)):
+        source = _float32_cast_source(loop.x(k))
+        if source is not None and _val(source) is not None and _val(source).dtype != torch.float32:
+            raise _NoMatch(f"the sample is {_val(source).dtype} between the networks (step {k} casts "
+                           f"{source.name} to float32 for its network); the op computes float32 only")
 
     # A piece every step recomputes alike from the same inputs (TabDDPM adds its label's
     # embedding in each call of the network) is one loop-invariant value: step 0's.
