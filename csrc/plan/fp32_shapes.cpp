@@ -427,7 +427,43 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
   plan->threads = cuda_kernels::kResidentThreads;
   // All of the shared memory: one CTA per multiprocessor (fp32_resident.cuh).
   plan->smem = d.max_smem;
+  const int at = cuda_kernels::resident_bias_floats_at(best.opw, best.rows);
+  plan->bias_window = bias_window(a, [&](int w) {
+    return sizeof(float) * (at + cuda_kernels::bias_net_floats(best.rows, 8 * best.opw, w, a.time_net, a.cond_net,
+                                                               a.bias_net_hidden)) <=
+           static_cast<size_t>(d.max_smem);
+  });
   return true;
+}
+
+bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides&, Plan* plan) {
+  if (d.sm_count <= 0 || d.max_smem <= 0) return false;
+  const int dim_ld = round_up4(p.dim), width = round_up4(std::max(p.dim, widest_hidden(p)));
+  const int h0 = p.layers[0].out;
+  // Rows per block: doubled from 1 while the blocks would outnumber the SMs'
+  // share of the batch (a small batch spreads over the SMs, a large one
+  // reuses each weight it loads for more rows), then halved until the block
+  // fits shared memory, with the bias networks' rows if they fit too.
+  int rows = 1;
+  while (rows < cuda_kernels::kRuleMaxRows && static_cast<int64_t>(rows) * d.sm_count < p.batch) rows *= 2;
+  for (; rows >= 1; rows /= 2) {
+    const auto bytes = [&](int window) {
+      return cuda_kernels::rule_smem_bytes(
+          rows, dim_ld, width,
+          window == 0 ? 0 : cuda_kernels::bias_net_floats(rows, h0, window, p.time_net, p.cond_net, p.bias_net_hidden));
+    };
+    const int window = bias_window(p, [&](int w) { return bytes(w) <= static_cast<size_t>(d.max_smem); });
+    if (bytes(window) > static_cast<size_t>(d.max_smem)) continue;
+    plan->kernel = Kernel::kFp32Rule;
+    plan->rows = rows;
+    plan->threads = cuda_kernels::rule_threads(rows);
+    plan->cluster_size = 0;
+    plan->grid = plan->tiles = ceil_div(p.batch, rows);
+    plan->smem = static_cast<int>(bytes(window));
+    plan->bias_window = window;
+    return true;
+  }
+  return false;
 }
 
 }  // namespace detail
