@@ -200,6 +200,7 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   ops.problem.bias_net_hidden = std::max(widest_hidden_of(time_net), widest_hidden_of(cond_net));
   EngineArgs a = {};
   ops.layers(weights, biases, dim, a.layers);
+  a.num_layers = ops.problem.num_layers;
   Planned p = plan_call(x, ops, parse_precision(precision), batch, num_steps);
   if (!p.plan.error.empty()) return fused_sample_rule_unfused(call);
   if (validate) check_timesteps_in_range(t_start, num_steps, table_length);
@@ -274,6 +275,7 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start, at:
     // and D = E = S = 0; t / T times layer 0's last column is its time row.
     EngineArgs a = {};
     std::copy(layers, layers + ops.problem.num_layers, a.layers);
+    a.num_layers = ops.problem.num_layers;
     for (int l = 0; l + 1 < ops.problem.num_layers; ++l) a.activations[l] = Activation::kSilu;
     fill_batch(a, x_c, t_c, table_length, num_steps);
     a.bias_rows.time_column = layers[0].weight + dim;
