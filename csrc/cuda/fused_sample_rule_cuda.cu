@@ -57,6 +57,7 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   const at::Tensor time_rows = with_bias_net(time_bias, time_net).value_or(at::Tensor());
   const at::Tensor cond_rows = with_bias_net(cond_bias, cond_net).value_or(at::Tensor());
   const at::Tensor z = noise.has_value() ? noise->contiguous() : at::Tensor();
+  const at::Tensor seeds = noise_seed.has_value() ? noise_seed->contiguous() : at::Tensor();
   std::vector<at::Tensor> keep;
   keep.reserve(2 * num_layers);
   const std::vector<Activation> acts = parse_activations(activations, num_layers);
@@ -81,7 +82,8 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   a.time_rows = data_or_null(time_rows);
   a.cond_rows = data_or_null(cond_rows);
   a.noise = data_or_null(z);
-  a.noise_seed = noise_seed.has_value() ? noise_seed->data_ptr<int64_t>() : nullptr;
+  a.noise_seed = seeds.defined() ? seeds.data_ptr<int64_t>() : nullptr;
+  a.seed_per_row = seeds.defined() && seed_per_row(seeds);
   if (const auto range = parse_clip(clip, "clip")) {
     a.clip = true;
     std::tie(a.clip_lo, a.clip_hi) = *range;

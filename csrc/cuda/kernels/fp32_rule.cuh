@@ -29,8 +29,8 @@ __device__ __forceinline__ float clamp_keep_nan(float v, float lo, float hi) {
   return v < lo ? lo : (v > hi ? hi : v);
 }
 
-__device__ __forceinline__ float seeded_normal(uint64_t seed, int k, int batch, int row, int j) {
-  const uint64_t key = seeded_noise::row_key(seed, static_cast<uint64_t>(k) * batch + row);
+__device__ __forceinline__ float seeded_normal(const RuleArgs& a, int k, int row, int j) {
+  const uint64_t key = seeded_noise::noise_key(a.noise_seed, a.seed_per_row, k, a.batch, row);
   return 1.41421356237309505f * erfinvf(seeded_noise::centered_uniform(seeded_noise::column_bits(key, j)));
 }
 
@@ -132,7 +132,6 @@ __global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const RuleAr
     const int r = i / a.dim, j = i - r * a.dim;
     xs[r * a.dim_ld + j] = r < rows ? a.x[static_cast<size_t>(row0 + r) * a.dim + j] : 0.f;
   }
-  const uint64_t seed = a.noise_seed != nullptr ? static_cast<uint64_t>(*a.noise_seed) : 0;
   __syncthreads();
   if (a.chain) {
     for (int i = threadIdx.x; i < rows * a.dim; i += kThreads) {
@@ -170,7 +169,7 @@ __global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const RuleAr
       if (a.noise != nullptr) {
         next += coef[kS][r] * __ldg(a.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j);
       } else if (a.noise_seed != nullptr) {
-        next += coef[kS][r] * seeded_normal(seed, k, a.batch, row, j);
+        next += coef[kS][r] * seeded_normal(a, k, row, j);
       }
       if (a.post_clip) next = clamp_keep_nan(next, a.post_lo, a.post_hi);
       xs[r * a.dim_ld + j] = next;

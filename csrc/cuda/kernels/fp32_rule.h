@@ -38,7 +38,8 @@ struct RuleArgs {
   const float* time_rows;     // (table_length, out_0) or null: time_bias plus the time network
   const float* cond_rows;     // (batch, out_0) or null: cond_bias plus the condition network
   const float* noise;         // (num_steps, batch, dim) or null
-  const int64_t* noise_seed;  // one element in device memory, or null
+  const int64_t* noise_seed;  // in device memory: one element, or with seed_per_row (batch,); or null
+  bool seed_per_row;
   bool clip, post_clip;
   float clip_lo, clip_hi, post_lo, post_hi;
   float* out;  // (batch, dim), or with `chain` (num_steps + 1, batch, dim)
