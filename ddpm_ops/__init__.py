@@ -34,8 +34,8 @@ def rewrite_stats() -> dict:
     A graph ``torch.compile`` serves from inductor's FX graph cache is counted
     too, as the compilation that made it counted it (and its INFO lines are
     logged again), at the end of the Dynamo compilation that loaded it."""
-    from .rewrite.report import STATS
-    return dict(STATS)
+    from .rewrite.report import stats
+    return stats()
 
 __all__ = [
     "BiasNet",
