@@ -34,11 +34,14 @@ def register() -> bool:
 
     Returns:
         Whether they were registered: ``False`` where torch has no
-        ``torch.distributed`` (a build without it).
+        ``torch.distributed`` (a build without it) or no ``register_sharding``.
     """
     if not torch.distributed.is_available():
         return False
-    from torch.distributed.tensor.experimental import register_sharding
+    try:
+        from torch.distributed.tensor.experimental import register_sharding
+    except ImportError:  # an experimental API: a torch may move or drop it
+        return False
 
     for overload in (torch.ops.ddpm.fused_sample.default, torch.ops.ddpm.fused_sample.rule):
         register_sharding(overload)(_strategies_of(overload))
