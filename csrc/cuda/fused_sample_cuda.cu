@@ -247,8 +247,9 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   }
   a.step.noise = ops.hold_if(noise);
   if (noise_seed.has_value()) {
-    a.step.noise_seed = noise_seed->data_ptr<int64_t>();
-    a.step.seed_per_row = noise_seed->dim() == 1 && noise_seed->numel() == batch && batch > 1;
+    const at::Tensor& seeds = ops.keep.emplace_back(noise_seed->contiguous());
+    a.step.noise_seed = seeds.data_ptr<int64_t>();
+    a.step.seed_per_row = seed_per_row(seeds);
   }
   at::Tensor out = return_chain ? at::empty({num_steps + 1, batch, dim}, x.options())
                                 : at::empty({batch, dim}, x.options());
