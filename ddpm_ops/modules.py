@@ -166,6 +166,23 @@ class DiffusionSampler(nn.Module):
             with torch.no_grad():
                 features = split[0](self.timesteps.to(torch.float32)).to(torch.float32)
         self.register_buffer("time_features", features)
+        self._t_start_cache = (None, None)
+
+    def _rule_on(self, device: torch.device) -> StepRule:
+        """The rule on ``device``, moved once (a move builds and checks the
+        tables: kernels that a call would otherwise pay every time)."""
+        if self.rule.device != device:
+            self.rule = self.rule.to(device)
+        return self.rule
+
+    def _t_start(self, x: torch.Tensor) -> torch.Tensor:
+        """The last step index for every row, as a tensor kept for the batch
+        size and device (a new one would cost a kernel per call)."""
+        key = (x.shape[0], x.device)
+        if self._t_start_cache[0] != key:
+            self._t_start_cache = (key, torch.full((x.shape[0],), len(self.rule) - 1, dtype=torch.int64,
+                                                   device=x.device))
+        return self._t_start_cache[1]
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None, *,
                 num_steps: int | None = None, noise: torch.Tensor | None = None,
@@ -193,7 +210,7 @@ class DiffusionSampler(nn.Module):
         elif cond is not None:
             conditioning = cond_bias(columns["cond"], cond.reshape(-1, columns["cond"].shape[1]))[0]
         steps = len(self.rule) if num_steps is None else num_steps
-        return sample(x, len(self.rule) - 1, [columns["x"]] + weights[1:], biases, self.rule, steps,
+        return sample(x, self._t_start(x), [columns["x"]] + weights[1:], biases, self._rule_on(x.device), steps,
                       activations=activations, time_bias=time, cond_bias=conditioning, noise=noise,
                       generator=generator, return_chain=return_chain, precision=self.precision,
                       time_net=time_net, cond_net=cond_net)
