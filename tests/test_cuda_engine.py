@@ -192,14 +192,14 @@ def test_diffusion_sampler_matches_its_modules():
     noise = torch.randn(5, 33, 6, device="cuda")
     with torch.no_grad():
         out = sampler(x, cond=state, noise=noise)
-        tables = [getattr(sampler.rule, name).double().cuda() for name in "ABCDES"]
+        A, B, C, D, E, S = (getattr(sampler.rule, name).double().cuda() for name in "ABCDES")
         x64, time64, mid64 = x.double(), copy.deepcopy(time_mlp[1:]).double(), copy.deepcopy(mid).double()
         for k in range(5):
             s = 4 - k
             t = torch.full((33,), s, device="cuda")
             e = mid64(torch.cat([x64, time64(time_mlp[0](t).double()), state.double()], dim=1))
-            x0 = (tables[0, s] * x64 - tables[1, s] * e).clamp(-1, 1)
-            x64 = tables[2, s] * x0 + tables[3, s] * x64 + tables[4, s] * e + tables[5, s] * noise[k].double()
+            x0 = (A[s] * x64 - B[s] * e).clamp(-1, 1)
+            x64 = C[s] * x0 + D[s] * x64 + E[s] * e + S[s] * noise[k].double()
     assert relative_error(out, x64) <= TOLERANCE
 
 
