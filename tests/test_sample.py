@@ -379,15 +379,20 @@ def test_opcheck(device, features):
 
 
 class RuleSampler(torch.nn.Module):
-    """A policy: a fixed rule, a time-bias table and a state-conditioned MLP."""
+    """A policy: a fixed rule, a time-bias table and a state-conditioned MLP;
+    ``multistep_bounds``: the rule has a P table and clamps x0 to per-column
+    bounds."""
 
-    def __init__(self, rule_kind="ddim_strided", steps=5, dim=4, hidden=16):
+    def __init__(self, rule_kind="ddim_strided", steps=5, dim=4, hidden=16, multistep_bounds=False):
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.Mish(),
                                        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
                                        torch.nn.Linear(hidden, dim))
-        self.rule = make_rule(rule_kind, steps, clip=(-1.0, 1.0))
+        clip = (-1.0 - torch.rand(dim), 0.5 + torch.rand(dim)) if multistep_bounds else (-1.0, 1.0)
+        self.rule = make_rule(rule_kind, steps, clip=clip,
+                              previous=torch.rand(steps) * 0.4 - 0.2 if multistep_bounds else None)
         self.register_buffer("tables", self.rule.tables())
+        self.register_buffer("clip_bounds", self.rule.clip if multistep_bounds else None)
         self.register_buffer("time_bias", torch.randn(steps, hidden) * 0.3)
         self.state_proj = torch.nn.Linear(3, hidden, bias=False)
         self.steps = steps
@@ -396,7 +401,8 @@ class RuleSampler(torch.nn.Module):
         weights, biases, acts = ddpm_ops.mlp_layers(self.net)
         return torch.ops.ddpm.fused_sample.rule(
             x, torch.full((x.shape[0],), self.steps - 1, device=x.device), weights, biases,
-            self.tables, self.steps, acts, self.time_bias, self.state_proj(state), [-1.0, 1.0])
+            self.tables, self.steps, acts, self.time_bias, self.state_proj(state),
+            None if self.clip_bounds is not None else [-1.0, 1.0], clip_bounds=self.clip_bounds)
 
     def reference(self, x, state):
         weights, biases, acts = ddpm_ops.mlp_layers(self.net)
@@ -407,8 +413,9 @@ class RuleSampler(torch.nn.Module):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_torch_compile_fullgraph(device):
-    model = RuleSampler()
+@pytest.mark.parametrize("multistep_bounds", [False, True])
+def test_torch_compile_fullgraph(device, multistep_bounds):
+    model = RuleSampler(multistep_bounds=multistep_bounds)
     compiled = torch.compile(copy.deepcopy(model).to(device), fullgraph=True)
     with torch.no_grad():
         for batch in (3, 8):
@@ -434,6 +441,20 @@ def test_export_save_load_and_aoti(tmp_path):
         package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "rule_aoti.pt2"))
         runner = torch._inductor.aoti_load_package(package)
         assert relative_error(runner(x2, s2), expected) <= TOLERANCE
+
+
+def test_export_save_load_of_previous_x0_and_bounds(tmp_path):
+    model = RuleSampler(rule_kind="ddpm_v", multistep_bounds=True)
+    x, state = torch.randn(6, 4), torch.randn(6, 3)
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    with torch.no_grad():
+        program = torch.export.export(model, (x, state), dynamic_shapes=({0: batch}, {0: batch}))
+    path = tmp_path / "rule.pt2"
+    torch.export.save(program, str(path))
+    loaded = torch.export.load(str(path))
+    x2, s2 = torch.randn(9, 4), torch.randn(9, 3)
+    with torch.no_grad():
+        assert relative_error(loaded.module()(x2, s2), model.reference(x2, s2)) <= TOLERANCE
 
 
 @pytest.mark.cuda
