@@ -134,9 +134,10 @@ def sample(
             layer outputs ``dim``.
         rule: the :class:`~ddpm_ops.StepRule` (see :mod:`ddpm_ops.step_rules`);
             moved to x's device if it lives elsewhere. Its clamps' per-column
-            bounds, when it has them, are ``dim`` values, or for ``x`` of
-            shape ``(batch, *event)`` any shape that broadcasts to ``event``
-            (one bound per action dimension of an action chunk).
+            bounds, when it has them, are ``dim`` values, or as many as the
+            last dimension of ``x`` of shape ``(batch, *event)``, repeated
+            over the others (one bound per action dimension of an action
+            chunk).
         num_steps: K >= 0, at most ``len(rule)``.
         activations: one name for every hidden layer, or one per hidden layer:
             ``"silu"``, ``"mish"``, ``"relu"``, ``"gelu"``, ``"gelu_tanh"``,
@@ -217,8 +218,8 @@ def _clamp_args(name: str, bounds, x: torch.Tensor) -> tuple[list[float] | None,
     if not isinstance(bounds, torch.Tensor):
         return list(bounds), None
     event = x.shape[1:]
-    if x.dim() > 2 and bounds.shape[1] != event.numel():
-        # Per-column bounds of the event's trailing dimensions, repeated over the others.
+    if bounds.shape[1] != event.numel():
+        # Bounds of the event's last dimension, repeated over the others.
         try:
             bounds = bounds.view(2, *[1] * (len(event) - 1), -1).expand(2, *event)
         except RuntimeError:

@@ -143,6 +143,9 @@ def test_sample_broadcasts_bounds_over_event_dims():
     with pytest.raises(ValueError, match=r"^clip: expected per-column bounds of 12 values or of a shape that "
                                          r"broadcasts to x's event shape \(4, 3\), got 5 values"):
         ddpm_ops.sample(x, 19, weights, biases, ddpm_ops.StepRule(*tables, clip=(torch.zeros(5), 1.0)), 6)
+    with pytest.raises(ValueError, match=r"^post_clip: expected per-column bounds of 12 values .* \(12,\), got 5"):
+        ddpm_ops.sample(x.reshape(batch, -1), 19, weights, biases,
+                        ddpm_ops.StepRule(*tables, post_clip=(torch.zeros(5), 1.0)), 6)
 
 
 def test_first_signature_equals_its_rule_form():
