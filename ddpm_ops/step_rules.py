@@ -308,8 +308,8 @@ def dpm_solver_pp(
 
     Step index ``s`` runs from training timestep ``timesteps[s]`` to
     ``timesteps[s - 1]``, and for ``s = 0`` to the end of the schedule:
-    ``alpha_cumprod = 1`` (``final_sigmas_type="zero"``) or
-    ``alphas_cumprod[0]`` (``"sigma_min"``). With ``alpha = sqrt(abar)``,
+    ``abar = 1`` (``final_sigmas_type="zero"``) or ``abar =
+    alphas_cumprod[0]`` (``"sigma_min"``). With ``alpha = sqrt(abar)``,
     ``sigma = sqrt(1 - abar)``, ``lambda = log(alpha / sigma)`` and ``h`` the
     step's increase of ``lambda``: ``x0`` from the prediction (see
     :func:`ddim`), then the first-order step::
