@@ -55,6 +55,21 @@ H200 = Device(
 )
 
 
+# GPUs without thread-block clusters (compute capability 8.x: every
+# max_clusters count is 0, as the op reads them there), each as the build its
+# README install line makes (TORCH_CUDA_ARCH_LIST of its capability alone: no
+# sm_90a code). Opt-in shared memory per block is
+# cudaDevAttrMaxSharedMemoryPerBlockOptin: 163 KB on the 164 KB multiprocessors
+# of the A100 and Orin, 99 KB on Ada's 100 KB ones.
+_NO_CLUSTERS = (0,) * (MAX_CLUSTER_SIZE + 1)
+A100 = Device(sm_count=108, max_smem=163 * 1024, max_clusters=_NO_CLUSTERS, capability=(8, 0),
+              sm90a_build=False)  # SXM, 40 or 80 GB
+RTX_4090 = Device(sm_count=128, max_smem=99 * 1024, max_clusters=_NO_CLUSTERS, capability=(8, 9), sm90a_build=False)
+L4 = Device(sm_count=58, max_smem=99 * 1024, max_clusters=_NO_CLUSTERS, capability=(8, 9), sm90a_build=False)
+JETSON_AGX_ORIN = Device(sm_count=16, max_smem=163 * 1024, max_clusters=_NO_CLUSTERS, capability=(8, 7),
+                         sm90a_build=False)
+
+
 def current_device(index: int = 0) -> Device:
     """The description of CUDA device ``index`` as the op reads it (needs a CUDA build)."""
     fields = torch.ops.ddpm.cuda_device_info(index)

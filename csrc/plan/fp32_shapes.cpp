@@ -304,6 +304,29 @@ Plan tiled_plan(const Problem& a, const Device& d, const Overrides& o, int mt, i
   return plan;
 }
 
+// Why no kernel of Kernel runs on the device (the plan's error), or "" where
+// they do: every one needs d.hopper(), and all but bf16_wgmma need clusters.
+// Clusters of 1 launch wherever any size does, so once this is "" the last
+// resort's clusters of 1 launch, and no count of co-resident clusters it
+// divides by is 0.
+std::string no_kernel_reason(const Device& d) {
+  const std::string cc = std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
+  if (d.cc_major != 9 || d.cc_minor != 0) {
+    return "ddpm::fused_sample: no CUDA kernel of this op runs on compute capability " + cc +
+           ": its kernels need 9.0 (H100, H200); on this GPU run the general step instead (ddpm_ops.sample, "
+           "ddpm::fused_sample.rule), whose kernel runs on 8.0 and later";
+  }
+  if (!d.sm90a_build) {
+    return "ddpm::fused_sample: this GPU has compute capability 9.0 but the extension was built without it: "
+           "rebuild with 9.0 in TORCH_CUDA_ARCH_LIST";
+  }
+  if (d.max_clusters[1] <= 0) {
+    return "ddpm::fused_sample: every kernel of this op needs thread-block clusters, and this GPU launches none "
+           "(co-resident clusters of every size: 0)";
+  }
+  return "";
+}
+
 }  // namespace
 
 // The rule, read off every variant forced on the H200 (bench.py --variants,
@@ -325,6 +348,12 @@ Plan tiled_plan(const Problem& a, const Device& d, const Overrides& o, int mt, i
 // (fp32_smem where that tile does not fit), any other value leaves this rule
 // as it is; DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (1 to 16).
 Plan tiled_or_smem(const Problem& a, const Device& d, const Overrides& o) {
+  const std::string no_kernel = no_kernel_reason(d);
+  if (!no_kernel.empty()) {
+    Plan plan;
+    plan.error = no_kernel;
+    return plan;
+  }
   const int forced_cs = forced_cluster_size(d, o);
   auto fits = [&](int mt) {
     cuda_kernels::TilePlan plan;
@@ -382,7 +411,8 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
     int opw = 0, rows = 0, cs = 0;
   };
   const int L = a.num_layers;
-  if (L < 2 || L > cuda_kernels::kResidentMaxLayers || a.dim > cuda_kernels::kResidentMaxDim) return false;
+  if (!d.hopper() || L < 2 || L > cuda_kernels::kResidentMaxLayers || a.dim > cuda_kernels::kResidentMaxDim)
+    return false;
   const int H = a.layers[0].out;
   for (int l = 1; l + 1 < L; ++l) {
     if (a.layers[l].out != H) return false;

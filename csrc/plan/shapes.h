@@ -38,7 +38,8 @@ bool bf16x3_wgmma_swapab_shape(const Problem& p, const Device& d, const Override
 
 // The last resort, which always has an answer: tf32x3_tiled where its rule
 // or DDPM_OPS_CUDA_KERNEL asks for it and a tile fits, else fp32_smem (whose
-// plan carries an error where not even one row fits).
+// plan carries an error where not even one row fits), or an error plan where
+// no kernel runs on the device.
 Plan tiled_or_smem(const Problem& p, const Device& d, const Overrides& o);
 
 }  // namespace detail

@@ -127,6 +127,7 @@ struct ResidentBuffers {
 
 template <int kOpw, int kRows, int kLayers>
 __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(const __grid_constant__ SampleArgs a) {
+#if DDPM_OPS_HOPPER_CODE
   static_assert(kLayers >= 2 && kLayers <= kResidentMaxLayers, "2 to 4 layers");
   static_assert(resident_fits(kOpw, kRows, kLayers), "the registers");
   static_assert(kHiddenPerLane * 32 == kResidentMaxHidden && kInputPerLane * 32 == kResidentMaxDim, "lane split");
@@ -338,6 +339,9 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
     if (updates(m) && row0 + r < a.batch && (row0 + r) % cs == rank)
       a.out[static_cast<size_t>(row0 + r) * dim + u_col] = u_valid[m] ? sh.x[r][u_col] : __int_as_float(0x7fc00000);
   }
+#else
+  __trap();
+#endif
 }
 
 }  // namespace cuda_kernels
