@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh full           # build + tests + full benchmark
 #   bash benchmarks/gpu_session.sh bench          # build + full benchmark
 #   bash benchmarks/gpu_session.sh rule           # build + the step rule's CUDA tests + bench_rule.py
+#   bash benchmarks/gpu_session.sh engine         # build + the engine's and the kernels' CUDA tests + bench_rule.py
 set -uo pipefail
 mode=${1:-full}
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -25,6 +26,12 @@ python3 setup.py build_ext --inplace > "$out/build.log" 2>&1 || { tail -40 "$out
 grep -E "registers|spill" "$out/build.log" | sort | uniq -c | head -20
 echo "std:: symbols defined in _C: $(nm -C --defined-only ddpm_ops/_C*.so | grep -c ' std::')"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if [ "$mode" = engine ]; then
+  python3 -m pytest -q -n "${PYTEST_WORKERS:-8}" -rfEs tests/test_cuda_engine.py tests/test_cuda_rule_kernel.py \
+    tests/test_cuda_kernel.py tests/test_cuda_plan.py tests/test_sample.py ${PYTEST_ARGS:-} 2>&1 | tee "$out/tests_engine.log" | tail -40
+  python3 benchmarks/bench_rule.py --device cuda 2>&1 | tee "$out/bench_rule.log"
+  exit 0
+fi
 if [ "$mode" = rule ]; then
   python3 -m pytest -q -n 8 -rfEs tests/test_cuda_rule_kernel.py tests/test_sample.py \
     tests/test_rewrite_projects.py -k "cuda" 2>&1 | tee "$out/tests_rule.log" | tail -25

@@ -1,6 +1,14 @@
-// CUDA kernel of ddpm::fused_sample: the arguments, the device's description,
-// the plan (csrc/plan: which kernel, in which shape) and its launch
-// (launch.h, kernels/<name>.cu).
+// The CUDA entry of both overloads of ddpm::fused_sample: the arguments as
+// the kernels take them, the device's description, the plan (csrc/plan:
+// which kernel, in which shape) and its launch (launch.h, kernels/<name>.cu).
+//
+// The engine's kernels (fp32_resident, fp32_rule) take one EngineArgs, the
+// general step: fused_sample.rule fills it from its arguments, and the
+// time-column overload is an adapter onto it (layer 0's last weight column as
+// the t / T bias row, its two tables as the rule's B and C). The kernels that
+// run the time-column overload alone take SampleArgs. What no kernel can run
+// (more layers than an argument block holds, sizes beyond int32, a net too
+// wide for a row in shared memory) runs the ATen loop of the rule.
 #include "../fused_sample.h"
 #include "../plan/plan.h"
 #include "launch.h"
@@ -16,6 +24,7 @@
 namespace ddpm_ops {
 namespace {
 
+using cuda_kernels::EngineArgs;
 using cuda_kernels::kMaxLayers;
 
 const plan::Device& device_info(int device) {
@@ -35,9 +44,8 @@ const plan::Device& device_info(int device) {
   info.sm90a_build = true;
 #endif
   info.tma_encoder = has_tensor_map_encoder();
-  // Elsewhere the cluster kernels' code is a trap (an 8.x GPU launches no
-  // clusters at all): their counts stay 0, and the plan says why no kernel runs.
-  if (info.hopper()) co_resident_clusters(device, info.max_smem, info.max_clusters);
+  // Cluster launch exists from compute capability 9.0; below, every size is 0.
+  if (info.cc_major >= 9) co_resident_clusters(device, info.max_smem, info.max_clusters);
   cache[device] = info;
   return cache[device];
 }
@@ -49,10 +57,81 @@ static_assert(static_cast<int>(Precision::kFloat32) == static_cast<int>(plan::Pr
                   static_cast<int>(Precision::kBFloat16) == static_cast<int>(plan::Precision::kBFloat16),
               "the same precisions");
 
-void launch(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx) {
+bool is_engine_kernel(plan::Kernel kernel) {
+  return kernel == plan::Kernel::kFp32Resident || kernel == plan::Kernel::kFp32Rule;
+}
+
+// Whether a call's sizes fit the kernels' int32 indexing and argument block.
+bool fits_kernel_arguments(int64_t batch, int64_t num_layers, int64_t table_length, int64_t num_steps) {
+  return num_layers <= kMaxLayers && batch <= INT32_MAX && table_length <= INT32_MAX && num_steps <= INT32_MAX;
+}
+
+const float* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
+// The tensors a call's kernel arguments point into, kept alive until the
+// launch (contiguous copies only where needed), and the plan's problem.
+struct Operands {
+  std::vector<at::Tensor> keep;
+  plan::Problem problem;
+
+  const float* hold(const at::Tensor& t) {
+    keep.push_back(t.contiguous());
+    return keep.back().data_ptr<float>();
+  }
+  const float* hold_if(const std::optional<at::Tensor>& t) { return t.has_value() ? hold(*t) : nullptr; }
+
+  // The layers, as every kernel takes them; layer 0 of the time-column
+  // overload reads its first dim columns (the last is the time column).
+  void layers(at::TensorList weights, at::TensorList biases, int64_t dim, cuda_kernels::LayerArgs* out) {
+    problem.num_layers = static_cast<int>(weights.size());
+    for (int l = 0; l < problem.num_layers; ++l) {
+      const float* w = hold(weights[l]);
+      const int in = static_cast<int>(weights[l].size(1));
+      out[l] = {w, hold(biases[l]), l == 0 ? static_cast<int>(dim) : in, static_cast<int>(weights[l].size(0)), in};
+      problem.layers[l] = {in, out[l].out, reinterpret_cast<uintptr_t>(w) % 16 == 0};
+    }
+  }
+};
+
+// Whether the kernel can evaluate a bias network itself (its layers fit the
+// argument block).
+bool kernel_evaluates(const BiasNet& net) {
+  return net.input.has_value() && net.weights->size() <= static_cast<size_t>(cuda_kernels::kMaxBiasNetLayers);
+}
+
+int widest_hidden_of(const BiasNet& net) {
+  int widest = 0;
+  if (!net.input.has_value()) return 0;
+  for (size_t l = 0; l + 1 < net.weights->size(); ++l) widest = std::max<int>(widest, (*net.weights)[l].size(0));
+  return widest;
+}
+
+// The kernel's arguments of a bias network it evaluates.
+cuda_kernels::BiasNetArgs bias_net_args(const BiasNet& net, Operands& ops) {
+  cuda_kernels::BiasNetArgs n = {};
+  n.input = ops.hold(*net.input);
+  const at::TensorList weights = *net.weights;
+  const at::TensorList biases = net.biases.value_or(at::TensorList());
+  const std::vector<Activation> acts = parse_activations(net.activations.value_or(std::vector<std::string>()),
+                                                        static_cast<int64_t>(weights.size()));
+  n.num_layers = static_cast<int>(weights.size());
+  for (int l = 0; l < n.num_layers; ++l) {
+    const int in = static_cast<int>(weights[l].size(1));
+    n.layers[l] = {ops.hold(weights[l]), l + 1 < n.num_layers ? ops.hold(biases[l]) : nullptr, in,
+                   static_cast<int>(weights[l].size(0)), in};
+    if (l + 1 < n.num_layers) n.activations[l] = acts[l];
+  }
+  n.widest_hidden = widest_hidden_of(net);
+  return n;
+}
+
+void launch_engine(const plan::Plan& plan, const EngineArgs& a, const LaunchContext& ctx) {
+  if (plan.kernel == plan::Kernel::kFp32Resident) return launch_fp32_resident(plan, a, ctx);
+  launch_fp32_rule(plan, a, ctx);
+}
+
+void launch_time_column(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx) {
   switch (plan.kernel) {
-    case plan::Kernel::kFp32Resident:
-      return launch_fp32_resident(plan, a, ctx);
     case plan::Kernel::kFp32Smem:
       return launch_fp32_smem(plan, a, ctx);
     case plan::Kernel::kTf32x3Tiled:
@@ -63,8 +142,169 @@ void launch(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ct
       return launch_bf16x3_wgmma_m64(plan, a, ctx);
     case plan::Kernel::kBf16x3WgmmaSwapab:
       return launch_bf16x3_wgmma_swapab(plan, a, ctx);
+    case plan::Kernel::kFp32Resident:
+    case plan::Kernel::kFp32Rule:
+      break;
   }
+  TORCH_CHECK(false, "ddpm::fused_sample: ", plan::kernel_name(plan.kernel),
+              " runs through the engine's arguments (internal error)");
 }
+
+struct Planned {
+  plan::Plan plan;
+  LaunchContext ctx;
+};
+
+Planned plan_call(const at::Tensor& x, Operands& ops, Precision mode, int64_t batch, int64_t num_steps) {
+  ops.problem.batch = batch;
+  ops.problem.dim = static_cast<int>(x.size(1));
+  ops.problem.num_steps = static_cast<int>(num_steps);
+  ops.problem.precision = static_cast<plan::Precision>(mode);
+  const int device = x.get_device();
+  const plan::Overrides overrides = plan::overrides_from_environment();
+  const plan::Device info = plan::described_as(device_info(device), overrides);
+  Planned p{plan::choose_plan(ops.problem, info, overrides),
+            LaunchContext{device, info.max_smem, c10::cuda::getCurrentCUDAStream(device).stream(), overrides.log,
+                          nullptr}};
+  return p;
+}
+
+// The part of EngineArgs both overloads fill alike.
+void fill_batch(EngineArgs& a, const at::Tensor& x_c, const at::Tensor& t_c, int64_t table_length,
+                int64_t num_steps) {
+  a.x = x_c.data_ptr<float>();
+  a.t_start = t_c.data_ptr();
+  a.t_is_int64 = t_c.scalar_type() == at::kLong;
+  a.table_length = static_cast<int>(table_length);
+  a.batch = static_cast<int>(x_c.size(0));
+  a.dim = static_cast<int>(x_c.size(1));
+  a.num_steps = static_cast<int>(num_steps);
+}
+
+}  // namespace
+
+at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
+  check_sample_rule_args(call);
+  const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias, clip,
+               post_clip, noise, return_chain, validate, precision, noise_seed, time_net, cond_net] = call;
+  c10::cuda::CUDAGuard guard(x.device());
+  const int64_t batch = x.size(0), dim = x.size(1), table_length = step_tables.size(1);
+  if (num_steps == 0 || batch == 0 ||
+      !fits_kernel_arguments(batch, static_cast<int64_t>(weights.size()), table_length, num_steps)) {
+    return fused_sample_rule_unfused(call);
+  }
+  Operands ops;
+  ops.problem.general_step = true;
+  ops.problem.time_net = kernel_evaluates(time_net);
+  ops.problem.cond_net = kernel_evaluates(cond_net);
+  ops.problem.bias_net_hidden = std::max(widest_hidden_of(time_net), widest_hidden_of(cond_net));
+  EngineArgs a = {};
+  ops.layers(weights, biases, dim, a.layers);
+  Planned p = plan_call(x, ops, parse_precision(precision), batch, num_steps);
+  if (!p.plan.error.empty()) return fused_sample_rule_unfused(call);
+  if (validate) check_timesteps_in_range(t_start, num_steps, table_length);
+
+  const at::Tensor x_c = x.contiguous(), t_c = t_start.contiguous(), tables = step_tables.contiguous();
+  const std::vector<Activation> acts = parse_activations(activations, ops.problem.num_layers);
+  for (int l = 0; l + 1 < ops.problem.num_layers; ++l) a.activations[l] = acts[l];
+  fill_batch(a, x_c, t_c, table_length, num_steps);
+  // The networks run in the kernel where the plan found them room, else
+  // before it (ATen ops, added to the given rows).
+  const bool in_kernel = p.plan.bias_window > 0;
+  const std::optional<at::Tensor> no_input;
+  const std::optional<std::vector<std::string>> no_activations;
+  const BiasNet none{no_input, std::nullopt, std::nullopt, no_activations};
+  a.bias_rows.time_rows = ops.hold_if(with_bias_net(time_bias, in_kernel && ops.problem.time_net ? none : time_net));
+  a.bias_rows.cond_rows = ops.hold_if(with_bias_net(cond_bias, in_kernel && ops.problem.cond_net ? none : cond_net));
+  if (in_kernel && ops.problem.time_net) a.bias_rows.time_net = bias_net_args(time_net, ops);
+  if (in_kernel && ops.problem.cond_net) a.bias_rows.cond_net = bias_net_args(cond_net, ops);
+  a.bias_rows.window = std::max(p.plan.bias_window, 1);
+  a.bias_rows.time_divisor = 1.f;
+  for (int64_t q = 0; q < tables.size(0); ++q) a.step.tables[q] = tables.data_ptr<float>() + q * table_length;
+  if (const auto range = parse_clip(clip, "clip")) {
+    a.step.clip = true;
+    std::tie(a.step.clip_lo, a.step.clip_hi) = *range;
+  }
+  if (const auto range = parse_clip(post_clip, "post_clip")) {
+    a.step.post_clip = true;
+    std::tie(a.step.post_lo, a.step.post_hi) = *range;
+  }
+  a.step.noise = ops.hold_if(noise);
+  if (noise_seed.has_value()) {
+    a.step.noise_seed = noise_seed->data_ptr<int64_t>();
+    a.step.seed_per_row = noise_seed->dim() == 1 && noise_seed->numel() == batch && batch > 1;
+  }
+  at::Tensor out = return_chain ? at::empty({num_steps + 1, batch, dim}, x.options())
+                                : at::empty({batch, dim}, x.options());
+  a.step.out = out.data_ptr<float>();
+  a.step.chain = return_chain;
+  p.ctx.problem = &ops.problem;
+  launch_engine(p.plan, a, p.ctx);
+  return out;
+}
+
+at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start, at::TensorList weights,
+                             at::TensorList biases, const at::Tensor& sqrt_recip_alphas, const at::Tensor& coef_eps,
+                             int64_t num_steps, int64_t total_timesteps, bool validate, c10::string_view precision) {
+  check_fused_sample_args(x, t_start, weights, biases, sqrt_recip_alphas, coef_eps, num_steps, total_timesteps,
+                          precision);
+  c10::cuda::CUDAGuard guard(x.device());
+  const int64_t table_length = sqrt_recip_alphas.size(0);
+  if (validate) check_timesteps_in_range(t_start, num_steps, table_length);
+  const int64_t batch = x.size(0), dim = x.size(1);
+  if (num_steps == 0 || batch == 0) return x.clone(at::MemoryFormat::Contiguous);
+  TORCH_CHECK(weights.size() <= static_cast<size_t>(kMaxLayers), "ddpm::fused_sample: weights holds ",
+              weights.size(), " layers; the CUDA kernel supports at most ", kMaxLayers);
+  TORCH_CHECK(fits_kernel_arguments(batch, static_cast<int64_t>(weights.size()), table_length, num_steps),
+              "ddpm::fused_sample: batch, num_steps and the table length must fit in int32 on CUDA");
+
+  Operands ops;
+  cuda_kernels::LayerArgs layers[kMaxLayers];
+  ops.layers(weights, biases, dim, layers);
+  Planned p = plan_call(x, ops, parse_precision(precision), batch, num_steps);
+  TORCH_CHECK(p.plan.error.empty(), p.plan.error);
+  p.ctx.problem = &ops.problem;
+  const at::Tensor x_c = x.contiguous(), t_c = t_start.contiguous();
+  const float* c1 = ops.hold(sqrt_recip_alphas);
+  const float* c2 = ops.hold(coef_eps);
+  at::Tensor out = at::empty({batch, dim}, x.options());
+
+  if (is_engine_kernel(p.plan.kernel)) {
+    // The adapter: x = c1 (x - c2 e) is the rule with A = 1, B = c2, C = c1
+    // and D = E = S = 0; t / T times layer 0's last column is its time row.
+    EngineArgs a = {};
+    std::copy(layers, layers + ops.problem.num_layers, a.layers);
+    for (int l = 0; l + 1 < ops.problem.num_layers; ++l) a.activations[l] = Activation::kSilu;
+    fill_batch(a, x_c, t_c, table_length, num_steps);
+    a.bias_rows.time_column = layers[0].weight + dim;
+    a.bias_rows.time_column_ld = layers[0].ld;
+    a.bias_rows.time_divisor = static_cast<float>(total_timesteps);
+    a.step.tables[kB] = c2;
+    a.step.tables[kC] = c1;
+    a.step.out = out.data_ptr<float>();
+    launch_engine(p.plan, a, p.ctx);
+    return out;
+  }
+  SampleArgs a = {};
+  std::copy(layers, layers + ops.problem.num_layers, a.layers);
+  a.layers[0].in = layers[0].ld;  // these kernels read [x, t / T] as layer 0's input
+  a.num_layers = ops.problem.num_layers;
+  a.x = x_c.data_ptr<float>();
+  a.t_start = t_c.data_ptr();
+  a.t_is_int64 = t_c.scalar_type() == at::kLong;
+  a.sqrt_recip_alphas = c1;
+  a.coef_eps = c2;
+  a.table_length = static_cast<int>(table_length);
+  a.out = out.data_ptr<float>();
+  a.batch = static_cast<int>(batch);
+  a.dim = static_cast<int>(dim);
+  a.num_steps = static_cast<int>(num_steps);
+  a.total_timesteps = static_cast<float>(total_timesteps);
+  launch_time_column(p.plan, a, p.ctx);
+  return out;
+}
+
+namespace {
 
 // The device's description as ddpm::cuda_plan takes it (ddpm_ops/cuda_plan.py:
 // Device.as_list): sm_count, max_smem, cc_major, cc_minor, sm90a_build,
@@ -78,79 +318,10 @@ std::vector<int64_t> cuda_device_info(int64_t device) {
 
 }  // namespace
 
-at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start,
-                             at::TensorList weights, at::TensorList biases,
-                             const at::Tensor& sqrt_recip_alphas,
-                             const at::Tensor& coef_eps, int64_t num_steps,
-                             int64_t total_timesteps, bool validate,
-                             c10::string_view precision) {
-  check_fused_sample_args(x, t_start, weights, biases, sqrt_recip_alphas, coef_eps, num_steps,
-                          total_timesteps, precision);
-  const Precision mode = parse_precision(precision);
-  c10::cuda::CUDAGuard guard(x.device());
-  const int64_t table_length = sqrt_recip_alphas.size(0);
-  if (validate) {
-    check_timesteps_in_range(t_start, num_steps, table_length);
-  }
-  const int64_t batch = x.size(0);
-  if (num_steps == 0 || batch == 0) {
-    return x.clone(at::MemoryFormat::Contiguous);
-  }
-  const int num_layers = static_cast<int>(weights.size());
-  TORCH_CHECK(num_layers <= kMaxLayers, "ddpm::fused_sample: weights holds ", num_layers,
-              " layers; the CUDA kernel supports at most ", kMaxLayers);
-  TORCH_CHECK(batch <= INT32_MAX && table_length <= INT32_MAX && num_steps <= INT32_MAX,
-              "ddpm::fused_sample: batch, num_steps and the table length must fit in int32 on CUDA");
-
-  // Contiguous views (copies only for non-contiguous inputs), kept alive here.
-  const at::Tensor x_c = x.contiguous();
-  const at::Tensor t_c = t_start.contiguous();
-  const at::Tensor c1_c = sqrt_recip_alphas.contiguous();
-  const at::Tensor c2_c = coef_eps.contiguous();
-  std::vector<at::Tensor> keep;
-  keep.reserve(2 * num_layers);
-  SampleArgs a = {};
-  plan::Problem problem;
-  for (int l = 0; l < num_layers; ++l) {
-    keep.push_back(weights[l].contiguous());
-    keep.push_back(biases[l].contiguous());
-    a.layers[l].weight = keep[2 * l].data_ptr<float>();
-    a.layers[l].bias = keep[2 * l + 1].data_ptr<float>();
-    a.layers[l].out = static_cast<int>(weights[l].size(0));
-    a.layers[l].in = static_cast<int>(weights[l].size(1));
-    problem.layers[l] = {a.layers[l].in, a.layers[l].out, reinterpret_cast<uintptr_t>(a.layers[l].weight) % 16 == 0};
-  }
-  at::Tensor out = at::empty({batch, x.size(1)}, x.options());
-  a.num_layers = num_layers;
-  a.x = x_c.data_ptr<float>();
-  a.t_start = t_c.data_ptr();
-  a.t_is_int64 = t_c.scalar_type() == at::kLong;
-  a.sqrt_recip_alphas = c1_c.data_ptr<float>();
-  a.coef_eps = c2_c.data_ptr<float>();
-  a.table_length = static_cast<int>(table_length);
-  a.out = out.data_ptr<float>();
-  a.batch = static_cast<int>(batch);
-  a.dim = static_cast<int>(x.size(1));
-  a.num_steps = static_cast<int>(num_steps);
-  a.total_timesteps = static_cast<float>(total_timesteps);
-  problem.batch = a.batch;
-  problem.dim = a.dim;
-  problem.num_steps = a.num_steps;
-  problem.num_layers = num_layers;
-  problem.precision = static_cast<plan::Precision>(mode);
-
-  const int device = x.get_device();
-  const plan::Device& info = device_info(device);
-  const plan::Overrides overrides = plan::overrides_from_environment();
-  const plan::Plan plan = plan::choose_plan(problem, info, overrides);
-  TORCH_CHECK(plan.error.empty(), plan.error);
-  const LaunchContext ctx{device, info.max_smem, c10::cuda::getCurrentCUDAStream(device).stream(), overrides.log,
-                          &problem};
-  launch(plan, a, ctx);
-  return out;
+TORCH_LIBRARY_IMPL(ddpm, CUDA, m) {
+  m.impl("fused_sample", &fused_sample_cuda);
+  m.impl("fused_sample.rule", &rule_kernel<&fused_sample_rule_cuda>);
 }
-
-TORCH_LIBRARY_IMPL(ddpm, CUDA, m) { m.impl("fused_sample", &fused_sample_cuda); }
 
 // The description of a GPU that ddpm::cuda_plan takes (tests, diagnostics).
 TORCH_LIBRARY_FRAGMENT(ddpm, m) { m.def("cuda_device_info(int device) -> int[]", &cuda_device_info); }

@@ -5,7 +5,6 @@
 
 #include "../plan/plan.h"
 #include "common/args.h"
-#include "kernels/fp32_rule.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
@@ -68,14 +67,15 @@ void with_bf16x3_shape(const plan::Plan& plan, Launch&& launch) {
   launch(I64{}, std::integral_constant<int, 4>{});
 }
 
-void launch_fp32_resident(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);
+// The engine's kernels: the general step of both overloads.
+void launch_fp32_resident(const plan::Plan& plan, const cuda_kernels::EngineArgs& a, const LaunchContext& ctx);
+void launch_fp32_rule(const plan::Plan& plan, const cuda_kernels::EngineArgs& a, const LaunchContext& ctx);
+// The kernels of the time-column overload alone.
 void launch_fp32_smem(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);
 void launch_tf32x3_tiled(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);
 void launch_bf16_wgmma(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);
 void launch_bf16x3_wgmma_m64(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);
 void launch_bf16x3_wgmma_swapab(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);
-// fused_sample.rule's kernel, `rows` rows per block (cuda_kernels::rule_rows_per_block).
-void launch_fp32_rule(int rows, const cuda_kernels::RuleArgs& a, const LaunchContext& ctx);
 
 // Co-resident clusters of each size 1 to plan::kMaxClusterSize (one CTA per
 // SM, all of the shared memory), 0 where a size does not launch: every

@@ -304,29 +304,6 @@ Plan tiled_plan(const Problem& a, const Device& d, const Overrides& o, int mt, i
   return plan;
 }
 
-// Why no kernel of Kernel runs on the device (the plan's error), or "" where
-// they do: every one needs d.hopper(), and all but bf16_wgmma need clusters.
-// Clusters of 1 launch wherever any size does, so once this is "" the last
-// resort's clusters of 1 launch, and no count of co-resident clusters it
-// divides by is 0.
-std::string no_kernel_reason(const Device& d) {
-  const std::string cc = std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
-  if (d.cc_major != 9 || d.cc_minor != 0) {
-    return "ddpm::fused_sample: no CUDA kernel of this op runs on compute capability " + cc +
-           ": its kernels need 9.0 (H100, H200); on this GPU run the general step instead (ddpm_ops.sample, "
-           "ddpm::fused_sample.rule), whose kernel runs on 8.0 and later";
-  }
-  if (!d.sm90a_build) {
-    return "ddpm::fused_sample: this GPU has compute capability 9.0 but the extension was built without it: "
-           "rebuild with 9.0 in TORCH_CUDA_ARCH_LIST";
-  }
-  if (d.max_clusters[1] <= 0) {
-    return "ddpm::fused_sample: every kernel of this op needs thread-block clusters, and this GPU launches none "
-           "(co-resident clusters of every size: 0)";
-  }
-  return "";
-}
-
 }  // namespace
 
 // The rule, read off every variant forced on the H200 (bench.py --variants,
@@ -348,12 +325,6 @@ std::string no_kernel_reason(const Device& d) {
 // (fp32_smem where that tile does not fit), any other value leaves this rule
 // as it is; DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (1 to 16).
 Plan tiled_or_smem(const Problem& a, const Device& d, const Overrides& o) {
-  const std::string no_kernel = no_kernel_reason(d);
-  if (!no_kernel.empty()) {
-    Plan plan;
-    plan.error = no_kernel;
-    return plan;
-  }
   const int forced_cs = forced_cluster_size(d, o);
   auto fits = [&](int mt) {
     cuda_kernels::TilePlan plan;
@@ -388,7 +359,8 @@ Plan tiled_or_smem(const Problem& a, const Device& d, const Overrides& o) {
 // wide, a multiple of 8 kOpw; the weights of every layer but the first
 // 16-byte aligned (as torch allocates them); and every cluster resident at
 // once (a second wave would double the time) with at most 8 rows each (kOpw
-// = 2, 4 or 16 and the rows within the registers: resident_fits). Of the
+// = 2, 4 or 16 and the rows within the registers: resident_fits, its
+// buffers within shared memory: resident_bias_floats_at). Of the
 // shapes that do, the one with the fewest products per lane (rows x kOpw),
 // clusters of 16 only where no other shape runs the call; on a tie, for
 // calls of at least kResidentManySteps steps the fewer rows per cluster
@@ -425,7 +397,9 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
     const int cs = H / (kResidentWarps * opw);
     if (H % (kResidentWarps * opw) != 0 || cs > kMaxClusterSize || d.max_clusters[cs] == 0) return Shape{};
     for (int rows : {1, 2, 4, 8}) {
-      if (cuda_kernels::resident_fits(opw, rows, L) && ceil_div(a.batch, rows) <= d.max_clusters[cs])
+      const size_t buffers = sizeof(float) * cuda_kernels::resident_bias_floats_at(opw, rows);
+      if (cuda_kernels::resident_fits(opw, rows, L) && buffers <= static_cast<size_t>(d.max_smem) &&
+          ceil_div(a.batch, rows) <= d.max_clusters[cs])
         return Shape{opw, rows, cs};
     }
     return Shape{};
@@ -457,7 +431,43 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
   plan->threads = cuda_kernels::kResidentThreads;
   // All of the shared memory: one CTA per multiprocessor (fp32_resident.cuh).
   plan->smem = d.max_smem;
+  const int at = cuda_kernels::resident_bias_floats_at(best.opw, best.rows);
+  plan->bias_window = bias_window(a, [&](int w) {
+    return sizeof(float) * (at + cuda_kernels::bias_net_floats(best.rows, 8 * best.opw, w, a.time_net, a.cond_net,
+                                                               a.bias_net_hidden)) <=
+           static_cast<size_t>(d.max_smem);
+  });
   return true;
+}
+
+bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides&, Plan* plan) {
+  if (d.sm_count <= 0 || d.max_smem <= 0) return false;
+  const int dim_ld = round_up4(p.dim), width = round_up4(std::max(p.dim, widest_hidden(p)));
+  const int h0 = p.layers[0].out;
+  // Rows per block: doubled from 1 while the blocks would outnumber the SMs'
+  // share of the batch (a small batch spreads over the SMs, a large one
+  // reuses each weight it loads for more rows), then halved until the block
+  // fits shared memory, with the bias networks' rows if they fit too.
+  int rows = 1;
+  while (rows < cuda_kernels::kRuleMaxRows && static_cast<int64_t>(rows) * d.sm_count < p.batch) rows *= 2;
+  for (; rows >= 1; rows /= 2) {
+    const auto bytes = [&](int window) {
+      return cuda_kernels::rule_smem_bytes(
+          rows, dim_ld, width,
+          window == 0 ? 0 : cuda_kernels::bias_net_floats(rows, h0, window, p.time_net, p.cond_net, p.bias_net_hidden));
+    };
+    const int window = bias_window(p, [&](int w) { return bytes(w) <= static_cast<size_t>(d.max_smem); });
+    if (bytes(window) > static_cast<size_t>(d.max_smem)) continue;
+    plan->kernel = Kernel::kFp32Rule;
+    plan->rows = rows;
+    plan->threads = cuda_kernels::rule_threads(rows);
+    plan->cluster_size = 0;
+    plan->grid = plan->tiles = ceil_div(p.batch, rows);
+    plan->smem = static_cast<int>(bytes(window));
+    plan->bias_window = window;
+    return true;
+  }
+  return false;
 }
 
 }  // namespace detail

@@ -48,6 +48,7 @@ struct Candidate {
   Kernel kernel;
   const char* name;        // kernel_name(): its files' name
   const char* short_name;  // DDPM_OPS_CUDA_KERNEL's older name for it, and its log line's
+  bool general_step;       // an engine kernel: runs the general step (both overloads)
   // Whether it can run the call, and in which shape.
   bool (*fits)(const Problem&, const Device&, const Overrides&, Plan*);
   // Whether the rule takes it there (unless DDPM_OPS_CUDA_KERNEL names a
@@ -63,9 +64,12 @@ struct Candidate {
 //     93 and 57 against 120 gpu us);
 //   - every precision, wherever it fits (small batches): fp32_resident;
 //   - from kSwapabMinBatch: bf16x3_wgmma_swapab (its fit asks for one wave);
-//   - from kM64MinBatch: bf16x3_wgmma_m64.
+//   - from kM64MinBatch: bf16x3_wgmma_m64;
+//   - fp32_rule only where DDPM_OPS_CUDA_KERNEL names it: it is the last
+//     resort of the general step and of devices the others cannot run on.
+// The general step takes the engine's kernels alone.
 const Candidate kCandidates[] = {
-    {Kernel::kBf16Wgmma, "bf16_wgmma", "wgmma",
+    {Kernel::kBf16Wgmma, "bf16_wgmma", "wgmma", false,
      [](const Problem& p, const Device& d, const Overrides&, Plan* plan) {
        return p.precision == Precision::kBFloat16 && detail::bf16_wgmma_shape(p, d, plan);
      },
@@ -73,12 +77,14 @@ const Candidate kCandidates[] = {
        Plan m64;
        return p.batch >= kWgmmaMinBatch && !(bf16x3_wgmma_m64_shape(p, d, o, &m64) && m64.cluster_size == 4);
      }},
-    {Kernel::kFp32Resident, "fp32_resident", "resident", detail::fp32_resident_shape,
+    {Kernel::kFp32Resident, "fp32_resident", "resident", true, detail::fp32_resident_shape,
      [](const Problem&, const Device&, const Overrides&, const Plan&) { return true; }},
-    {Kernel::kBf16x3WgmmaSwapab, "bf16x3_wgmma_swapab", "narrow", detail::bf16x3_wgmma_swapab_shape,
+    {Kernel::kBf16x3WgmmaSwapab, "bf16x3_wgmma_swapab", "narrow", false, detail::bf16x3_wgmma_swapab_shape,
      [](const Problem& p, const Device&, const Overrides&, const Plan&) { return p.batch >= kSwapabMinBatch; }},
-    {Kernel::kBf16x3WgmmaM64, "bf16x3_wgmma_m64", "split", detail::bf16x3_wgmma_m64_shape,
+    {Kernel::kBf16x3WgmmaM64, "bf16x3_wgmma_m64", "split", false, detail::bf16x3_wgmma_m64_shape,
      [](const Problem& p, const Device&, const Overrides&, const Plan&) { return p.batch >= kM64MinBatch; }},
+    {Kernel::kFp32Rule, "fp32_rule", "rule", true, detail::fp32_rule_shape,
+     [](const Problem&, const Device&, const Overrides&, const Plan&) { return false; }},
 };
 
 struct NamedKernel {
@@ -92,6 +98,7 @@ const NamedKernel kNames[] = {
     {Kernel::kFp32Resident, kCandidates[1].name, kCandidates[1].short_name},
     {Kernel::kBf16x3WgmmaSwapab, kCandidates[2].name, kCandidates[2].short_name},
     {Kernel::kBf16x3WgmmaM64, kCandidates[3].name, kCandidates[3].short_name},
+    {Kernel::kFp32Rule, kCandidates[4].name, kCandidates[4].short_name},
     {Kernel::kFp32Smem, "fp32_smem", "cluster"},
     {Kernel::kTf32x3Tiled, "tf32x3_tiled", "tiled"},
 };
@@ -139,17 +146,50 @@ Overrides parse_overrides(const std::function<const char*(const char*)>& lookup)
   if (const char* rows = lookup("DDPM_OPS_CUDA_TILE_ROWS")) o.tile_rows = std::atoi(rows);
   if (const char* tma = lookup("DDPM_OPS_CUDA_TMA")) o.tma = std::strcmp(tma, "0") != 0;
   o.log = lookup("DDPM_OPS_CUDA_LOG") != nullptr;
+  if (const char* cc = lookup("DDPM_OPS_CUDA_CAPABILITY")) {
+    if (std::sscanf(cc, "%d.%d", &o.capability_major, &o.capability_minor) != 2) o.capability_major = 0;
+  }
   return o;
+}
+
+Device described_as(const Device& device, const Overrides& overrides) {
+  Device d = device;
+  if (overrides.capability_major <= 0) return d;
+  d.cc_major = overrides.capability_major;
+  d.cc_minor = overrides.capability_minor;
+  if (d.cc_major < 9) {
+    for (int& clusters : d.max_clusters) clusters = 0;
+    d.sm90a_build = false;
+    d.tma_encoder = false;
+  }
+  return d;
 }
 
 Overrides overrides_from_environment() {
   return parse_overrides([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
 }
 
+namespace {
+
+// Why the cluster kernels (tf32x3_tiled, fp32_smem) cannot run on the
+// device, or "" where they can. Clusters of 1 launch wherever any size does.
+std::string no_cluster_kernels(const Device& d) {
+  if (d.cc_major != 9 || d.cc_minor != 0) {
+    return "the cluster kernels need compute capability 9.0 (H100, H200), this GPU has " +
+           std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
+  }
+  if (!d.sm90a_build) return "the extension was built without 9.0 in TORCH_CUDA_ARCH_LIST";
+  if (d.max_clusters[1] <= 0) return "this GPU launches no thread-block clusters";
+  return "";
+}
+
+}  // namespace
+
 Plan choose_plan(const Problem& problem, const Device& device, const Overrides& overrides) {
   Plan plan;
   bool found = false;
   for (const Candidate& c : kCandidates) {
+    if (problem.general_step && !c.general_step) continue;
     if (overrides.kernel_set && !(overrides.names_kernel && overrides.kernel == c.kernel)) continue;
     plan = Plan{};
     if (!c.fits(problem, device, overrides, &plan)) continue;
@@ -158,7 +198,28 @@ Plan choose_plan(const Problem& problem, const Device& device, const Overrides& 
       break;
     }
   }
-  if (!found) plan = detail::tiled_or_smem(problem, device, overrides);
+  // tiled_or_smem's kernels are Hopper kernels that launch clusters.
+  if (!found && !problem.general_step) {
+    const std::string why = no_cluster_kernels(device);
+    if (why.empty()) {
+      plan = detail::tiled_or_smem(problem, device, overrides);
+    } else {
+      plan.error = "ddpm::fused_sample: " + why + ", and fp32_rule, the kernel that runs here, does not hold a "
+                   "row of this net in shared memory";
+    }
+  }
+  // fp32_rule runs wherever the others do not (the general step's last
+  // resort, and a device without clusters).
+  if (problem.general_step ? !found : !plan.error.empty()) {
+    Plan rule;
+    if (detail::fp32_rule_shape(problem, device, overrides, &rule)) {
+      plan = rule;
+    } else if (problem.general_step) {
+      plan = Plan{};
+      plan.kernel = Kernel::kFp32Rule;
+      plan.error = "ddpm::fused_sample: no CUDA kernel holds a row of this net in shared memory";
+    }
+  }
   plan.num_layers = problem.num_layers;
   return plan;
 }
@@ -218,6 +279,9 @@ std::string describe(const Plan& plan, const Problem& problem) {
       return line + format("%d rows x %lld tiles on %lld clusters of %d, hidden width %d, %d columns per CTA, %d "
                            "bytes shared memory",
                            plan.rows, tiles, grid, plan.cluster_size, plan.hidden, plan.own, plan.smem);
+    case Kernel::kFp32Rule:
+      return line + format("%d rows x %lld blocks of %d threads, %d bytes shared memory", plan.rows, tiles,
+                           plan.threads, plan.smem);
   }
   return line;
 }

@@ -5,6 +5,7 @@
 // plan_op.cpp, and ddpm_ops/cuda_plan.py expose it).
 #pragma once
 
+#include "../cuda/kernels/fp32_rule.h"
 #include "../cuda/kernels/fp32_smem.h"
 #include "../cuda/kernels/tf32x3_tiled.h"
 
@@ -21,8 +22,18 @@ constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
 
 enum class Precision { kFloat32, kTF32, kBFloat16 };
 
-// The six kernels, each in csrc/cuda/kernels/<name>.cuh (kernel_name()).
-enum class Kernel { kFp32Resident, kFp32Smem, kTf32x3Tiled, kBf16Wgmma, kBf16x3WgmmaM64, kBf16x3WgmmaSwapab };
+// The kernels, each in csrc/cuda/kernels/<name>.cuh (kernel_name()). The
+// engine's (fp32_resident, fp32_rule) run the general step of both
+// overloads; the others the time-column overload alone.
+enum class Kernel {
+  kFp32Resident,
+  kFp32Smem,
+  kTf32x3Tiled,
+  kBf16Wgmma,
+  kBf16x3WgmmaM64,
+  kBf16x3WgmmaSwapab,
+  kFp32Rule
+};
 
 struct LayerShape {
   int in = 0;
@@ -37,6 +48,15 @@ struct Problem {
   int num_layers = 0;  // at most kMaxLayers
   LayerShape layers[kMaxLayers];
   Precision precision = Precision::kFloat32;
+  // The call is the general step (fused_sample.rule): only the engine's
+  // kernels run it. Layer 0 then reads x alone (in = dim), where the
+  // time-column overload's reads [x, t / T] (in = dim + 1).
+  bool general_step = false;
+  // Its bias networks, which the engine's kernels evaluate in shared memory
+  // (their widest hidden layer, 0 for networks of one Linear).
+  bool time_net = false;
+  bool cond_net = false;
+  int bias_net_hidden = 0;
 };
 
 // What the plan needs of the GPU and of the build. The CUDA side fills it
@@ -53,7 +73,7 @@ struct Device {
   int cc_minor = 0;
   bool sm90a_build = false;   // the extension holds sm_90a code: it was built for 9.0 (setup.py)
   bool tma_encoder = false;   // the driver has cuTensorMapEncodeTiled
-  // The Hopper kernels (every kernel in Kernel: clusters, distributed shared
+  // The Hopper kernels (all but fp32_rule: clusters, distributed shared
   // memory, TMA, wgmma) run here: the GPU is sm_90 and the extension holds
   // their sm_90a code. Any other architecture's code of them is a trap
   // (DDPM_OPS_HOPPER_CODE), which an 8.x GPU, or a 9.0 GPU running a build
@@ -75,6 +95,10 @@ struct Overrides {
   int tile_rows = 0;     // DDPM_OPS_CUDA_TILE_ROWS: bf16x3_wgmma_swapab's tile rows (0: the rule's)
   bool tma = true;       // DDPM_OPS_CUDA_TMA=0: tf32x3_tiled copies weight chunks with cp.async only
   bool log = false;      // DDPM_OPS_CUDA_LOG: each launch's plan on stderr
+  // DDPM_OPS_CUDA_CAPABILITY=8.0 (major.minor): plan as for a GPU of that
+  // compute capability (described_as), so that the portable path runs on
+  // a Hopper GPU in tests and benchmarks. 0: the device's own.
+  int capability_major = 0, capability_minor = 0;
 };
 
 // lookup(name): the variable's value, or null where it is unset.
@@ -98,8 +122,13 @@ struct Plan {
   int own = 0;            // bf16x3: hidden columns per CTA
   int buffers = 0;        // bf16x3_wgmma_m64: exchange buffers
   int opw = 0;            // fp32_resident: outputs per warp
+                          // (fp32_rule: rows is its rows per block)
   int products = 0;       // tf32x3_tiled: tf32 products per product (3: 3xTF32, 1)
   int warp_rows = 0;      // fp32_smem: rows of a warp's tile
+  // The engine's kernels: steps of time rows the kernel evaluates at once
+  // (BiasRowArgs::window); 0 where the bias networks' rows do not fit shared
+  // memory and the host evaluates them before the launch.
+  int bias_window = 0;
   int num_layers = 0;
   // The kernel arguments computed on the host.
   cuda_kernels::SmemPlan smem_plan = {};
@@ -107,6 +136,10 @@ struct Plan {
 };
 
 Plan choose_plan(const Problem& problem, const Device& device, const Overrides& overrides);
+
+// `device` as a GPU of the capability DDPM_OPS_CUDA_CAPABILITY names: below
+// 9.0 without clusters, wgmma or TMA, as such a GPU reports them.
+Device described_as(const Device& device, const Overrides& overrides);
 
 const char* kernel_name(Kernel kernel);
 // The launch line DDPM_OPS_CUDA_LOG prints (one per call, without newline).

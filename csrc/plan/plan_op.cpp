@@ -17,11 +17,13 @@ namespace {
 // device: Device's fields in ddpm_ops/cuda_plan.py's order (Device.as_list);
 // aligned: per layer, whether its weight starts on a 16-byte boundary (empty:
 // every one does); overrides: NAME=VALUE pairs separated by ';', read as the
-// DDPM_OPS_CUDA_* variables would be.
+// DDPM_OPS_CUDA_* variables would be; general_step: the call is
+// fused_sample.rule's (layer 0 reads x alone).
 std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, int64_t num_steps,
                       c10::string_view precision, std::vector<int64_t> device, std::vector<int64_t> aligned,
-                      c10::string_view overrides) {
+                      c10::string_view overrides, bool general_step) {
   plan::Problem p;
+  p.general_step = general_step;
   p.batch = batch;
   p.dim = static_cast<int>(dim);
   p.num_steps = static_cast<int>(num_steps);
@@ -35,7 +37,7 @@ std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, i
   TORCH_CHECK(p.num_layers <= plan::kMaxLayers, "ddpm::cuda_plan: at most ", plan::kMaxLayers, " layers");
   TORCH_CHECK(aligned.empty() || static_cast<int>(aligned.size()) == p.num_layers,
               "ddpm::cuda_plan: aligned needs one flag per layer (", p.num_layers, "), got ", aligned.size());
-  int in = p.dim + 1;
+  int in = general_step ? p.dim : p.dim + 1;
   for (int l = 0; l < p.num_layers; ++l) {
     TORCH_CHECK(l + 1 == p.num_layers || (hidden[l] >= 1 && hidden[l] <= INT32_MAX),
                 "ddpm::cuda_plan: hidden widths must be between 1 and 2^31 - 1, got ", hidden[l]);
@@ -83,7 +85,7 @@ std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, i
     const auto it = values.find(name);
     return it == values.end() ? nullptr : it->second.c_str();
   });
-  const plan::Plan chosen = plan::choose_plan(p, d, o);
+  const plan::Plan chosen = plan::choose_plan(p, plan::described_as(d, o), o);
   TORCH_CHECK(chosen.error.empty(), chosen.error);
   return plan::to_fields(chosen, p);
 }
@@ -93,7 +95,7 @@ std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, i
 TORCH_LIBRARY_FRAGMENT(ddpm, m) {
   m.def(
       "cuda_plan(int batch, int dim, int[] hidden, int num_steps, str precision, int[] device, "
-      "int[] aligned, str overrides) -> str",
+      "int[] aligned, str overrides, bool general_step=False) -> str",
       &cuda_plan);
 }
 

@@ -21,6 +21,23 @@ inline int widest_hidden(const Problem& p) {
   return widest;
 }
 
+// The most steps of time rows an engine kernel evaluates at once: each
+// evaluation is a few block barriers, so a long call takes a few.
+constexpr int kMaxBiasWindow = 32;
+
+// The bias window of an engine kernel's plan (Plan::bias_window) for a block
+// whose shared memory fits(window) says fits: 1 without a time network (the
+// condition rows alone), else the largest up to the call's steps and
+// kMaxBiasWindow; 0 where none fits (the host evaluates the networks) or the
+// call has no network.
+template <typename Fits>
+int bias_window(const Problem& p, Fits fits) {
+  if (!p.time_net && !p.cond_net) return 0;
+  int window = p.time_net ? std::max(1, std::min(p.num_steps, kMaxBiasWindow)) : 1;
+  while (window > 1 && !fits(window)) window = (window + 1) / 2;
+  return fits(window) ? window : 0;
+}
+
 // DDPM_OPS_CUDA_CLUSTER_SIZE where that size launches on this device, else 0.
 inline int forced_cluster_size(const Device& d, const Overrides& o) {
   const int size = o.cluster_size;
@@ -35,11 +52,14 @@ bool fp32_resident_shape(const Problem& p, const Device& d, const Overrides& o, 
 bool bf16_wgmma_shape(const Problem& p, const Device& d, Plan* plan);
 bool bf16x3_wgmma_m64_shape(const Problem& p, const Device& d, const Overrides& o, Plan* plan);
 bool bf16x3_wgmma_swapab_shape(const Problem& p, const Device& d, const Overrides& o, Plan* plan);
+// fp32_rule: plain blocks on any GPU, wherever a block's rows fit shared memory.
+bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan* plan);
 
 // The last resort, which always has an answer: tf32x3_tiled where its rule
 // or DDPM_OPS_CUDA_KERNEL asks for it and a tile fits, else fp32_smem (whose
-// plan carries an error where not even one row fits), or an error plan where
-// no kernel runs on the device.
+// plan carries an error where not even one row fits). Only for a device
+// where d.hopper() and clusters of 1 launch: its clusters of 1 then launch,
+// and no count of co-resident clusters it divides by is 0.
 Plan tiled_or_smem(const Problem& p, const Device& d, const Overrides& o);
 
 }  // namespace detail

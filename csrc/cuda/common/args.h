@@ -5,7 +5,9 @@
 
 #include <cstdint>
 
+#include "../../activation.h"
 #include "../../host_device.h"
+#include "../../step_tables.h"
 
 namespace ddpm_ops {
 namespace cuda_kernels {
@@ -14,12 +16,15 @@ namespace cuda_kernels {
 constexpr int kMaxLayers = 32;
 
 struct LayerArgs {
-  const float* weight;  // (out, in), row-major, global memory
+  const float* weight;  // (out, in) with row stride ld, global memory
   const float* bias;    // (out,)
   int in;
   int out;
+  int ld;  // the weight's row stride: `in`, or dim + 1 for the time-column overload's layer 0
 };
 
+// The time-column overload's arguments, for the kernels that run it alone
+// (fp32_smem, tf32x3_tiled and the wgmma kernels).
 struct SampleArgs {
   LayerArgs layers[kMaxLayers];
   int num_layers;
@@ -36,7 +41,82 @@ struct SampleArgs {
   float total_timesteps;
 };
 
-DDPM_HD inline int round_up4(int v) { return (v + 3) & ~3; }
+// A bias network the kernel runs itself (fused_sample.rule's time_* or
+// cond_* arguments): input rows through Linear layers, activations[l] after
+// each but the last, which has no bias and outputs layer 0's width.
+constexpr int kMaxBiasNetLayers = 4;
+struct BiasNetArgs {
+  const float* input;  // (rows, layers[0].in) contiguous, or null: no network
+  LayerArgs layers[kMaxBiasNetLayers];
+  Activation activations[kMaxBiasNetLayers];
+  int num_layers;
+  int widest_hidden;  // the widest output but the last's (0 for one layer)
+};
+
+// The prologue's arguments (common/bias_rows.cuh): what is added to layer 0's
+// output besides its bias, per (row, step index s, column c):
+//   time_rows[s][c] + time_column[c * time_column_ld] * s / time_divisor + cond_rows[row][c]
+//   + time_net(time_net.input[s])[c] + cond_net(cond_net.input[row])[c]
+// each term absent where its pointer is null. The time-column overload is
+// the time_column term (layer 0's last weight column, t / T). The kernel
+// evaluates the networks into shared memory: the condition rows of its rows
+// once, the time rows of its rows for `window` steps at a time.
+struct BiasRowArgs {
+  const float* time_rows;    // (table_length, out_0): time_bias
+  const float* time_column;  // out_0 weights, stride time_column_ld
+  int time_column_ld;
+  float time_divisor;
+  const float* cond_rows;    // (batch, out_0): cond_bias
+  BiasNetArgs time_net;
+  BiasNetArgs cond_net;
+  int window;  // steps of time rows evaluated at once (plan::Plan::bias_window)
+};
+
+// The shared memory (floats) of the bias networks' rows in a block of `rows`
+// rows whose layer 0 columns are `cols` wide: the condition rows, `window`
+// steps of time rows, and the networks' hidden layers (two buffers).
+DDPM_HD inline int bias_net_floats(int rows, int cols, int window, bool time_net, bool cond_net, int widest_hidden) {
+  if (!time_net && !cond_net) return 0;
+  const int evaluated = rows * (time_net ? window : 1);
+  return (cond_net ? rows * cols : 0) + (time_net ? rows * window * cols : 0) + 2 * evaluated * widest_hidden;
+}
+
+// The epilogue's arguments (common/step_epilogue.cuh): one step of the rule
+//   x0 = A x - B e, clipped;  x = C x0 + D x + E e + S z + P x0_prev, clipped
+// with the coefficients of the row's step index s. A null table is the
+// identity's: A = 1, the others 0 (the time-column overload gives B and C).
+struct StepArgs {
+  const float* tables[kMaxStepTables];  // each (table_length,), or null
+  bool clip, post_clip;
+  float clip_lo, clip_hi, post_lo, post_hi;  // the scalar bounds
+  const float* clip_bounds;       // (2, dim): per-column bounds (lower row, upper row), or null
+  const float* post_clip_bounds;  // the same for the post clip
+  const float* noise;             // (num_steps, batch, dim), or null
+  const int64_t* noise_seed;      // device memory: one seed, or one per row (seed_per_row); or null
+  bool seed_per_row;
+  float* out;  // (batch, dim), or with chain (num_steps + 1, batch, dim)
+  bool chain;
+};
+
+// One call of the general step, as every engine kernel (fp32_resident,
+// fp32_rule) takes it: both overloads arrive here (the time-column overload
+// through the host's adapter, engine.cu).
+struct EngineArgs {
+  LayerArgs layers[kMaxLayers];
+  Activation activations[kMaxLayers];  // after layer l < num_layers - 1
+  int num_layers;
+  const float* x;       // (batch, dim) contiguous
+  const void* t_start;  // (batch,) int32 or int64
+  bool t_is_int64;
+  int table_length;
+  int batch;
+  int dim;
+  int num_steps;
+  BiasRowArgs bias_rows;
+  StepArgs step;
+};
+
+DDPM_HD constexpr int round_up4(int v) { return (v + 3) & ~3; }
 
 }  // namespace cuda_kernels
 }  // namespace ddpm_ops

@@ -6,7 +6,7 @@
 namespace ddpm_ops {
 namespace {
 
-using ResidentKernel = void (*)(SampleArgs);
+using ResidentKernel = void (*)(cuda_kernels::EngineArgs);
 
 // The instantiation for this shape; only those that fit the registers exist
 // (the plan offers no other).
@@ -47,7 +47,7 @@ ResidentKernel kernel_of_rows(int rows, int num_layers) {
 
 }  // namespace
 
-void launch_fp32_resident(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx) {
+void launch_fp32_resident(const plan::Plan& plan, const cuda_kernels::EngineArgs& a, const LaunchContext& ctx) {
   const ResidentKernel kernel = plan.opw == 2   ? kernel_of_rows<2>(plan.rows, a.num_layers)
                                 : plan.opw == 4 ? kernel_of_rows<4>(plan.rows, a.num_layers)
                                                 : kernel_of_rows<16>(plan.rows, a.num_layers);

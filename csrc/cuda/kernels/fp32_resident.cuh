@@ -1,5 +1,8 @@
-// The small-batch kernel of ddpm::fused_sample (exact fp32 on CUDA cores):
-// fp32_resident_kernel<kOpw, kRows, kLayers>, every weight in registers.
+// The small-batch kernel of the engine (exact fp32 on CUDA cores):
+// fp32_resident_kernel<kOpw, kRows, kLayers>, every weight in registers. It
+// runs the general step of both overloads: layer 0 adds the prologue's bias
+// rows (bias_rows.cuh), each hidden layer its activation, and the x update is
+// the epilogue's step (step_epilogue.cuh).
 //
 // At a handful of rows a step is a chain of dependent layers, each one short
 // dot product per lane, a shuffle reduction and a trip through distributed
@@ -13,7 +16,7 @@
 //   - Hidden layer l: warp w of CTA r computes columns r S + w kOpw + o,
 //     o < kOpw, for the kRows rows; lane i takes the inner columns
 //     [4 i, 4 i + 4) and [128 + 4 i, 128 + 4 i + 4) (layer 0: [2 i, 2 i + 2)
-//     of x; its time column is added with the bias), so the float4 reads of
+//     of x; the bias rows are added with the bias), so the float4 reads of
 //     a row are conflict-free. A transposing shuffle butterfly
 //     (reduce_transposing) leaves each output on 32 / V lanes, which share
 //     its st.async stores into every CTA of the cluster, completing on the
@@ -37,8 +40,11 @@
 // the registers (resident_fits).
 #pragma once
 
+#include "../common/activation.cuh"
+#include "../common/bias_rows.cuh"
 #include "../common/ptx.cuh"
 #include "../common/rows.cuh"
+#include "../common/step_epilogue.cuh"
 #include "../common/warp_reduce.cuh"
 #include "fp32_resident.h"
 
@@ -115,18 +121,8 @@ __device__ __forceinline__ void load_hidden_weights(float (&w)[C][kHiddenPerLane
   }
 }
 
-// The shared memory of a CTA of fp32_resident_kernel<kOpw, kRows, L>.
-template <int kOpw, int kRows>
-struct ResidentBuffers {
-  float x[kRows][kResidentMaxDim];  // layer 0's input, zero past dim (its time column goes with the bias)
-  float hidden[2][kRows][kResidentMaxHidden];  // exchanged hidden outputs, zero past H
-  float last[kRows][8 * kOpw];      // this CTA's columns of the last hidden layer
-  float partial[2][kResidentMaxCluster][kRows][kResidentMaxDim];  // eps partial sums, by sender
-  uint64_t bars[4];                 // hidden[0], hidden[1], partial[0], partial[1]
-};
-
 template <int kOpw, int kRows, int kLayers>
-__global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(const __grid_constant__ SampleArgs a) {
+__global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(const __grid_constant__ EngineArgs a) {
 #if DDPM_OPS_HOPPER_CODE
   static_assert(kLayers >= 2 && kLayers <= kResidentMaxLayers, "2 to 4 layers");
   static_assert(resident_fits(kOpw, kRows, kLayers), "the registers");
@@ -143,6 +139,8 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
   // runs one CTA, as the co-resident cluster counts assume (plan::Device).
   extern __shared__ float4 smem_f4[];
   ResidentBuffers<kOpw, kRows>& sh = *reinterpret_cast<ResidentBuffers<kOpw, kRows>*>(smem_f4);
+  static_assert(sizeof(ResidentBuffers<kOpw, kRows>) <= sizeof(float) * resident_bias_floats_at(kOpw, kRows),
+                "the bias networks' rows start after the buffers");
 
   cg::cluster_group cluster = cg::this_cluster();
   const int cs = static_cast<int>(cluster.num_blocks());
@@ -154,6 +152,9 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
   const int H = a.layers[0].out;
   const int own0 = rank * kOwn;           // this CTA's first hidden column
   const int n_warp = own0 + warp * kOpw;  // this warp's
+  // The bias networks' rows of this CTA's columns of layer 0.
+  BiasNetRows nets(a.bias_rows, reinterpret_cast<float*>(smem_f4) + resident_bias_floats_at(kOpw, kRows), kRows,
+                   kOwn, own0);
   auto clamped_row = [&](int r) { return min(row0 + r, a.batch - 1); };
 
   // Every weight this thread multiplies, for the whole call.
@@ -165,7 +166,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
 #pragma unroll
     for (int j = 0; j < kInputPerLane; ++j) {
       const int k = kInputPerLane * lane + j;
-      w0[o][j] = k < dim ? __ldg(a.layers[0].weight + static_cast<size_t>(n_warp + o) * (dim + 1) + k) : 0.f;
+      w0[o][j] = k < dim ? __ldg(a.layers[0].weight + static_cast<size_t>(n_warp + o) * a.layers[0].ld + k) : 0.f;
     }
   }
 #pragma unroll
@@ -184,44 +185,62 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
   }
 
   // What a lane needs for the output it ends a hidden layer with: row s_row,
-  // column s_col, the biases and layer 0's time weight there.
+  // column s_col, the biases (layer 0's with its condition row) and the time
+  // column's weight there.
   const int s_e = lane / kSliceReplicas;
   const int s_row = s_e / kOpw;
   const int s_col = n_warp + s_e % kOpw;
   const int s_replica = lane % kSliceReplicas;
   float s_bias[kSliced];
+  s_bias[0] = fixed_bias_row(a, clamped_row(s_row), s_col);
 #pragma unroll
-  for (int l = 0; l < kSliced; ++l) s_bias[l] = __ldg(a.layers[l].bias + s_col);
-  const float s_time_weight = __ldg(a.layers[0].weight + static_cast<size_t>(s_col) * (dim + 1) + dim);
+  for (int l = 1; l < kSliced; ++l) s_bias[l] = __ldg(a.layers[l].bias + s_col);
+  const float s_time_weight = time_column_weight(a.bias_rows, s_col);
   bool unused;
   const int s_t0 = load_t_start(a, clamped_row(s_row), &unused);
+  auto step_bias = [&](int k) {
+    return step_bias_row(a, s_time_weight, s_t0 - k, clamp_index(s_t0 - k, a.table_length), s_col);
+  };
   // And for the x values it updates: u_row[m], column u_col, the last bias,
-  // whether the row's timesteps are in range, this step's coefficients.
+  // whether the row's step indices are in range, its noise seed.
   const int u_col = threadIdx.x % kResidentMaxDim;
   const float u_bias = u_col < dim ? __ldg(a.layers[kLayers - 1].bias + u_col) : 0.f;
-  int u_row[kUpdates], u_t0[kUpdates];
+  int u_row[kUpdates];
   bool u_valid[kUpdates];
-  float c1[kUpdates], c2[kUpdates];
-  auto coefficient = [&](const float* table, int t) { return __ldg(table + clamp_index(t, a.table_length)); };
+  uint64_t u_seed[kUpdates];
 #pragma unroll
   for (int m = 0; m < kUpdates; ++m) {
     u_row[m] = (threadIdx.x + m * kResidentThreads) / kResidentMaxDim;
-    u_t0[m] = load_t_start(a, clamped_row(u_row[m]), &u_valid[m]);
-    c1[m] = coefficient(a.sqrt_recip_alphas, u_t0[m]);
-    c2[m] = coefficient(a.coef_eps, u_t0[m]);
+    load_t_start(a, clamped_row(u_row[m]), &u_valid[m]);
+    u_seed[m] = row_seed(a.step, clamped_row(u_row[m]));
   }
   auto updates = [&](int m) { return u_row[m] < kRows && u_col < dim; };
+  // Thread r < kRows loads row r's coefficients of step k into sh.coef[k & 1].
+  const int c_t0 = static_cast<int>(threadIdx.x) < kRows ? load_t_start(a, clamped_row(threadIdx.x), &unused) : 0;
+  auto load_coefficients = [&](int k) {
+    if (static_cast<int>(threadIdx.x) >= kRows) return;
+    const int s = clamp_index(c_t0 - k, a.table_length);
+#pragma unroll
+    for (int q = 0; q < kMaxStepTables; ++q) sh.coef[k & 1][q][threadIdx.x] = step_coefficient(a.step, q, s);
+  };
 
   // Zero the layer inputs (padding columns are read, against zero weights),
   // then the first x.
   for (int i = threadIdx.x; i < kRows * kResidentMaxDim; i += kResidentThreads) (&sh.x[0][0])[i] = 0.f;
   for (int i = threadIdx.x; i < 2 * kRows * kResidentMaxHidden; i += kResidentThreads) (&sh.hidden[0][0][0])[i] = 0.f;
+  for (int i = threadIdx.x; i < kRows * kResidentMaxDim; i += kResidentThreads) (&sh.x0_prev[0][0])[i] = 0.f;
   __syncthreads();
 #pragma unroll
   for (int m = 0; m < kUpdates; ++m) {
-    if (updates(m) && row0 + u_row[m] < a.batch)
-      sh.x[u_row[m]][u_col] = __ldg(a.x + static_cast<size_t>(row0 + u_row[m]) * dim + u_col);
+    const int row = row0 + u_row[m];
+    if (updates(m) && row < a.batch) {
+      sh.x[u_row[m]][u_col] = __ldg(a.x + static_cast<size_t>(row) * dim + u_col);
+      if (row % cs == rank) store_sample(a, 0, row, u_col, sh.x[u_row[m]][u_col], u_valid[m]);
+    }
   }
+  load_coefficients(0);
+  float s_step_bias = step_bias(0);
+  nets.evaluate_cond(a, row0);
   if (threadIdx.x == 0) {
     // One arrival per phase, this CTA's own; the senders' bytes complete it.
     for (int b = 0; b < 4; ++b) mbarrier_init(&sh.bars[b], 1);
@@ -239,14 +258,14 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
   };
   int buffer = 0;  // the hidden buffer the next exchanged layer writes
   for (int k = 0; k < a.num_steps; ++k) {
-    // The next step's coefficients, in flight during this one.
-    float next_c1[kUpdates], next_c2[kUpdates];
-#pragma unroll
-    for (int m = 0; m < kUpdates; ++m) {
-      next_c1[m] = coefficient(a.sqrt_recip_alphas, u_t0[m] - (k + 1));
-      next_c2[m] = coefficient(a.coef_eps, u_t0[m] - (k + 1));
+    // The next step's coefficients and bias rows, in flight during this one
+    // (sh.coef[(k + 1) & 1] was last read by step k - 1's update, before the
+    // barrier that ended it).
+    if (k + 1 < a.num_steps) load_coefficients(k + 1);
+    const float s_next_step_bias = k + 1 < a.num_steps ? step_bias(k + 1) : 0.f;
+    if (nets.time_window_starts(k)) {
+      nets.evaluate_time(a, k, [&](int r) { return load_t_start(a, clamped_row(r), &unused); });
     }
-    const float time = static_cast<float>(s_t0 - k) / a.total_timesteps;
 #pragma unroll
     for (int l = 0; l < kSliced; ++l) {
       float v[kSliceV];
@@ -259,7 +278,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
           in[r][1] = p.y;
         }
         resident_products<kRows, kOpw, kInputPerLane>(v, w0, in, lane);
-        v[0] += fmaf(s_time_weight, time, s_bias[0]);
+        v[0] += s_bias[0] + s_step_bias + nets.at(s_row, k, s_col);
       } else {
         wait_for(buffer ^ 1);
         float in[kRows][kHiddenPerLane];
@@ -267,7 +286,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
         resident_products<kRows, kOpw, kHiddenPerLane>(v, wh[l - 1], in, lane);
         v[0] += s_bias[l];
       }
-      const float out = silu_approx(v[0]);
+      const float out = activate_fast(v[0], a.activations[l]);
       if (l + 1 == kSliced) {
         if (s_replica == 0) sh.last[s_row][s_col - own0] = out;
         break;
@@ -317,28 +336,26 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
       }
     }
     wait_for(2 + pb);
-    // x <- c1 (x - c2 eps), the same on every CTA. Every warp has read x for
-    // this step (its layer 0 came before the barrier above).
+    // The step, the same on every CTA. Every warp has read x for this step
+    // (its layer 0 came before the barrier above).
 #pragma unroll
     for (int m = 0; m < kUpdates; ++m) {
       if (!updates(m)) continue;
-      const int r = u_row[m];
+      const int r = u_row[m], row = row0 + r;
       float eps = 0.f;
       for (int src = 0; src < cs; ++src) eps += sh.partial[pb][src][r][u_col];
-      sh.x[r][u_col] = c1[m] * (sh.x[r][u_col] - c2[m] * (eps + u_bias));
-      c1[m] = next_c1[m];
-      c2[m] = next_c2[m];
+      const auto coef = [&](int q) { return sh.coef[k & 1][q][r]; };
+      const float next = step_update(a, coef, sh.x[r][u_col], eps + u_bias, &sh.x0_prev[r][u_col], u_seed[m], k,
+                                     min(row, a.batch - 1), u_col);
+      sh.x[r][u_col] = next;
+      // Every CTA holds the result; they share the writing by row.
+      if (row < a.batch && row % cs == rank) store_sample(a, k + 1, row, u_col, next, u_valid[m]);
     }
+    s_step_bias = s_next_step_bias;
     __syncthreads();
   }
-  // Every CTA holds the result; they share the writing by row. Nothing is in
-  // flight towards this CTA: it has waited for every phase sent to it.
-#pragma unroll
-  for (int m = 0; m < kUpdates; ++m) {
-    const int r = u_row[m];
-    if (updates(m) && row0 + r < a.batch && (row0 + r) % cs == rank)
-      a.out[static_cast<size_t>(row0 + r) * dim + u_col] = u_valid[m] ? sh.x[r][u_col] : __int_as_float(0x7fc00000);
-  }
+  // Nothing is in flight towards this CTA at its exit: it has waited for
+  // every phase sent to it.
 #else
   __trap();
 #endif

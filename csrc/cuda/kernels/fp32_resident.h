@@ -4,6 +4,8 @@
 
 #include "../common/args.h"
 
+#include <cstddef>
+
 namespace ddpm_ops {
 namespace cuda_kernels {
 
@@ -32,6 +34,27 @@ DDPM_HD constexpr int resident_register_floats(int opw, int rows, int layers) {
 constexpr int kResidentMaxRegisterFloats = 224;
 DDPM_HD constexpr bool resident_fits(int opw, int rows, int layers) {
   return rows * opw <= 32 && resident_register_floats(opw, rows, layers) <= kResidentMaxRegisterFloats;
+}
+
+// The shared memory of a CTA of fp32_resident_kernel<kOpw, kRows, L>; the
+// bias networks' rows follow it (resident_bias_floats_at).
+template <int kOpw, int kRows>
+struct ResidentBuffers {
+  float x[kRows][kResidentMaxDim];  // layer 0's input, zero past dim (the bias rows go with the bias)
+  float x0_prev[kRows][kResidentMaxDim];  // the previous step's clipped x0 (the P table's term)
+  float hidden[2][kRows][kResidentMaxHidden];  // exchanged hidden outputs, zero past H
+  float last[kRows][8 * kOpw];      // this CTA's columns of the last hidden layer
+  float partial[2][kResidentMaxCluster][kRows][kResidentMaxDim];  // eps partial sums, by sender
+  float coef[2][kMaxStepTables][kRows];  // the step's coefficients per row, by step parity
+  uint64_t bars[4];                 // hidden[0], hidden[1], partial[0], partial[1]
+};
+
+// Where the bias networks' rows start in a CTA's shared memory (floats):
+// after ResidentBuffers (the kernel asserts that it fits), 16-byte aligned.
+DDPM_HD constexpr int resident_bias_floats_at(int opw, int rows) {
+  return round_up4(2 * rows * kResidentMaxDim + 2 * rows * kResidentMaxHidden + rows * 8 * opw +
+                   2 * kResidentMaxCluster * rows * kResidentMaxDim + 2 * static_cast<int>(kMaxStepTables) * rows +
+                   4 * 2);
 }
 
 }  // namespace cuda_kernels

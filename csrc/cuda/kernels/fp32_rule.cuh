@@ -1,38 +1,37 @@
-// The fp32_rule kernel of ddpm::fused_sample.rule: exact fp32 on CUDA cores.
+// The fp32_rule kernel of the engine: exact fp32 on CUDA cores, no cluster
+// and no tensor cores, so it runs on every GPU the extension is built for
+// and every shape whose rows fit shared memory.
 //
 // A thread block runs R rows through every step. Its samples and two buffers
 // of layer outputs live in shared memory; each warp computes a few output
 // columns of a layer for all R rows at once (rule_layer), reading their weight
 // rows from global memory (L2 serves the repeats: small MLPs' weights do not
 // fit one SM's shared memory) and the layer's input from shared memory.
-// Layer 0 adds the bias rows of the row's step index (time_rows) and of the
-// row (cond_rows); the epilogue of the last layer is the step rule: six
-// coefficients a row, the two clamps, the noise (given, or drawn from the
-// seed where the element is updated: seeded_noise.h) and, with the chain,
-// the sample of every step. Rows whose step indices leave the tables end as
-// NaN (load_t_start), as in every kernel of the op.
+// Layer 0 adds the prologue's bias rows (bias_rows.cuh: the bias networks
+// evaluated into shared memory, the condition rows once, the time rows a
+// window of steps at a time); the last layer ends
+// in the epilogue's step (step_epilogue.cuh).
 #pragma once
 
-#include "../../seeded_noise.h"
 #include "../common/activation.cuh"
+#include "../common/bias_rows.cuh"
 #include "../common/rows.cuh"
+#include "../common/step_epilogue.cuh"
 #include "../common/warp_reduce.cuh"
 #include "fp32_rule.h"
-
-#include <cmath>
 
 namespace ddpm_ops {
 namespace cuda_kernels {
 
-// torch.clamp's: a NaN stays NaN.
-__device__ __forceinline__ float clamp_keep_nan(float v, float lo, float hi) {
-  return v < lo ? lo : (v > hi ? hi : v);
-}
-
-__device__ __forceinline__ float seeded_normal(uint64_t seed, int k, int batch, int row, int j) {
-  const uint64_t key = seeded_noise::row_key(seed, static_cast<uint64_t>(k) * batch + row);
-  return 1.41421356237309505f * erfinvf(seeded_noise::centered_uniform(seeded_noise::column_bits(key, j)));
-}
+// The block's per-row state in shared memory (rule_smem_bytes).
+template <int R>
+struct RuleRows {
+  int* t0;          // first step index (clamped, load_t_start)
+  int* t;           // step index now, unclamped
+  int* step_index;  // step index now, clamped into the tables
+  int* valid;
+  float (*coef)[R];  // [kMaxStepTables][R]
+};
 
 // out[r][c] for the block's rows r < R and columns c of layer l: the bias
 // (plus, for layer 0, the bias rows), the dot product of in[r] and weight row
@@ -42,8 +41,9 @@ __device__ __forceinline__ float seeded_normal(uint64_t seed, int k, int batch, 
 // R * VC sums are reduced across the lanes by the transposing butterfly
 // (warp_reduce.cuh), after which lane l holds sum l / (32 / V).
 template <int R>
-__device__ __forceinline__ void rule_layer(const RuleArgs& a, int l, const float* in, int in_ld, float* out,
-                                           const int* step_index, int row0, int rows) {
+__device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const float* in, int in_ld, float* out,
+                                           int out_ld, const RuleRows<R>& rr, const BiasNetRows& nets, int k,
+                                           int row0) {
   constexpr int VC = rule_columns(R);
   constexpr int V = R * VC;
   constexpr int kReplicas = 32 / V;
@@ -51,14 +51,14 @@ __device__ __forceinline__ void rule_layer(const RuleArgs& a, int l, const float
   constexpr int kUnroll = R == 1 ? 2 : 1;  // more loads in flight where registers allow
   static_assert(V >= 2 && V <= 32 && (V & (V - 1)) == 0, "a warp's sums are a power of two, at most 32");
   const LayerArgs& layer = a.layers[l];
-  const int K = layer.in, N = layer.out;
+  const int K = layer.in, N = layer.out, ld = layer.ld;
   const bool last = l + 1 == a.num_layers;
-  const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(layer.weight) % 16 == 0;
+  const bool vec = K % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(layer.weight) % 16 == 0;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int c0 = warp * VC; c0 < N; c0 += kWarps * VC) {  // warp-uniform
     const float* w_row[VC];
 #pragma unroll
-    for (int j = 0; j < VC; ++j) w_row[j] = layer.weight + static_cast<size_t>(min(c0 + j, N - 1)) * K;
+    for (int j = 0; j < VC; ++j) w_row[j] = layer.weight + static_cast<size_t>(min(c0 + j, N - 1)) * ld;
     float v[V];
 #pragma unroll
     for (int e = 0; e < V; ++e) v[e] = 0.f;
@@ -101,80 +101,81 @@ __device__ __forceinline__ void rule_layer(const RuleArgs& a, int l, const float
     const int e = lane / kReplicas;
     const int r = e / VC, c = c0 + e % VC;
     if (lane % kReplicas != 0 || c >= N) continue;
-    float acc = v[0] + __ldg(layer.bias + c);
-    if (l == 0 && r < rows) {
-      if (a.time_rows != nullptr) acc += __ldg(a.time_rows + static_cast<size_t>(step_index[r]) * N + c);
-      if (a.cond_rows != nullptr) acc += __ldg(a.cond_rows + static_cast<size_t>(row0 + r) * N + c);
+    float acc = v[0];
+    if (l == 0) {
+      const int row = min(row0 + r, a.batch - 1);
+      acc += fixed_bias_row(a, row, c) +
+             step_bias_row(a, time_column_weight(a.bias_rows, c), rr.t[r], rr.step_index[r], c) + nets.at(r, k, c);
+    } else {
+      acc += __ldg(layer.bias + c);
     }
-    out[r * a.width + c] = last ? acc : activate(acc, a.activations[l]);
+    out[r * out_ld + c] = last ? acc : activate(acc, a.activations[l]);
   }
 }
 
 template <int R>
-__global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const RuleArgs a) {
+__global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const __grid_constant__ EngineArgs a) {
   constexpr int kThreads = rule_threads(R);
   extern __shared__ __align__(16) float smem[];
-  int* const t0 = reinterpret_cast<int*>(smem);  // the row header (rule_smem_bytes)
-  int* const step_index = t0 + R;
-  int* const valid = step_index + R;
-  float (*const coef)[R] = reinterpret_cast<float (*)[R]>(valid + R);  // [kStepTables][R]
+  int widest = a.dim;
+  for (int l = 0; l < a.num_layers; ++l) widest = max(widest, a.layers[l].out);
+  const int width = round_up4(widest), dim_ld = round_up4(a.dim);
+  RuleRows<R> rr;
+  rr.t0 = reinterpret_cast<int*>(smem);
+  rr.t = rr.t0 + R;
+  rr.step_index = rr.t + R;
+  rr.valid = rr.step_index + R;
+  rr.coef = reinterpret_cast<float (*)[R]>(rr.valid + R);
   float* const xs = smem + rule_row_header_floats(R);  // (R, dim_ld): the samples
-  float* const buffers[2] = {xs + R * a.dim_ld, xs + R * (a.dim_ld + a.width)};
+  float* const x0_prev = xs + R * dim_ld;                  // (R, dim_ld)
+  float* const buffers[2] = {x0_prev + R * dim_ld, x0_prev + R * dim_ld + R * width};
+  BiasNetRows nets(a.bias_rows, buffers[1] + R * width, R, a.layers[0].out, 0);
 
   const int row0 = blockIdx.x * R;
   const int rows = min(R, a.batch - row0);
   if (static_cast<int>(threadIdx.x) < R) {
     bool ok = false;
-    t0[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? load_t_start(a, row0 + threadIdx.x, &ok) : 0;
-    valid[threadIdx.x] = ok;
+    rr.t0[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? load_t_start(a, row0 + threadIdx.x, &ok) : 0;
+    rr.valid[threadIdx.x] = ok;
   }
   for (int i = threadIdx.x; i < R * a.dim; i += kThreads) {
     const int r = i / a.dim, j = i - r * a.dim;
-    xs[r * a.dim_ld + j] = r < rows ? a.x[static_cast<size_t>(row0 + r) * a.dim + j] : 0.f;
+    xs[r * dim_ld + j] = r < rows ? a.x[static_cast<size_t>(row0 + r) * a.dim + j] : 0.f;
+    x0_prev[r * dim_ld + j] = 0.f;
   }
-  const uint64_t seed = a.noise_seed != nullptr ? static_cast<uint64_t>(*a.noise_seed) : 0;
   __syncthreads();
-  if (a.chain) {
-    for (int i = threadIdx.x; i < rows * a.dim; i += kThreads) {
-      const int r = i / a.dim, j = i - r * a.dim;
-      a.out[static_cast<size_t>(row0 + r) * a.dim + j] = valid[r] ? xs[r * a.dim_ld + j] : NAN;
-    }
+  for (int i = threadIdx.x; i < rows * a.dim; i += kThreads) {
+    const int r = i / a.dim, j = i - r * a.dim;
+    store_sample(a, 0, row0 + r, j, xs[r * dim_ld + j], rr.valid[r]);
   }
+  nets.evaluate_cond(a, row0);
 
   for (int k = 0; k < a.num_steps; ++k) {
     if (static_cast<int>(threadIdx.x) < R) {
-      const int s = clamp_index(t0[threadIdx.x] - k, a.table_length);
-      step_index[threadIdx.x] = s;
+      const int t = rr.t0[threadIdx.x] - k, s = clamp_index(t, a.table_length);
+      rr.t[threadIdx.x] = t;
+      rr.step_index[threadIdx.x] = s;
 #pragma unroll
-      for (int q = 0; q < kStepTables; ++q) coef[q][threadIdx.x] = __ldg(a.tables + static_cast<size_t>(q) * a.table_length + s);
+      for (int q = 0; q < kMaxStepTables; ++q) rr.coef[q][threadIdx.x] = step_coefficient(a.step, q, s);
     }
+    if (nets.time_window_starts(k)) nets.evaluate_time(a, k, [&](int r) { return rr.t0[r]; });
     __syncthreads();
     const float* in = xs;
-    int in_ld = a.dim_ld;
+    int in_ld = dim_ld;
     for (int l = 0; l < a.num_layers; ++l) {
-      rule_layer<R>(a, l, in, in_ld, buffers[l & 1], step_index, row0, rows);
+      rule_layer<R>(a, l, in, in_ld, buffers[l & 1], width, rr, nets, k, row0);
       __syncthreads();
       in = buffers[l & 1];
-      in_ld = a.width;
+      in_ld = width;
     }
-    float* const dest = a.chain ? a.out + static_cast<size_t>(k + 1) * a.batch * a.dim : a.out;
-    const bool last_step = k + 1 == a.num_steps;
     for (int i = threadIdx.x; i < rows * a.dim; i += kThreads) {
       const int r = i / a.dim, j = i - r * a.dim;
       const int row = row0 + r;
-      const float e = in[r * a.width + j];
-      const float xv = xs[r * a.dim_ld + j];
-      float x0 = coef[kA][r] * xv - coef[kB][r] * e;
-      if (a.clip) x0 = clamp_keep_nan(x0, a.clip_lo, a.clip_hi);
-      float next = coef[kC][r] * x0 + coef[kD][r] * xv + coef[kE][r] * e;
-      if (a.noise != nullptr) {
-        next += coef[kS][r] * __ldg(a.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j);
-      } else if (a.noise_seed != nullptr) {
-        next += coef[kS][r] * seeded_normal(seed, k, a.batch, row, j);
-      }
-      if (a.post_clip) next = clamp_keep_nan(next, a.post_lo, a.post_hi);
-      xs[r * a.dim_ld + j] = next;
-      if (a.chain || last_step) dest[static_cast<size_t>(row) * a.dim + j] = valid[r] ? next : NAN;
+      const auto coef = [&](int q) { return rr.coef[q][r]; };
+      const float next = step_update(a, coef, xs[r * dim_ld + j], in[r * width + j], &x0_prev[r * dim_ld + j],
+                                     row_seed(a.step, row), k, row, j);
+      xs[r * dim_ld + j] = next;
+      store_sample(a, k + 1, row, j, next, rr.valid[r]);
     }
     __syncthreads();
   }

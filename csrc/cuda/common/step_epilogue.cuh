@@ -1,0 +1,92 @@
+// The engine's epilogue: one step of the rule for one element of x, after
+// the last layer (StepArgs, args.h), and the stores of its result. Every
+// engine kernel updates x through step_update, so the six (or seven) tables,
+// the clamps, the noise (given, or drawn from the seed) and the chain are
+// written once for the GPU.
+#pragma once
+
+#include "../../seeded_noise.h"
+#include "args.h"
+
+#include <cmath>
+
+namespace ddpm_ops {
+namespace cuda_kernels {
+
+// Table q at step index s (already clamped into the tables); a null table is
+// the identity's coefficient.
+__device__ __forceinline__ float step_coefficient(const StepArgs& st, int q, int s) {
+  return st.tables[q] != nullptr ? __ldg(st.tables[q] + s) : (q == kA ? 1.f : 0.f);
+}
+
+// torch.clamp's: a NaN stays NaN.
+__device__ __forceinline__ float clamp_keep_nan(float v, float lo, float hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// The seed of a row's noise (0 where none is drawn). Read from device memory
+// at each call, so that a CUDA graph whose replays draw the seed first draws
+// fresh noise.
+__device__ __forceinline__ uint64_t row_seed(const StepArgs& st, int row) {
+  if (st.noise_seed == nullptr) return 0;
+  return static_cast<uint64_t>(st.seed_per_row ? st.noise_seed[row] : st.noise_seed[0]);
+}
+
+// z[k, row, j] drawn from the seed (seeded_noise.h, the CPU kernel's draw).
+__device__ __forceinline__ float seeded_normal(const EngineArgs& a, uint64_t seed, int k, int row, int j) {
+  const uint64_t key = a.step.seed_per_row ? seeded_noise::row_key(seed, static_cast<uint64_t>(k))
+                                           : seeded_noise::row_key(seed, static_cast<uint64_t>(k) * a.batch + row);
+  return 1.41421356237309505f * erfinvf(seeded_noise::centered_uniform(seeded_noise::column_bits(key, j)));
+}
+
+// x after step k at (row, column j), from x, the network's output e and the
+// row's coefficients coef(q) of the step. *x0_prev carries the clipped x0
+// from step to step where a P table is given (zero at a call's first step).
+template <typename Coefficients>
+__device__ __forceinline__ float step_update(const EngineArgs& a, const Coefficients& coef, float x, float e,
+                                             float* x0_prev, uint64_t seed, int k, int row, int j) {
+  const StepArgs& st = a.step;
+  // Null tables' terms are left out, not multiplied by 0: an infinite x then
+  // stays infinite, as in the time-column loop's c1 (x - c2 e).
+  float x0 = (st.tables[kA] != nullptr ? coef(kA) * x : x) - coef(kB) * e;
+  if (st.clip_bounds != nullptr) {
+    x0 = clamp_keep_nan(x0, __ldg(st.clip_bounds + j), __ldg(st.clip_bounds + a.dim + j));
+  } else if (st.clip) {
+    x0 = clamp_keep_nan(x0, st.clip_lo, st.clip_hi);
+  }
+  float next = coef(kC) * x0;
+  if (st.tables[kD] != nullptr) next += coef(kD) * x;
+  if (st.tables[kE] != nullptr) next += coef(kE) * e;
+  if (st.tables[kP] != nullptr) {
+    next += coef(kP) * *x0_prev;
+    *x0_prev = x0;
+  }
+  if (st.noise != nullptr) {
+    next += coef(kS) * __ldg(st.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j);
+  } else if (st.noise_seed != nullptr) {
+    next += coef(kS) * seeded_normal(a, seed, k, row, j);
+  }
+  if (st.post_clip_bounds != nullptr) {
+    next = clamp_keep_nan(next, __ldg(st.post_clip_bounds + j), __ldg(st.post_clip_bounds + a.dim + j));
+  } else if (st.post_clip) {
+    next = clamp_keep_nan(next, st.post_lo, st.post_hi);
+  }
+  return next;
+}
+
+// Stores x after `steps_done` steps at (row, j): into the chain's entry
+// steps_done, and at the end into the result. Rows whose step indices leave
+// the tables store NaN (load_t_start).
+__device__ __forceinline__ void store_sample(const EngineArgs& a, int steps_done, int row, int j, float v,
+                                             bool valid) {
+  const StepArgs& st = a.step;
+  const float value = valid ? v : __int_as_float(0x7fc00000);
+  if (st.chain) {
+    st.out[(static_cast<size_t>(steps_done) * a.batch + row) * a.dim + j] = value;
+  } else if (steps_done == a.num_steps) {
+    st.out[static_cast<size_t>(row) * a.dim + j] = value;
+  }
+}
+
+}  // namespace cuda_kernels
+}  // namespace ddpm_ops

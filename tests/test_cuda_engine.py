@@ -1,0 +1,162 @@
+"""The engine on CUDA: every kernel that runs the general step (fp32_resident,
+fp32_rule), forced through DDPM_OPS_CUDA_KERNEL and checked by its launch line,
+with every feature of the rule against float64; the time-column overload
+through the engine's adapter; the portable path (a plan for compute
+capability 8.x, DDPM_OPS_CUDA_CAPABILITY) for both overloads; and the kernels
+one call launches."""
+import pytest
+import torch
+
+import ddpm_ops
+from problems import make_problem, make_rule_problem, relative_error
+from test_sample import ALL_FEATURES, FEATURES, TOLERANCE, poisoned_call
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+ENGINE_KERNELS = ("fp32_resident", "fp32_rule")
+LOG_NAMES = {"fp32_resident": "resident", "fp32_rule": "rule"}
+
+
+def launched(capfd):
+    """The kernels named by the DDPM_OPS_CUDA_LOG lines printed since the last call."""
+    return [line.split()[1] for line in capfd.readouterr().err.splitlines() if line.startswith("ddpm_ops ")]
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    def force(kernel, capability=None):
+        monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
+        monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
+        if capability:
+            monkeypatch.setenv("DDPM_OPS_CUDA_CAPABILITY", capability)
+        else:
+            monkeypatch.delenv("DDPM_OPS_CUDA_CAPABILITY", raising=False)
+    return force
+
+
+# Shapes inside fp32_resident's envelope (2 to 4 layers, one hidden width of
+# at most 256, dim at most 64) at its edges: 1 to 8 rows per cluster, every
+# outputs-per-warp choice, a partly filled last cluster.
+RESIDENT_SHAPES = [
+    (1, 6, [256, 256, 256], 5),
+    (50, 6, [256, 256, 256], 5),
+    (7, 64, [256, 256], 3),
+    (33, 1, [64], 4),
+    (100, 17, [128, 128, 128], 6),
+    (3, 12, [32, 32], 2),
+]
+
+
+@pytest.mark.parametrize("kernel", ENGINE_KERNELS)
+@pytest.mark.parametrize("batch, dim, hidden, num_steps", RESIDENT_SHAPES)
+@pytest.mark.parametrize("features", [(), FEATURES, ALL_FEATURES, ("seeded", "clip", "post_clip", "time_net")])
+def test_every_engine_kernel_every_feature(engine, capfd, kernel, batch, dim, hidden, num_steps, features):
+    engine(kernel)
+    problem = make_rule_problem(batch, dim, hidden, num_steps, features=features, activation="mixed",
+                                rule="ddim_strided" if "chain" in features else "ddpm_epsilon", device="cuda")
+    capfd.readouterr()
+    out = poisoned_call(problem)
+    assert launched(capfd) == [LOG_NAMES[kernel]]
+    assert relative_error(out, problem.reference64()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("activation", ["silu", "mish", "relu", "gelu", "gelu_tanh", "tanh", "identity"])
+def test_every_activation_on_the_resident_kernel(engine, capfd, activation):
+    engine("fp32_resident")
+    problem = make_rule_problem(9, 5, [64, 64, 64], 4, features=("time", "noise"), activation=activation,
+                                device="cuda")
+    capfd.readouterr()
+    out = poisoned_call(problem)
+    assert launched(capfd) == ["resident"]
+    assert relative_error(out, problem.reference64()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("kernel", ENGINE_KERNELS)
+def test_odd_layouts(engine, capfd, kernel):
+    """Strided, offset and transposed inputs reach the kernels as contiguous copies."""
+    engine(kernel)
+    problem = make_rule_problem(20, 6, [64, 64], 3, features=("time", "cond", "noise", "clip"), device="cuda")
+    expected = problem.reference64()
+    problem.x = torch.empty(6, 20, device="cuda").copy_(problem.x.T).T
+    problem.t_start = torch.stack([problem.t_start, problem.t_start], dim=1)[:, 1]
+    w0 = problem.weights[0]
+    problem.weights[0] = torch.cat([torch.zeros_like(w0), w0], dim=1)[:, 6:]
+    problem.biases[1] = torch.cat([torch.zeros(1, device="cuda"), problem.biases[1]])[1:]
+    capfd.readouterr()
+    assert relative_error(poisoned_call(problem), expected) <= TOLERANCE
+    assert launched(capfd) == [LOG_NAMES[kernel]]
+
+
+@pytest.mark.parametrize("kernel", ENGINE_KERNELS)
+def test_rows_out_of_range_are_nan(engine, kernel):
+    engine(kernel)
+    problem = make_rule_problem(12, 5, [32, 32], 4, features=("clip", "noise", "chain"), device="cuda")
+    problem.t_start[3] = 1  # below num_steps - 1
+    problem.t_start[7] = 10 ** 6  # beyond the tables
+    out = poisoned_call(problem)
+    assert torch.isnan(out[:, [3, 7]]).all()
+    assert not torch.isnan(out[:, [0, 1, 2, 4, 5, 6, 8, 9, 10, 11]]).any()
+
+
+def test_seeded_noise_is_the_same_on_every_kernel(engine):
+    outs = []
+    for kernel in ENGINE_KERNELS:
+        engine(kernel)
+        problem = make_rule_problem(40, 6, [128, 128], 5, features=("seeded", "chain"), rule="ddpm_sample",
+                                    device="cuda", generator=torch.Generator().manual_seed(11))
+        outs.append(poisoned_call(problem))
+        assert relative_error(outs[-1], problem.reference64()) <= TOLERANCE
+    assert relative_error(outs[0], outs[1]) <= TOLERANCE
+
+
+@pytest.mark.parametrize("kernel", ENGINE_KERNELS)
+@pytest.mark.parametrize("batch, dim, hidden, num_steps", [(1, 64, [256, 256, 256], 16), (40, 7, [64, 64], 5),
+                                                           (3, 2, [128], 9)])
+def test_time_column_overload_through_the_engine(engine, capfd, kernel, batch, dim, hidden, num_steps):
+    engine(kernel)
+    problem = make_problem(batch, dim, hidden, num_steps, device="cuda")
+    capfd.readouterr()
+    out = torch.ops.ddpm.fused_sample(*problem.args())
+    assert launched(capfd) == [LOG_NAMES[kernel]]
+    assert relative_error(out, problem.reference64()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("capability", ["8.0", "8.6", "8.7", "8.9"])
+def test_portable_path_runs_both_overloads(engine, capfd, capability):
+    """A plan for a GPU without clusters, wgmma or TMA: fp32_rule, whatever is asked."""
+    engine("fp32_resident", capability)
+    rule = make_rule_problem(70, 6, [256, 256, 256], 5, features=ALL_FEATURES, activation="mixed",
+                             device="cuda")
+    seed = make_problem(30, 64, [256, 256, 256], 16, device="cuda")
+    capfd.readouterr()
+    out_rule = poisoned_call(rule)
+    out_seed = torch.ops.ddpm.fused_sample(*seed.args())
+    assert launched(capfd) == ["rule", "rule"]
+    assert relative_error(out_rule, rule.reference64()) <= TOLERANCE
+    assert relative_error(out_seed, seed.reference64()) <= TOLERANCE
+
+
+def test_one_call_launches_one_kernel():
+    problem = make_rule_problem(50, 6, [256, 256, 256], 5, features=("time", "cond", "clip", "seeded"),
+                                device="cuda")
+    poisoned_call(problem)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.ops.ddpm.fused_sample.rule(*problem.args())
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 1, [e.name for e in kernels]
+
+
+def test_cuda_graph_replays_draw_fresh_seeds():
+    problem = make_rule_problem(16, 6, [64, 64], 5, features=("clip",), rule="ddpm_sample", device="cuda")
+    args = (problem.x, problem.t_start, problem.weights, problem.biases, problem.rule, 5)
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    ddpm_ops.sample(*args, activations=problem.activations, generator=generator)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ddpm_ops.sample(*args, activations=problem.activations, generator=generator)
+    graph.replay()
+    first = out.clone()
+    graph.replay()
+    assert torch.isfinite(first).all() and not torch.equal(first, out)
