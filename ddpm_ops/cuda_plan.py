@@ -9,7 +9,9 @@ every extension, CPU-only ones included, and exposed as the debug op
     # {'kernel': 'bf16x3_wgmma_swapab', 'cluster_size': 2, 'rows': 8, ...,
     #  'log': 'ddpm_ops narrow kernel: batch 512, 8 rows x 64 tiles on ...'}
 
-``log`` is the line ``DDPM_OPS_CUDA_LOG=1`` makes the launch print.
+``log`` is the line ``DDPM_OPS_CUDA_LOG=1`` makes the launch print. Other
+described GPUs: ``A100``, ``RTX_4090``, ``L4``, ``JETSON_AGX_ORIN`` (compute
+capability 8.x, no clusters: ``fp32_rule``), e.g. ``plan_for(..., device=L4)``.
 """
 from __future__ import annotations
 
@@ -94,7 +96,9 @@ def plan_for(batch: int, dim: int, hidden: list[int], num_steps: int, precision:
     (default: all, as torch allocates them). overrides: DDPM_OPS_CUDA_*
     variables as the environment would hold them (the environment itself is
     not read). Returns the plan's fields (kernel, cluster_size, rows, ...) and
-    ``log``, its launch line.
+    ``log``, its launch line; raises RuntimeError naming why where no kernel
+    runs the call there (as the op would), or where the description or the
+    sizes are out of range.
     """
     text = ";".join(f"{k}={v}" for k, v in (overrides or {}).items())
     fields, log = torch.ops.ddpm.cuda_plan(batch, dim, list(hidden), num_steps, precision, device.as_list(),
