@@ -18,6 +18,10 @@ Contenders (one process, the same inputs):
               by randn in the graph)
   fused       ddpm_ops.sample (the condition's bias row and the noise drawn
               in the call: what a policy pays per action)
+  sampler     ddpm_ops.DiffusionSampler on the policy's own modules, called
+              as a user would (its time MLP and condition columns run inside
+              the op as bias networks)
+  sampler-graph (CUDA) that call captured in one CUDA graph, replayed
 On the CPU the contenders alternate, round after round, and each reports its
 median: of wall time by default, or with --clock process of the process's CPU
 time (on one thread, so that it is the call's time; a shared machine inflates
@@ -181,11 +185,18 @@ def graphed(fn, example):
 
 def dql_contenders(batch, device):
     policy = DiffusionQLPolicy().to(device).eval()
-    _, fused = policy.fused()
+    sampler, fused = policy.fused()
+    sampler = sampler.to(device)
     state = torch.randn(batch, 17, device=device)
-    contenders = {"eager": lambda: policy(state), "fused": lambda: fused(state)}
+
+    def through_sampler(s):
+        x = torch.randn(s.shape[0], policy.action_dim, device=s.device)
+        return sampler(x, cond=s).clamp(-policy.max_action, policy.max_action)
+    contenders = {"eager": lambda: policy(state), "fused": lambda: fused(state),
+                  "sampler": lambda: through_sampler(state)}
     if device == "cuda":
         contenders["graph"] = graphed(policy, state)
+        contenders["sampler-graph"] = graphed(through_sampler, state)
         compiled = torch.compile(policy, mode="reduce-overhead")
         contenders["compile-ro"] = lambda: compiled(state)
         # Options unlike compile-ro's, so that the two do not share Dynamo's cached code.
@@ -225,8 +236,12 @@ def main():
                     cpu_medians_us(contenders, args.rounds, args.budget, clock)
                 cells = "  ".join(f"{name} {us:9.1f}" for name, us in times.items())
                 if shape == "dql":
-                    best = min(us for name, us in times.items() if name not in ("fused", "rewritten"))
+                    ours = ("fused", "rewritten", "sampler", "sampler-graph")
+                    best = min(us for name, us in times.items() if name not in ours)
                     cells += f"  | fused {best / times['fused']:.1f}x the best other"
+                    cells += f", sampler {best / times['sampler']:.1f}x"
+                    if "sampler-graph" in times:
+                        cells += f", sampler-graph {best / times['sampler-graph']:.1f}x"
                     if "rewritten" in times:
                         cells += f", rewritten {best / times['rewritten']:.1f}x"
                 else:

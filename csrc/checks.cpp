@@ -207,9 +207,16 @@ void check_sample_rule_args(const SampleRuleCall& call) {
   if (noise_seed.has_value()) {
     TORCH_CHECK(!noise.has_value(), "ddpm::fused_sample: noise and noise_seed: expected at most "
                 "one of them (the noise, or a seed to draw it from), got both");
-    TORCH_CHECK(noise_seed->scalar_type() == at::kLong && noise_seed->sym_numel() == 1,
-                "ddpm::fused_sample: noise_seed must be one int64 element, got ",
-                noise_seed->scalar_type(), " of shape ", shape_of(*noise_seed));
+    TORCH_CHECK(noise_seed->scalar_type() == at::kLong, "ddpm::fused_sample: noise_seed must be "
+                "int64, got ", noise_seed->scalar_type());
+    // Read without a guard on the batch: a seed per row of a dynamic batch is
+    // (batch,) symbolically, and a one-element seed has a concrete size.
+    const std::optional<int64_t> numel = noise_seed->sym_numel().maybe_as_int();
+    TORCH_CHECK((numel.has_value() && *numel == 1) ||
+                    (noise_seed->dim() == 1 && noise_seed->sym_size(0) == x.sym_size(0)),
+                "ddpm::fused_sample: noise_seed must be one element (a seed for the batch) or have "
+                "shape (batch,) = (", x.sym_size(0), ",) (a seed per row), got shape ",
+                shape_of(*noise_seed));
     TORCH_CHECK(noise_seed->device() == x.device(), "ddpm::fused_sample: noise_seed must be on "
                 "x's device (", x.device(), "), got ", noise_seed->device());
   }

@@ -86,6 +86,10 @@ std::vector<Activation> parse_activations(const std::vector<std::string>& names,
 std::optional<std::pair<float, float>> parse_clip(OptionalRange range,
                                                   const char* name);
 
+// Whether a checked noise_seed holds one seed per row rather than one for the
+// batch. A batch of one draws the same numbers either way (seeded_noise.h).
+inline bool seed_per_row(const at::Tensor& noise_seed) { return noise_seed.numel() != 1; }
+
 // The data-dependent check: every timestep t_start - k, k < num_steps, must
 // index the coefficient tables. Reads t_start's values, so on CUDA it
 // synchronises with the host; the CUDA kernel calls it only when asked to.

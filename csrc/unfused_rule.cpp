@@ -46,13 +46,17 @@ at::Tensor mix32(at::Tensor x) {
   return at::bitwise_xor(x, at::bitwise_right_shift(x, sn::kMix32Shift3));
 }
 
-// The (K, batch, dim) noise drawn from `seed` (seeded_noise.h), on the seed's
-// device and without reading it on the host.
+// The (K, batch, dim) noise drawn from `seed` (seeded_noise.h: one seed, or
+// one per row), on the seed's device and without reading it on the host.
 at::Tensor seeded_noise_of(const at::Tensor& seed, int64_t num_steps, int64_t batch, int64_t dim,
                            const at::TensorOptions& float_options) {
   const at::TensorOptions long_options = seed.options().dtype(at::kLong);
-  const at::Tensor rows = at::arange(num_steps * batch, long_options);
-  const at::Tensor keys = mix64(at::bitwise_xor(rows, mix64(seed.reshape({})))).unsqueeze(1);
+  // The counter q of noise_key, and mix64 of the seed, broadcast to (K, batch).
+  const bool per_row = seed_per_row(seed);
+  const at::Tensor counters = per_row ? at::arange(num_steps, long_options).unsqueeze(1)
+                                      : at::arange(num_steps * batch, long_options).view({num_steps, batch});
+  const at::Tensor seed_keys = per_row ? mix64(seed.reshape({1, batch})) : mix64(seed.reshape({}));
+  const at::Tensor keys = mix64(at::bitwise_xor(counters, seed_keys)).reshape({num_steps * batch, 1});
   const at::Tensor low = at::bitwise_and(keys, 0xffffffff), high = shift_right(keys, 32);
   const at::Tensor columns = at::arange(dim, long_options);
   const at::Tensor bits = mix32(at::bitwise_and(mix32(at::bitwise_xor(columns, low)) + high, 0xffffffff));

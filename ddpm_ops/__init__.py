@@ -20,7 +20,7 @@ from .graph_pass import (
 )
 from .modules import DiffusionSampler, mlp_layers
 from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, sample, silu_mlp
-from . import conditioning, step_rules
+from . import conditioning, sharding, step_rules
 from .conditioning import BiasNet, cond_bias, split_first_linear, time_bias, time_bias_from_module
 from .reference import reference, reference_sample, seeded_noise
 from .schedules import coefficient_tables, cosine_betas, linear_betas
@@ -34,8 +34,8 @@ def rewrite_stats() -> dict:
     A graph ``torch.compile`` serves from inductor's FX graph cache is counted
     too, as the compilation that made it counted it (and its INFO lines are
     logged again), at the end of the Dynamo compilation that loaded it."""
-    from .rewrite.report import STATS
-    return dict(STATS)
+    from .rewrite.report import stats
+    return stats()
 
 __all__ = [
     "BiasNet",
@@ -62,12 +62,16 @@ __all__ = [
     "rewrite_stats",
     "sample",
     "seeded_noise",
+    "sharding",
     "silu_mlp",
     "split_first_linear",
     "step_rules",
     "time_bias",
     "time_bias_from_module",
 ]
+
+# DTensor's rules for the op (ddpm_ops/sharding.py): a batch sharded over devices.
+sharding.register()
 
 # The torch.compile pass (ddpm_ops/graph_pass.py): installed into inductor's
 # config on import unless DDPM_OPS_DISABLE_AUTO_REWRITE=1.

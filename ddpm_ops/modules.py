@@ -4,7 +4,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from .conditioning import cond_bias, time_bias_from_module
+from .conditioning import BiasNet, cond_bias, time_bias_from_module
 from .ops import PRECISIONS, sample
 from .step_rules import StepRule
 
@@ -50,8 +50,7 @@ def mlp_layers(mlp: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor], 
             weights.append(layer.weight)
             biases.append(layer.bias)
             continue
-        name = next((n for cls, fits, n in _ACTIVATION_MODULES
-                     if _keeps_forward(layer, cls) and fits(layer)), None)
+        name = _activation_name(layer)
         if name is None:
             raise ValueError(f"mlp: layer {position} should be one of SiLU, Mish, ReLU, GELU, Tanh, "
                              f"Identity, got {layer!r}")
@@ -65,14 +64,46 @@ def _keeps_forward(layer: nn.Module, cls: type) -> bool:
     return isinstance(layer, cls) and type(layer).forward is cls.forward
 
 
+def _activation_name(layer: nn.Module) -> str | None:
+    return next((n for cls, fits, n in _ACTIVATION_MODULES if _keeps_forward(layer, cls) and fits(layer)), None)
+
+
+def _split_time_embedding(time_embedding) -> tuple[nn.Module, nn.Sequential, str] | None:
+    """``(features, mlp, last)`` where ``time_embedding`` is an ``nn.Sequential``
+    of a parameter-free feature map (a sinusoidal or Fourier embedding of the
+    timesteps) followed by ``Linear (act Linear)*`` and optionally one more
+    activation (``last``, else ``"identity"``); None for any other form."""
+    if not isinstance(time_embedding, nn.Sequential):
+        return None
+    layers = list(time_embedding.children())
+    first = next((i for i, m in enumerate(layers) if isinstance(m, nn.Linear)), None)
+    if first is None or first == 0 or any(True for m in layers[:first] for _ in m.parameters()):
+        return None
+    last = "identity"
+    if len(layers) - first >= 2 and _activation_name(layers[-1]) is not None:
+        last = _activation_name(layers[-1])
+        layers = layers[:-1]
+    mlp = nn.Sequential(*layers[first:])
+    try:
+        mlp_layers(mlp)
+    except ValueError:
+        return None
+    return nn.Sequential(*layers[:first]), mlp, last
+
+
 class DiffusionSampler(nn.Module):
     """A full sampling run of a user's MLP under a step rule, as one fused op.
 
     The network is ``mlp(cat(inputs, dim=1))`` with ``inputs`` the samples ``x``
     and, optionally, a time embedding and a conditioning vector, in the order
-    ``layout`` gives. The first Linear's time and conditioning columns become
-    the op's ``time_bias`` and ``cond_bias`` at every call (so trained
-    parameters are always the current ones).
+    ``layout`` gives. The first Linear's time and conditioning columns go to
+    the op at every call (so trained parameters are always the current ones):
+    a time embedding written as a parameter-free feature map followed by an
+    MLP (``nn.Sequential(SinusoidalPosEmb(16), nn.Linear(16, 32), nn.Mish(),
+    nn.Linear(32, 16))``) becomes the op's ``time_net``, its features of the
+    rule's timesteps computed once, here; and a ``(batch, n)`` condition the
+    op's ``cond_net``: the op evaluates both inside its one CUDA launch.
+    Any other time embedding is evaluated at every call into ``time_bias``.
 
     Args:
         mlp: ``Linear (act Linear)*`` (see :func:`mlp_layers`); its last Linear
@@ -126,6 +157,32 @@ class DiffusionSampler(nn.Module):
         self.time_embedding = time_embedding
         self.register_buffer("timesteps", None if timesteps is None else torch.as_tensor(timesteps))
         self.precision = precision
+        # A tuple, so that the time MLP's modules (the embedding's own) are
+        # not registered twice.
+        split = _split_time_embedding(time_embedding) if "time" in names else None
+        self._time_mlp = None if split is None else (split[1], split[2])
+        features = None
+        if split is not None:
+            with torch.no_grad():
+                features = split[0](self.timesteps.to(torch.float32)).to(torch.float32)
+        self.register_buffer("time_features", features)
+        self._t_start_cache = (None, None)
+
+    def _rule_on(self, device: torch.device) -> StepRule:
+        """The rule on ``device``, moved once (a move builds and checks the
+        tables: kernels that a call would otherwise pay every time)."""
+        if self.rule.device != device:
+            self.rule = self.rule.to(device)
+        return self.rule
+
+    def _t_start(self, x: torch.Tensor) -> torch.Tensor:
+        """The last step index for every row, as a tensor kept for the batch
+        size and device (a new one would cost a kernel per call)."""
+        key = (x.shape[0], x.device)
+        if self._t_start_cache[0] != key:
+            self._t_start_cache = (key, torch.full((x.shape[0],), len(self.rule) - 1, dtype=torch.int64,
+                                                   device=x.device))
+        return self._t_start_cache[1]
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None, *,
                 num_steps: int | None = None, noise: torch.Tensor | None = None,
@@ -139,14 +196,21 @@ class DiffusionSampler(nn.Module):
             raise ValueError(f"cond: expected {'a tensor' if 'cond' in names else 'None'} for "
                              f"layout {names}, got {'None' if cond is None else 'a tensor'}")
         columns = dict(zip(names, weights[0].detach().split([n for _, n in self.layout], dim=1)))
-        time = None if self.time_embedding is None else time_bias_from_module(
-            self.time_embedding, columns["time"], self.timesteps)
-        conditioning = None
-        if cond is not None:
-            conditioning = cond_bias(columns["cond"], cond.reshape(-1, columns["cond"].shape[1]))
-            if cond.dim() == 1:
-                conditioning = conditioning[0]
+        time = time_net = None
+        if self._time_mlp is not None:
+            mlp, last = self._time_mlp
+            time_weights, time_biases, time_activations = mlp_layers(mlp)
+            time_net = BiasNet(self.time_features, [*time_weights, columns["time"]], time_biases,
+                               [*time_activations, last])
+        elif self.time_embedding is not None:
+            time = time_bias_from_module(self.time_embedding, columns["time"], self.timesteps)
+        conditioning = cond_net = None
+        if cond is not None and cond.dim() >= 2:
+            cond_net = BiasNet(cond.reshape(-1, columns["cond"].shape[1]), [columns["cond"]])
+        elif cond is not None:
+            conditioning = cond_bias(columns["cond"], cond.reshape(-1, columns["cond"].shape[1]))[0]
         steps = len(self.rule) if num_steps is None else num_steps
-        return sample(x, len(self.rule) - 1, [columns["x"]] + weights[1:], biases, self.rule, steps,
+        return sample(x, self._t_start(x), [columns["x"]] + weights[1:], biases, self._rule_on(x.device), steps,
                       activations=activations, time_bias=time, cond_bias=conditioning, noise=noise,
-                      generator=generator, return_chain=return_chain, precision=self.precision)
+                      generator=generator, return_chain=return_chain, precision=self.precision,
+                      time_net=time_net, cond_net=cond_net)

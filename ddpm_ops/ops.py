@@ -79,7 +79,8 @@ def fused_sample(
         TypeError: for a count that is not an int.
     """
     return torch.ops.ddpm.fused_sample(
-        x, _as_timesteps(t_start, x), list(weights), list(biases), sqrt_recip_alphas, coef_eps,
+        *_on_mesh_of(x, [x, _as_timesteps(t_start, x), list(weights), list(biases), sqrt_recip_alphas,
+                         coef_eps]),
         _as_int("num_steps", num_steps), _as_int("total_timesteps", total_timesteps), validate,
         precision,
     )
@@ -145,7 +146,11 @@ def sample(
             default generator) with ``torch.randint``, so a run is
             reproducible from the generator's state, and inside a CUDA graph
             every replay draws fresh noise. The noise a seed gives is
-            :func:`ddpm_ops.reference.seeded_noise`.
+            :func:`ddpm_ops.reference.seeded_noise`. For a DTensor ``x`` (a
+            batch sharded over devices) it draws one seed per row instead,
+            on the first device of the mesh, and sends every device its rows'
+            seeds: no two rows share noise, and the numbers do not depend on
+            how the batch is sharded.
         generator: the ``torch.Generator`` to take the noise seed from.
         return_chain: return every sample ``x_0 .. x_K`` stacked,
             ``(num_steps + 1, *x.shape)``, ``x_0`` being the input.
@@ -160,6 +165,10 @@ def sample(
         cond_net: a ``BiasNet`` with one input row per sample (the
             observation and the first Linear's columns for it), added like
             ``cond_bias``.
+
+    Every argument may be a DTensor (see :mod:`ddpm_ops.sharding`); with a
+    DTensor ``x``, plain tensors among the others are taken as replicated,
+    the same on every device.
 
     Returns:
         A new float32 tensor shaped like ``x`` (or the chain); inputs are never
@@ -189,18 +198,62 @@ def sample(
         noise = noise.reshape(num_steps, batch, -1)
     noise_seed = None
     if noise is None and rule.adds_noise and num_steps > 0:
-        noise_seed = torch.randint(0, NOISE_SEED_BOUND, (1,), generator=generator, device=x.device)
+        noise_seed = (_row_seeds(x, generator) if _is_dtensor(x) else
+                      torch.randint(0, NOISE_SEED_BOUND, (1,), generator=generator, device=x.device))
+    tensors = _on_mesh_of(x, [flat, _as_timesteps(t_start, x), list(weights), list(biases), rule.tables(),
+                              time_bias, cond_bias, noise, noise_seed,
+                              *_bias_net_args(time_net), *_bias_net_args(cond_net)])
+    flat, t, weights, biases, tables, time_bias, cond_bias, noise, noise_seed = tensors[:9]
     out = torch.ops.ddpm.fused_sample.rule(
-        flat, _as_timesteps(t_start, x), list(weights), list(biases), rule.tables(), num_steps,
+        flat, t, weights, biases, tables, num_steps,
         resolve_activations(activations, len(weights) - 1), time_bias, cond_bias,
         None if rule.clip is None else list(rule.clip),
         None if rule.post_clip is None else list(rule.post_clip),
-        noise, return_chain, validate, precision, noise_seed,
-        *_bias_net_args(time_net), *_bias_net_args(cond_net),
+        noise, return_chain, validate, precision, noise_seed, *tensors[9:],
     )
     if x.dim() == 2:
         return out
     return out.reshape(num_steps + 1, *x.shape) if return_chain else out.reshape(x.shape)
+
+
+def _is_dtensor(t) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+    return isinstance(t, DTensor)
+
+
+def _on_mesh_of(x: torch.Tensor, args: list) -> list:
+    """``args`` as the op takes them with ``x``: unchanged for a plain ``x``;
+    for a DTensor ``x``, every plain tensor (also in a list) made a DTensor
+    replicated on ``x``'s mesh, as it is on every device (DTensor refuses to
+    mix the two)."""
+    if not _is_dtensor(x):
+        return args
+    from torch.distributed.tensor import DTensor, Replicate
+
+    replicated = [Replicate()] * x.device_mesh.ndim
+
+    def on_mesh(value):
+        if isinstance(value, (list, tuple)):
+            return [on_mesh(item) for item in value]
+        if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+            return DTensor.from_local(value, x.device_mesh, replicated, run_check=False)
+        return value
+
+    return [on_mesh(arg) for arg in args]
+
+
+def _row_seeds(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One noise seed per row of the DTensor ``x``, sharded along the batch as
+    ``x`` is: drawn on each mesh dimension's first device and scattered, so
+    every device holds the seeds of the same whole batch whatever its own
+    generator's state."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    seeds = torch.randint(0, NOISE_SEED_BOUND, (x.shape[0],), generator=generator, device=x.device)
+    placements = [Shard(0) if p == Shard(0) else Replicate() for p in x.placements]
+    return distribute_tensor(seeds, x.device_mesh, placements)
 
 
 def _bias_net_args(net: BiasNet | None) -> tuple:

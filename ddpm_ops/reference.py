@@ -109,7 +109,8 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def seeded_noise(seed: int, num_steps: int, batch: int, dim: int) -> torch.Tensor:
+def seeded_noise(seed: "int | torch.Tensor | Sequence[int]", num_steps: int, batch: int,
+                 dim: int) -> torch.Tensor:
     """The noise ``z`` that ``fused_sample.rule`` draws from ``noise_seed``, in float64.
 
     ``z[k, r, j]`` (step ``k``, sample ``r``, feature ``j`` of the flattened
@@ -120,17 +121,36 @@ def seeded_noise(seed: int, num_steps: int, batch: int, dim: int) -> torch.Tenso
         u    = ((bits >> 8) + 1/2) / 2^24
         z    = sqrt(2) * erfinv(2u - 1)
 
+    With one seed per row (``seed`` of length ``batch``), row ``r`` uses
+    ``key = mix64(k ^ mix64(seed[r]))``: what a batch of one draws from
+    ``seed[r]``, whatever the row's position or the batch size, so a batch
+    cut into shards draws the numbers of the whole.
+
     The op computes ``erfinv`` in float32 (relative error below 3e-7).
 
     Args:
-        seed: the int64 seed (negative values are taken modulo 2^64).
+        seed: the int64 seed (negative values are taken modulo 2^64): an int or
+            a one-element tensor for the whole batch, or a 1-D tensor or
+            sequence of ``batch`` seeds, one per row.
         num_steps, batch, dim: the shape ``(num_steps, batch, dim)``.
 
     Returns:
         A float64 tensor ``(num_steps, batch, dim)``.
+
+    Raises:
+        ValueError: a sequence of seeds whose length is neither 1 nor ``batch``.
     """
-    seed_key = _mix64(int(seed) & _MASK64)
-    keys = [_mix64(q ^ seed_key) for q in range(num_steps * batch)]
+    if isinstance(seed, torch.Tensor):
+        seed = seed.reshape(-1).tolist()
+    seeds = [int(s) & _MASK64 for s in (seed if isinstance(seed, Sequence) else [seed])]
+    if len(seeds) == 1:
+        seed_key = _mix64(seeds[0])
+        keys = [_mix64(q ^ seed_key) for q in range(num_steps * batch)]
+    elif len(seeds) == batch:
+        row_keys = [_mix64(s) for s in seeds]
+        keys = [_mix64(k ^ row_key) for k in range(num_steps) for row_key in row_keys]
+    else:
+        raise ValueError(f"seed: expected one seed or one per row ({batch}), got {len(seeds)}")
     low = torch.tensor([k & _MASK32 for k in keys], dtype=torch.int64).view(-1, 1)
     high = torch.tensor([k >> 32 for k in keys], dtype=torch.int64).view(-1, 1)
     bits = _mix32((_mix32(torch.arange(dim) ^ low) + high) & _MASK32)

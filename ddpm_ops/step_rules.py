@@ -38,14 +38,23 @@ class StepRule:
             range ``x0`` is clamped to.
         post_clip: the same, for the new sample ``x``.
 
+    A rule built while torch.compile or torch.export traces (inside a
+    module's ``forward``, from its buffers) checks what does not need the
+    tables' values only: the values are unknown until the traced program
+    runs, and reading them is a data-dependent branch export refuses. Eager
+    construction checks everything.
+
     Raises:
         TypeError: a table is not a tensor.
         ValueError: a table is not 1-D, is empty, is not float32/float64, has
-            a non-finite entry, or differs from ``A`` in length or device; a
-            range has ``lo > hi`` or a non-finite bound.
+            a non-finite entry (checked eagerly only), or differs from ``A``
+            in length or device; a range has ``lo > hi`` or a non-finite
+            bound.
 
     Attributes:
-        adds_noise: whether any ``S`` entry is nonzero (read once, here).
+        adds_noise: whether any ``S`` entry is nonzero (read once, here);
+            ``True`` for a rule built under tracing, whose ``S`` cannot be
+            read: a call then draws noise that zero entries of ``S`` drop.
     """
 
     A: torch.Tensor
@@ -70,7 +79,8 @@ class StepRule:
                 raise ValueError(f"{name}: expected the device of A ({given[0].device}), got {table.device}")
         # One (6, len) block, so tables() costs nothing and A..S are its rows.
         tables = torch.stack([t.to(torch.float32) for t in given]).contiguous()
-        if not bool(torch.isfinite(tables).all()):
+        traced = torch.compiler.is_compiling()
+        if not traced and not bool(torch.isfinite(tables).all()):
             bad = [n for n, t in zip(TABLE_NAMES, tables) if not bool(torch.isfinite(t).all())]
             raise ValueError(f"{', '.join(bad)}: expected finite values (in float32), got inf or nan")
         object.__setattr__(self, "_tables", tables)
@@ -78,7 +88,7 @@ class StepRule:
             object.__setattr__(self, name, row)
         object.__setattr__(self, "clip", _as_range("clip", self.clip))
         object.__setattr__(self, "post_clip", _as_range("post_clip", self.post_clip))
-        object.__setattr__(self, "adds_noise", bool((tables[5] != 0).any()))
+        object.__setattr__(self, "adds_noise", traced or bool((tables[5] != 0).any()))
 
     @classmethod
     def from_coefficients(cls, sqrt_recip_alphas: torch.Tensor, coef_eps: torch.Tensor) -> "StepRule":

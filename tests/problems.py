@@ -136,7 +136,7 @@ class RuleProblem:
     def noise64(self) -> torch.Tensor | None:
         """The noise the op adds, in float64: the given tensor or the seeded one."""
         if self.noise_seed is not None:
-            return ddpm_ops.seeded_noise(int(self.noise_seed), self.num_steps, *self.x.shape)
+            return ddpm_ops.seeded_noise(self.noise_seed.cpu(), self.num_steps, *self.x.shape)
         return None if self.noise is None else self.noise.detach().cpu().double()
 
 
@@ -172,7 +172,8 @@ def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation=
                       generator=None) -> RuleProblem:
     """A random problem of the step-rule overload. ``features`` names the
     optional parts to give: "time", "cond", "clip", "post_clip", "noise", "chain",
-    "seeded" (a noise_seed instead of "noise"), "time_net" (a time MLP of
+    "seeded" (a noise_seed instead of "noise"), "row_seeds" (a noise_seed per
+    row), "time_net" (a time MLP of
     two layers and the time columns, Mish between), "cond_net" (an
     observation's columns alone);
     ``activation`` one name for every hidden layer or "mixed" (a different one
@@ -199,8 +200,9 @@ def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation=
         cond_bias=torch.randn(batch, h0, generator=g) * 0.5 if "cond" in features else None,
         noise=torch.randn(num_steps, batch, dim, generator=g) if "noise" in features else None,
         return_chain="chain" in features,
-        noise_seed=(torch.randint(-2 ** 63, 2 ** 63 - 1, (1,), generator=g)
-                    if "seeded" in features else None),
+        noise_seed=(torch.randint(-2 ** 63, 2 ** 63 - 1, (1,) if "seeded" in features else (batch,),
+                                  generator=g)
+                    if "seeded" in features or "row_seeds" in features else None),
         time_net=(random_bias_net(table_length, h0, [6, 10, 5], ["mish", "identity"], g, device)
                   if "time_net" in features else None),
         cond_net=random_bias_net(batch, h0, [3], [], g, device) if "cond_net" in features else None)

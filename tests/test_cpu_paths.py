@@ -69,9 +69,11 @@ RULE_SCRIPT = textwrap.dedent("""
                                   rule=RULES[(i + j) % len(RULES)])
             out = torch.ops.ddpm.fused_sample.rule(*p.args())
             worst = max(worst, relative_error(out, p.reference64()))
-        # The noise drawn from a seed, by every rule (those without noise ignore it).
-        for rule in RULES:
-            p = make_rule_problem(*shape, features=("seeded", "clip", "chain"), rule=rule)
+        # The noise drawn from a seed, by every rule (those without noise
+        # ignore it), and from a seed per row.
+        for k, rule in enumerate(RULES):
+            seeds = "row_seeds" if k % 2 else "seeded"
+            p = make_rule_problem(*shape, features=(seeds, "clip", "chain"), rule=rule)
             worst = max(worst, relative_error(torch.ops.ddpm.fused_sample.rule(*p.args()), p.reference64()))
     print(worst)
 """)

@@ -323,6 +323,26 @@ def test_op_checks_its_arguments():
         torch.ops.ddpm.cuda_plan(1, 64, [256], 1, "fp32", H200.as_list(), [], "DDPM_OPS_CUDA_KERNEL")
 
 
+@pytest.mark.parametrize("batch", [1, 50, 120, 256, 4096])
+def test_general_step_plans_only_engine_kernels(batch):
+    """fused_sample.rule runs on fp32_resident where it fits, else fp32_rule."""
+    plan = plan_for(batch, 6, [256, 256, 256], 5, general_step=True)
+    assert plan["kernel"] in ("fp32_resident", "fp32_rule")
+    if batch <= 50:
+        assert plan["kernel"] == "fp32_resident"
+    for forced in ("fp32_smem", "tiled16", "bf16x3_wgmma_m64"):
+        assert plan_for(batch, 6, [256, 256], 5, general_step=True,
+                        overrides={"DDPM_OPS_CUDA_KERNEL": forced})["kernel"] in ("fp32_resident", "fp32_rule")
+
+
+@pytest.mark.parametrize("capability", ["8.0", "8.6", "8.7", "8.9"])
+@pytest.mark.parametrize("general_step", [False, True])
+def test_a_capability_below_9_plans_the_portable_kernel(capability, general_step):
+    plan = plan_for(64, 64, [256, 256], 16, general_step=general_step,
+                    overrides={"DDPM_OPS_CUDA_CAPABILITY": capability})
+    assert plan["kernel"] == "fp32_rule" and plan["cluster_size"] == 0
+
+
 KERNELS = ("fp32_resident", "fp32_smem", "tf32x3_tiled", "bf16_wgmma", "bf16x3_wgmma_m64", "bf16x3_wgmma_swapab",
            "fp32_rule")
 NO_CLUSTERS = (0,) * (MAX_CLUSTER_SIZE + 1)

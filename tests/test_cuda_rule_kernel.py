@@ -50,9 +50,10 @@ def test_rows_out_of_range_are_nan_without_a_sync(return_chain):
         torch.ops.ddpm.fused_sample.rule(*args)
 
 
-def test_seeded_noise_equals_the_cpu_kernels():
+@pytest.mark.parametrize("seeds", ["seeded", "row_seeds"])
+def test_seeded_noise_equals_the_cpu_kernels(seeds):
     def problem_on(device):
-        return make_rule_problem(300, 6, [48], 5, features=("seeded", "chain"), rule="ddpm_sample",
+        return make_rule_problem(300, 6, [48], 5, features=(seeds, "chain"), rule="ddpm_sample",
                                  device=device, generator=torch.Generator().manual_seed(5))
     on_gpu, on_cpu = problem_on("cuda"), problem_on("cpu")
     out = poisoned_call(on_gpu)

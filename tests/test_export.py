@@ -220,3 +220,70 @@ def test_cpp_runs_aoti_package(tmp_path, kind):
     with torch.no_grad():
         ref = model(x, t)
     assert relative_error(values.reshape(batch, 2), ref) < 1e-5
+
+
+class RuleInForward(torch.nn.Module):
+    """A policy that keeps its rule as buffers and builds the StepRule in forward."""
+
+    def __init__(self, kind, steps=5, dim=4, hidden=16):
+        super().__init__()
+        from problems import make_rule
+        self.net = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.Mish(),
+                                       torch.nn.Linear(hidden, dim))
+        rule = make_rule(kind, steps)
+        for name in "ABCDES":
+            self.register_buffer(name, getattr(rule, name).clone())
+        self.steps = steps
+
+    def rule(self):
+        return ddpm_ops.StepRule(*(getattr(self, name) for name in "ABCDES"), clip=(-1.0, 1.0))
+
+    def forward(self, x, noise=None):
+        weights, biases, activations = ddpm_ops.mlp_layers(self.net)
+        return ddpm_ops.sample(x, self.steps - 1, weights, biases, self.rule(), self.steps,
+                               activations=activations, noise=noise)
+
+    def reference(self, x, noise=None):
+        weights, biases, activations = ddpm_ops.mlp_layers(self.net)
+        return ddpm_ops.reference_sample(
+            x.double(), torch.full((x.shape[0],), self.steps - 1), [w.double() for w in weights],
+            [b.double() for b in biases], self.rule(), self.steps, activations=activations,
+            noise=None if noise is None else noise.double())
+
+
+@pytest.mark.parametrize("kind", ["ddpm_epsilon", "ddim_strided"], ids=["noise_given", "no_noise"])
+def test_rule_built_in_forward_exports_saves_and_runs_under_aoti(tmp_path, kind):
+    """The rule's checks that read the tables run eagerly only: traced, the
+    tables are not known yet. Without noise given, the traced call draws a
+    seed (it cannot read whether S is 0), which S = 0 drops."""
+    model = RuleInForward(kind)
+    noisy = kind == "ddpm_epsilon"
+
+    def inputs(batch):
+        x = torch.randn(batch, 4)
+        return (x, torch.randn(model.steps, batch, 4)) if noisy else (x,)
+
+    batch = Dim("batch", min=1, max=1024)
+    dynamic = ({0: batch}, {1: batch}) if noisy else ({0: batch},)
+    with torch.no_grad():  # the op is inference-only: traced under grad mode it refuses the parameters
+        program = torch.export.export(model, inputs(6), dynamic_shapes=dynamic)
+        package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "rule_aoti.pt2"))
+    assert "ddpm.fused_sample.rule" in ops_called(program)
+    torch.export.save(program, str(tmp_path / "rule.pt2"))
+    loaded = torch.export.load(str(tmp_path / "rule.pt2")).module()
+    runner = torch._inductor.aoti_load_package(package)
+    for size in (1, 9):
+        args = inputs(size)
+        expected = model.reference(*args)
+        with torch.no_grad():  # the loaded program's parameters require grad
+            assert relative_error(loaded(*args), expected) < 1e-5
+        assert relative_error(runner(*args), expected) < 1e-5
+    with pytest.raises(RuntimeError, match="inference-only|requires grad|require grad"):
+        loaded(*inputs(2))
+
+
+def test_rule_built_eagerly_still_checks_its_tables():
+    model = RuleInForward("ddpm_epsilon")
+    model.B[2] = float("nan")
+    with pytest.raises(ValueError, match="B: expected finite values"):
+        model(torch.randn(3, 4))

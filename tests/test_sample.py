@@ -2,6 +2,7 @@
 every feature and their combinations against the float64 reference, noise,
 bad input, opcheck, torch.compile, export and AOTInductor."""
 import copy
+import dataclasses
 import itertools
 import pathlib
 
@@ -138,6 +139,21 @@ def test_seeded_noise_is_independent_standard_normal(seed):
     assert abs(torch.corrcoef(torch.stack([flat, other.reshape(-1)]))[0, 1]) < 4 / n ** 0.5
 
 
+def test_seed_per_row_draws_what_a_batch_of_one_draws():
+    """A row's noise depends on its seed alone: any slice of the batch, a row
+    alone with its seed as the call's one seed, give the rows' numbers."""
+    problem = make_rule_problem(9, 5, [16], 4, features=("row_seeds", "cond", "chain"), rule="ddpm_sample")
+    out = torch.ops.ddpm.fused_sample.rule(*problem.args())
+    assert relative_error(out, problem.reference64()) <= TOLERANCE
+    for rows in (slice(2, 7), slice(4, 5), slice(8, 9)):
+        part = dataclasses.replace(problem, x=problem.x[rows], t_start=problem.t_start[rows],
+                                   cond_bias=problem.cond_bias[rows], noise_seed=problem.noise_seed[rows])
+        assert relative_error(torch.ops.ddpm.fused_sample.rule(*part.args()), out[:, rows].double()) <= TOLERANCE
+    z = ddpm_ops.seeded_noise(problem.noise_seed, 4, 9, 5)
+    assert torch.equal(z[:, 4:5], ddpm_ops.seeded_noise(int(problem.noise_seed[4]), 4, 1, 5))
+    assert (z[:, :-1] - z[:, 1:]).abs().amin() > 0  # no two rows alike
+
+
 def test_generator_noise_is_distributed_like_randn():
     """x = S z with every other table 0: the chain is the noise itself."""
     steps, batch, dim = 3, 20000, 4
@@ -212,8 +228,9 @@ BAD = {
     "first layer width": (dict(weights=[torch.randn(8, 6), torch.randn(5, 8)]), r"weights\[0\] must have the nn.Linear layout \(out_features, 5\) where in_features = dim \(x alone\), got shape \[8, 6\]"),
     "t_start range": (dict(t_start=torch.tensor([1, 60, 3, 4])), r"t_start out of range: .* \[2, 49\] .* got t_start in \[1, 60\]"),
     "noise and seed": (dict(noise_seed=torch.tensor([3])), r"noise and noise_seed: expected at most one of them .* got both"),
-    "seed dtype": (dict(noise=None, noise_seed=torch.tensor([3.0])), r"noise_seed must be one int64 element, got Float of shape \[1\]"),
-    "seed size": (dict(noise=None, noise_seed=torch.tensor([3, 4])), r"noise_seed must be one int64 element, got Long of shape \[2\]"),
+    "seed dtype": (dict(noise=None, noise_seed=torch.tensor([3.0])), r"noise_seed must be int64, got Float"),
+    "seed size": (dict(noise=None, noise_seed=torch.tensor([3, 4])), r"noise_seed must be one element \(a seed for the batch\) or have shape \(batch,\) = \(4,\) \(a seed per row\), got shape \[2\]"),
+    "seed rows 2-D": (dict(noise=None, noise_seed=torch.tensor([[3, 4, 5, 6]])), r"noise_seed must be one element .* got shape \[1, 4\]"),
     # The time network (6 features -> 10 -> 5 -> layer 0's 8) and the condition's (3 -> 8).
     "time_input rows": (dict(time_input=torch.randn(49, 6)), r"time_input must have shape \(steps, features\) = \(50, features\), got shape \[49, 6\]"),
     "time_input dtype": (dict(time_input=torch.randn(50, 6, dtype=torch.float64)), r"time_input must be float32, got Double"),
@@ -279,7 +296,7 @@ def test_python_api_errors_name_the_argument():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("features", [(), FEATURES, ("time", "clip"), ("cond", "noise", "chain"),
                                       ("seeded", "clip", "chain"), ALL_FEATURES, ("time_net",),
-                                      ("cond_net", "seeded")])
+                                      ("cond_net", "seeded"), ("row_seeds", "chain")])
 def test_opcheck(device, features):
     problem = make_rule_problem(5, 6, [16, 16], 3, features=features, activation="mixed", device=device)
     opcheck(torch.ops.ddpm.fused_sample.rule, problem.args())

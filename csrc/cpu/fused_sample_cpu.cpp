@@ -357,6 +357,7 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call) {
   const at::Tensor time = with_bias_net(time_bias, time_net).value_or(at::Tensor());
   const at::Tensor cond = with_bias_net(cond_bias, cond_net).value_or(at::Tensor());
   const at::Tensor z = noise.has_value() ? noise->contiguous() : at::Tensor();
+  const at::Tensor seeds = noise_seed.has_value() ? noise_seed->contiguous() : at::Tensor();
   MlpPlan plan;
   plan.num_steps = num_steps;
   plan.time_bias = time.defined() ? time.data_ptr<float>() : nullptr;
@@ -371,9 +372,9 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call) {
   plan.E = unless_all(row + kE * length, length, 0.f);
   plan.S = unless_all(row + kS * length, length, 0.f);
   plan.noise = z.defined() ? z.data_ptr<float>() : nullptr;
-  if (noise_seed.has_value()) {
-    plan.seeded_noise = true;
-    plan.noise_seed = static_cast<uint64_t>(noise_seed->item<int64_t>());
+  if (seeds.defined()) {
+    plan.noise_seeds = seeds.data_ptr<int64_t>();
+    plan.seed_per_row = seed_per_row(seeds);
   }
   if (const auto range = parse_clip(clip, "clip")) {
     plan.clip = true;

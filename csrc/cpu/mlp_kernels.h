@@ -58,9 +58,10 @@ struct MlpPlan {
   bool clip = false, post_clip = false;
   float clip_lo = 0.f, clip_hi = 0.f, post_lo = 0.f, post_hi = 0.f;
   const float* noise = nullptr;  // (K, batch, dim); null: no noise term
-  // Instead of `noise`: z drawn from noise_seed (seeded_noise.h).
-  bool seeded_noise = false;
-  uint64_t noise_seed = 0;
+  // Instead of `noise`: z drawn from these seeds (seeded_noise.h), one for
+  // the batch or, with seed_per_row, [batch] (noise_key).
+  const int64_t* noise_seeds = nullptr;
+  bool seed_per_row = false;
   float* chain = nullptr;        // (K + 1, batch, dim): x after step k goes to chain[k + 1]
 
   // Whether layer 0 needs bias rows of its own (else it uses bias[0] for every row).

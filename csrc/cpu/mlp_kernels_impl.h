@@ -385,8 +385,8 @@ void step_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const f
     const Vec d(p.D != nullptr ? p.D[s] : 0.f), e_coef(p.E != nullptr ? p.E[s] : 0.f);
     const int64_t noise_row = k * p.batch + row0 + r;
     const float* z = p.S != nullptr && p.noise != nullptr ? p.noise + noise_row * dim : nullptr;
-    const bool seeded = p.S != nullptr && p.seeded_noise;
-    const uint64_t key = seeded ? seeded_noise::row_key(p.noise_seed, noise_row) : 0;
+    const bool seeded = p.S != nullptr && p.noise_seeds != nullptr;
+    const uint64_t key = seeded ? seeded_noise::noise_key(p.noise_seeds, p.seed_per_row, k, p.batch, row0 + r) : 0;
     const Vec sigma(z != nullptr || seeded ? p.S[s] : 0.f);
     float* xr = x + r * dim;
     const float* er = eps + r * ld;

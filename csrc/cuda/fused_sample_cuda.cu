@@ -80,15 +80,32 @@ struct Operands {
   }
   const float* hold_if(const std::optional<at::Tensor>& t) { return t.has_value() ? hold(*t) : nullptr; }
 
-  // The layers, as every kernel takes them; layer 0 of the time-column
-  // overload reads its first dim columns (the last is the time column).
-  void layers(at::TensorList weights, at::TensorList biases, int64_t dim, cuda_kernels::LayerArgs* out) {
+  // A weight as the engine's kernels read it: rows of stride ld, so that a
+  // view of a Linear's columns (the x columns of a concatenated input) needs
+  // no copy at every call.
+  cuda_kernels::LayerArgs engine_layer(const at::Tensor& weight, const float* bias) {
+    const at::Tensor w = weight.stride(1) == 1 && weight.stride(0) >= weight.size(1) && weight.stride(0) <= INT32_MAX
+                             ? weight
+                             : weight.contiguous();
+    keep.push_back(w);
+    const int in = static_cast<int>(w.size(1));
+    return {w.data_ptr<float>(), bias, in, static_cast<int>(w.size(0)), static_cast<int>(w.stride(0))};
+  }
+
+  // The layers, as every kernel takes them, and the plan's shapes. Layer 0
+  // of fused_sample.rule keeps its row stride (a view of a Linear's x
+  // columns); every other weight is read contiguous. The time-column
+  // overload's layer 0 reads its first dim columns (the last is the time
+  // column).
+  void layers(at::TensorList weights, at::TensorList biases, int64_t dim, bool strided_first,
+              cuda_kernels::LayerArgs* out) {
     problem.num_layers = static_cast<int>(weights.size());
     for (int l = 0; l < problem.num_layers; ++l) {
-      const float* w = hold(weights[l]);
-      const int in = static_cast<int>(weights[l].size(1));
-      out[l] = {w, hold(biases[l]), l == 0 ? static_cast<int>(dim) : in, static_cast<int>(weights[l].size(0)), in};
-      problem.layers[l] = {in, out[l].out, reinterpret_cast<uintptr_t>(w) % 16 == 0};
+      const float* b = hold(biases[l]);
+      out[l] = engine_layer(l == 0 && strided_first ? weights[l] : weights[l].contiguous(), b);
+      if (l == 0) out[l].in = static_cast<int>(dim);
+      problem.layers[l] = {static_cast<int>(weights[l].size(1)), out[l].out,
+                           reinterpret_cast<uintptr_t>(out[l].weight) % 16 == 0 && out[l].ld % 4 == 0};
     }
   }
 };
@@ -116,9 +133,7 @@ cuda_kernels::BiasNetArgs bias_net_args(const BiasNet& net, Operands& ops) {
                                                         static_cast<int64_t>(weights.size()));
   n.num_layers = static_cast<int>(weights.size());
   for (int l = 0; l < n.num_layers; ++l) {
-    const int in = static_cast<int>(weights[l].size(1));
-    n.layers[l] = {ops.hold(weights[l]), l + 1 < n.num_layers ? ops.hold(biases[l]) : nullptr, in,
-                   static_cast<int>(weights[l].size(0)), in};
+    n.layers[l] = ops.engine_layer(weights[l], l + 1 < n.num_layers ? ops.hold(biases[l]) : nullptr);
     if (l + 1 < n.num_layers) n.activations[l] = acts[l];
   }
   n.widest_hidden = widest_hidden_of(net);
@@ -199,7 +214,8 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   ops.problem.cond_net = kernel_evaluates(cond_net);
   ops.problem.bias_net_hidden = std::max(widest_hidden_of(time_net), widest_hidden_of(cond_net));
   EngineArgs a = {};
-  ops.layers(weights, biases, dim, a.layers);
+  ops.layers(weights, biases, dim, /*strided_first=*/true, a.layers);
+  a.num_layers = ops.problem.num_layers;
   Planned p = plan_call(x, ops, parse_precision(precision), batch, num_steps);
   if (!p.plan.error.empty()) return fused_sample_rule_unfused(call);
   if (validate) check_timesteps_in_range(t_start, num_steps, table_length);
@@ -231,8 +247,9 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   }
   a.step.noise = ops.hold_if(noise);
   if (noise_seed.has_value()) {
-    a.step.noise_seed = noise_seed->data_ptr<int64_t>();
-    a.step.seed_per_row = noise_seed->dim() == 1 && noise_seed->numel() == batch && batch > 1;
+    const at::Tensor& seeds = ops.keep.emplace_back(noise_seed->contiguous());
+    a.step.noise_seed = seeds.data_ptr<int64_t>();
+    a.step.seed_per_row = seed_per_row(seeds);
   }
   at::Tensor out = return_chain ? at::empty({num_steps + 1, batch, dim}, x.options())
                                 : at::empty({batch, dim}, x.options());
@@ -260,7 +277,9 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start, at:
 
   Operands ops;
   cuda_kernels::LayerArgs layers[kMaxLayers];
-  ops.layers(weights, biases, dim, layers);
+  // Contiguous weights: the time-column kernels outside the engine read
+  // rows of stride in (layer 0: dim + 1, its last column the time column).
+  ops.layers(weights, biases, dim, /*strided_first=*/false, layers);
   Planned p = plan_call(x, ops, parse_precision(precision), batch, num_steps);
   TORCH_CHECK(p.plan.error.empty(), p.plan.error);
   p.ctx.problem = &ops.problem;
@@ -274,6 +293,7 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start, at:
     // and D = E = S = 0; t / T times layer 0's last column is its time row.
     EngineArgs a = {};
     std::copy(layers, layers + ops.problem.num_layers, a.layers);
+    a.num_layers = ops.problem.num_layers;
     for (int l = 0; l + 1 < ops.problem.num_layers; ++l) a.activations[l] = Activation::kSilu;
     fill_batch(a, x_c, t_c, table_length, num_steps);
     a.bias_rows.time_column = layers[0].weight + dim;

@@ -9,6 +9,9 @@ there, under a key that holds it (``ddpm_ops.info: <the INFO line>``,
 ``ddpm_ops.loops_fused``, ...), and :func:`_report_replayed`, run at the end
 of each Dynamo compilation, logs and counts once more whatever those keys
 gained that no pass reported: the loops of graphs served from the cache.
+
+Threads may compile at once: every read-modify-write of these counts holds a
+lock, so none is lost.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ _FROM_CACHE = " [compiled graph served from the FX graph cache]"
 # How much of each key's count in counters["inductor"] has been logged and counted.
 _reported: collections.Counter = collections.Counter()
 _lock = threading.Lock()
+# Held for STATS alone, so that reading them never waits on the reports.
+_stats_lock = threading.Lock()
 
 
 def _inductor_counters() -> collections.Counter:
@@ -44,8 +49,15 @@ def _record(key: str, n: int) -> None:
 
 
 def _add_stat(key: str, n: int) -> None:
-    STATS[key] += n
-    torch._dynamo.utils.counters["ddpm_ops"][key] += n
+    with _stats_lock:
+        STATS[key] += n
+        torch._dynamo.utils.counters["ddpm_ops"][key] += n
+
+
+def stats() -> dict:
+    """A copy of :data:`STATS`, read at once."""
+    with _stats_lock:
+        return dict(STATS)
 
 
 def count(key: str, n: int = 1) -> None:
@@ -92,5 +104,6 @@ def watch_cache_hits() -> None:
         counters = _inductor_counters()
         for key in list(_reported):
             _reported[key] = min(_reported[key], counters[key])
-    if _report_replayed not in callbacks:
-        register(_report_replayed)
+        # Checked and registered at once: two threads must not register it twice.
+        if _report_replayed not in callbacks:
+            register(_report_replayed)

@@ -24,27 +24,21 @@ __device__ __forceinline__ float clamp_keep_nan(float v, float lo, float hi) {
   return v < lo ? lo : (v > hi ? hi : v);
 }
 
-// The seed of a row's noise (0 where none is drawn). Read from device memory
-// at each call, so that a CUDA graph whose replays draw the seed first draws
-// fresh noise.
-__device__ __forceinline__ uint64_t row_seed(const StepArgs& st, int row) {
-  if (st.noise_seed == nullptr) return 0;
-  return static_cast<uint64_t>(st.seed_per_row ? st.noise_seed[row] : st.noise_seed[0]);
-}
-
-// z[k, row, j] drawn from the seed (seeded_noise.h, the CPU kernel's draw).
-__device__ __forceinline__ float seeded_normal(const EngineArgs& a, uint64_t seed, int k, int row, int j) {
-  const uint64_t key = a.step.seed_per_row ? seeded_noise::row_key(seed, static_cast<uint64_t>(k))
-                                           : seeded_noise::row_key(seed, static_cast<uint64_t>(k) * a.batch + row);
+// z[k, row, j] drawn from the seeds (seeded_noise.h, the CPU kernel's draw).
+__device__ __forceinline__ float seeded_normal(const EngineArgs& a, int k, int row, int j) {
+  const uint64_t key = seeded_noise::noise_key(a.step.noise_seed, a.step.seed_per_row, static_cast<uint64_t>(k),
+                                               static_cast<uint64_t>(a.batch), static_cast<uint64_t>(row));
   return 1.41421356237309505f * erfinvf(seeded_noise::centered_uniform(seeded_noise::column_bits(key, j)));
 }
 
 // x after step k at (row, column j), from x, the network's output e and the
 // row's coefficients coef(q) of the step. *x0_prev carries the clipped x0
 // from step to step where a P table is given (zero at a call's first step).
+// The seeds are read from device memory at each call, so that a CUDA graph
+// whose replays draw them first draws fresh noise.
 template <typename Coefficients>
 __device__ __forceinline__ float step_update(const EngineArgs& a, const Coefficients& coef, float x, float e,
-                                             float* x0_prev, uint64_t seed, int k, int row, int j) {
+                                             float* x0_prev, int k, int row, int j) {
   const StepArgs& st = a.step;
   // Null tables' terms are left out, not multiplied by 0: an infinite x then
   // stays infinite, as in the time-column loop's c1 (x - c2 e).
@@ -64,7 +58,7 @@ __device__ __forceinline__ float step_update(const EngineArgs& a, const Coeffici
   if (st.noise != nullptr) {
     next += coef(kS) * __ldg(st.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j);
   } else if (st.noise_seed != nullptr) {
-    next += coef(kS) * seeded_normal(a, seed, k, row, j);
+    next += coef(kS) * seeded_normal(a, k, row, j);
   }
   if (st.post_clip_bounds != nullptr) {
     next = clamp_keep_nan(next, __ldg(st.post_clip_bounds + j), __ldg(st.post_clip_bounds + a.dim + j));

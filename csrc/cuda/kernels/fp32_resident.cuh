@@ -202,17 +202,15 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
     return step_bias_row(a, s_time_weight, s_t0 - k, clamp_index(s_t0 - k, a.table_length), s_col);
   };
   // And for the x values it updates: u_row[m], column u_col, the last bias,
-  // whether the row's step indices are in range, its noise seed.
+  // whether the row's step indices are in range.
   const int u_col = threadIdx.x % kResidentMaxDim;
   const float u_bias = u_col < dim ? __ldg(a.layers[kLayers - 1].bias + u_col) : 0.f;
   int u_row[kUpdates];
   bool u_valid[kUpdates];
-  uint64_t u_seed[kUpdates];
 #pragma unroll
   for (int m = 0; m < kUpdates; ++m) {
     u_row[m] = (threadIdx.x + m * kResidentThreads) / kResidentMaxDim;
     load_t_start(a, clamped_row(u_row[m]), &u_valid[m]);
-    u_seed[m] = row_seed(a.step, clamped_row(u_row[m]));
   }
   auto updates = [&](int m) { return u_row[m] < kRows && u_col < dim; };
   // Thread r < kRows loads row r's coefficients of step k into sh.coef[k & 1].
@@ -345,7 +343,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
       float eps = 0.f;
       for (int src = 0; src < cs; ++src) eps += sh.partial[pb][src][r][u_col];
       const auto coef = [&](int q) { return sh.coef[k & 1][q][r]; };
-      const float next = step_update(a, coef, sh.x[r][u_col], eps + u_bias, &sh.x0_prev[r][u_col], u_seed[m], k,
+      const float next = step_update(a, coef, sh.x[r][u_col], eps + u_bias, &sh.x0_prev[r][u_col], k,
                                      min(row, a.batch - 1), u_col);
       sh.x[r][u_col] = next;
       // Every CTA holds the result; they share the writing by row.

@@ -172,8 +172,8 @@ __global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const __grid
       const int r = i / a.dim, j = i - r * a.dim;
       const int row = row0 + r;
       const auto coef = [&](int q) { return rr.coef[q][r]; };
-      const float next = step_update(a, coef, xs[r * dim_ld + j], in[r * width + j], &x0_prev[r * dim_ld + j],
-                                     row_seed(a.step, row), k, row, j);
+      const float next = step_update(a, coef, xs[r * dim_ld + j], in[r * width + j], &x0_prev[r * dim_ld + j], k,
+                                     row, j);
       xs[r * dim_ld + j] = next;
       store_sample(a, k + 1, row, j, next, rr.valid[r]);
     }
