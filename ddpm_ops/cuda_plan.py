@@ -9,7 +9,9 @@ every extension, CPU-only ones included, and exposed as the debug op
     # {'kernel': 'bf16x3_wgmma_swapab', 'cluster_size': 2, 'rows': 8, ...,
     #  'log': 'ddpm_ops narrow kernel: batch 512, 8 rows x 64 tiles on ...'}
 
-``log`` is the line ``DDPM_OPS_CUDA_LOG=1`` makes the launch print.
+``log`` is the line ``DDPM_OPS_CUDA_LOG=1`` makes the launch print. Other
+described GPUs: ``A100``, ``RTX_4090``, ``L4``, ``JETSON_AGX_ORIN`` (compute
+capability 8.x, no clusters: ``fp32_rule``), e.g. ``plan_for(..., device=L4)``.
 """
 from __future__ import annotations
 
@@ -55,6 +57,21 @@ H200 = Device(
 )
 
 
+# GPUs without thread-block clusters (compute capability 8.x: every
+# max_clusters count is 0, as the op reads them there), each as the build its
+# README install line makes (TORCH_CUDA_ARCH_LIST of its capability alone: no
+# sm_90a code). Opt-in shared memory per block is
+# cudaDevAttrMaxSharedMemoryPerBlockOptin: 163 KB on the 164 KB multiprocessors
+# of the A100 and Orin, 99 KB on Ada's 100 KB ones.
+_NO_CLUSTERS = (0,) * (MAX_CLUSTER_SIZE + 1)
+A100 = Device(sm_count=108, max_smem=163 * 1024, max_clusters=_NO_CLUSTERS, capability=(8, 0),
+              sm90a_build=False)  # SXM, 40 or 80 GB
+RTX_4090 = Device(sm_count=128, max_smem=99 * 1024, max_clusters=_NO_CLUSTERS, capability=(8, 9), sm90a_build=False)
+L4 = Device(sm_count=58, max_smem=99 * 1024, max_clusters=_NO_CLUSTERS, capability=(8, 9), sm90a_build=False)
+JETSON_AGX_ORIN = Device(sm_count=16, max_smem=163 * 1024, max_clusters=_NO_CLUSTERS, capability=(8, 7),
+                         sm90a_build=False)
+
+
 def current_device(index: int = 0) -> Device:
     """The description of CUDA device ``index`` as the op reads it (needs a CUDA build)."""
     fields = torch.ops.ddpm.cuda_device_info(index)
@@ -79,7 +96,9 @@ def plan_for(batch: int, dim: int, hidden: list[int], num_steps: int, precision:
     (default: all, as torch allocates them). overrides: DDPM_OPS_CUDA_*
     variables as the environment would hold them (the environment itself is
     not read). Returns the plan's fields (kernel, cluster_size, rows, ...) and
-    ``log``, its launch line.
+    ``log``, its launch line; raises RuntimeError naming why where no kernel
+    runs the call there (as the op would), or where the description or the
+    sizes are out of range.
     """
     text = ";".join(f"{k}={v}" for k, v in (overrides or {}).items())
     fields, log = torch.ops.ddpm.cuda_plan(batch, dim, list(hidden), num_steps, precision, device.as_list(),

@@ -3,11 +3,13 @@ debug op ddpm::cuda_plan with the H200's description: the kernels and shapes
 measured fastest there (BENCHMARKS.md, docs/kernels.md). test_cuda_kernel.py
 checks on a GPU that the planned kernel is the one that runs."""
 import dataclasses
+import random
 
 import pytest
 import torch
 
-from ddpm_ops.cuda_plan import H200, plan_for
+from ddpm_ops.cuda_plan import A100, H200, JETSON_AGX_ORIN, L4, MAX_CLUSTER_SIZE, RTX_4090, Device, plan_for
+from problems import run_python
 
 SEED = (64, [256, 256])
 
@@ -283,9 +285,10 @@ def test_resident_needs_aligned_weights(layer):
     (4096, [1024, 1024], ("tf32x3_tiled", 16, 1)),   # 64-row tiles do not fit; 256 tiles
     (8192, [256, 256], ("tf32x3_tiled", 64, 1)),     # 128 64-row tiles fill 7/8 of the SMs
 ])
-def test_tiled_rule_without_wgmma(batch, hidden, expected):
-    """Without sm_90a (no wgmma kernel) the rule is tf32x3_tiled's against fp32_smem's."""
-    p = plan(batch, 12, hidden, device=dataclasses.replace(H200, sm90a_build=False))
+def test_tiled_rule_of_the_last_resort(batch, hidden, expected):
+    """With the candidates kept out (a DDPM_OPS_CUDA_KERNEL that names none) the
+    rule is tf32x3_tiled's against fp32_smem's."""
+    p = plan(batch, 12, hidden, overrides=forced("none"))
     kernel, rows, cluster_size = expected
     assert p["kernel"] == kernel, p
     assert rows is None or (p["rows"], p["cluster_size"]) == (rows, cluster_size), p
@@ -338,3 +341,167 @@ def test_a_capability_below_9_plans_the_portable_kernel(capability, general_step
     plan = plan_for(64, 64, [256, 256], 16, general_step=general_step,
                     overrides={"DDPM_OPS_CUDA_CAPABILITY": capability})
     assert plan["kernel"] == "fp32_rule" and plan["cluster_size"] == 0
+
+
+KERNELS = ("fp32_resident", "fp32_smem", "tf32x3_tiled", "bf16_wgmma", "bf16x3_wgmma_m64", "bf16x3_wgmma_swapab",
+           "fp32_rule")
+NO_CLUSTERS = (0,) * (MAX_CLUSTER_SIZE + 1)
+
+
+@pytest.mark.parametrize("device, sm_count, max_smem, capability", [
+    (A100, 108, 166912, (8, 0)), (RTX_4090, 128, 101376, (8, 9)), (L4, 58, 101376, (8, 9)),
+    (JETSON_AGX_ORIN, 16, 166912, (8, 7))], ids=["A100", "RTX_4090", "L4", "JETSON_AGX_ORIN"])
+def test_presets_of_gpus_without_clusters(device, sm_count, max_smem, capability):
+    assert (device.sm_count, device.max_smem, device.capability) == (sm_count, max_smem, capability)
+    assert device.max_clusters == NO_CLUSTERS and not device.sm90a_build
+
+
+PORTABLE_GPUS = [A100, RTX_4090, L4, JETSON_AGX_ORIN]
+PORTABLE_IDS = ["A100", "RTX_4090", "L4", "JETSON_AGX_ORIN"]
+
+
+@pytest.mark.parametrize("device", PORTABLE_GPUS, ids=PORTABLE_IDS)
+@pytest.mark.parametrize("general_step", [False, True])
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("kernel", [None, "resident", "cluster", "tiled16", "tiled64", "wgmma", "split", "narrow",
+                                    "rule"])
+@pytest.mark.parametrize("batch", [1, 120, 300, 8192])
+def test_compute_capability_8_runs_fp32_rule(device, general_step, precision, kernel, batch):
+    """Every kernel but fp32_rule needs 9.0 (clusters, TMA, wgmma): on 8.x both
+    overloads run fp32_rule, whatever DDPM_OPS_CUDA_KERNEL names."""
+    p = plan(batch, precision=precision, device=device, overrides=forced(kernel), general_step=general_step)
+    assert (p["kernel"], p["cluster_size"]) == ("fp32_rule", 0), p
+    assert p["tiles"] == p["grid"] == -(-batch // p["rows"]) and 0 < p["smem"] <= device.max_smem, p
+
+
+@pytest.mark.parametrize("device", PORTABLE_GPUS, ids=PORTABLE_IDS)
+@pytest.mark.parametrize("batch", [1, 300, 8192])
+def test_clusters_described_on_compute_capability_8_are_not_used(device, batch):
+    """A description of an 8.x GPU that claims clusters and a 9.0 build (none
+    reports that) still plans no Hopper kernel: their 8.x code is a trap."""
+    claimed = dataclasses.replace(device, max_clusters=H200.max_clusters, sm90a_build=True)
+    for precision in ("fp32", "bf16"):
+        assert plan(batch, precision=precision, device=claimed)["kernel"] == "fp32_rule"
+
+
+def test_a_build_without_9_0_on_an_h200():
+    """An extension built without 9.0 runs compute_8x PTX on a 9.0 GPU, in which
+    the Hopper kernels are traps: fp32_rule alone is planned."""
+    device = dataclasses.replace(H200, sm90a_build=False)
+    for batch in (1, 300, 8192):
+        assert plan(batch, device=device)["kernel"] == "fp32_rule"
+
+
+@pytest.mark.parametrize("batch", [1, 100, 300, 5000])
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_a_9_0_device_without_clusters(batch, precision):
+    """No co-resident clusters of any size (what cudaOccupancyMaxActiveClusters
+    reports where cluster launch is unavailable): bf16_wgmma, a plain launch,
+    still runs "bf16" from batch 265, fp32_rule the rest."""
+    device = dataclasses.replace(H200, max_clusters=NO_CLUSTERS)
+    expected = "bf16_wgmma" if precision == "bf16" and batch >= 265 else "fp32_rule"
+    p = plan(batch, precision=precision, device=device)
+    assert (p["kernel"], p["cluster_size"]) == (expected, 0), p
+
+
+@pytest.mark.parametrize("device, reason", [
+    (A100, "the cluster kernels need compute capability 9.0 \\(H100, H200\\), this GPU has 8.0"),
+    (dataclasses.replace(H200, sm90a_build=False), "the extension was built without 9.0 in TORCH_CUDA_ARCH_LIST"),
+    (dataclasses.replace(H200, max_clusters=NO_CLUSTERS), "this GPU launches no thread-block clusters")])
+def test_a_net_too_wide_for_fp32_rule_names_why_nothing_else_runs(device, reason):
+    with pytest.raises(RuntimeError, match=rf"ddpm::fused_sample: {reason}, and fp32_rule, the kernel that runs "
+                                           r"here, does not hold a row of this net in shared memory"):
+        plan(1, 30000, [30000], device=device)
+
+
+CRASH_SCRIPT = """
+import dataclasses
+from ddpm_ops.cuda_plan import H200, MAX_CLUSTER_SIZE, plan_for
+no_clusters = dataclasses.replace(H200, max_clusters=(0,) * (MAX_CLUSTER_SIZE + 1))
+print("kernel:", plan_for(100, 64, [256, 256], 4, device=no_clusters, overrides={"DDPM_OPS_CUDA_KERNEL": "cluster"})["kernel"])
+"""
+
+
+def test_no_clusters_does_not_crash():
+    """A forced fp32_smem on a device without clusters divided by zero (SIGFPE);
+    in a subprocess, so that a crash cannot take pytest down."""
+    result = run_python(CRASH_SCRIPT, timeout=120)
+    assert result.returncode == 0, f"crashed with return code {result.returncode}: {result.stderr[-500:]}"
+    assert "kernel: fp32_rule" in result.stdout
+
+
+def random_device(rng: random.Random) -> Device:
+    """Any description, zeros and nonsense included: the fields a GPU could report and some none does."""
+    shape = rng.choice(["none", "all", "some", "one"])
+    counts = [0] * (MAX_CLUSTER_SIZE + 1)
+    for size in range(1, MAX_CLUSTER_SIZE + 1):
+        if shape == "all" or (shape == "some" and rng.random() < 0.5) or (shape == "one" and size == 1):
+            counts[size] = rng.choice([1, 2, rng.randrange(0, 300)])
+    if rng.random() < 0.1:
+        counts[0] = rng.randrange(0, 300)  # size 0 is no cluster: ignored
+    return Device(sm_count=rng.choice([1, 2, 16, 58, 108, 132, rng.randrange(1, 1000)]),
+                  max_smem=rng.choice([0, 1, 1024, 48 * 1024, 99 * 1024, 163 * 1024, 227 * 1024,
+                                       rng.randrange(0, 2 ** 31)]),
+                  max_clusters=tuple(counts),
+                  capability=rng.choice([(9, 0), (9, 0), (8, 0), (8, 6), (8, 7), (8, 9), (10, 0), (0, 0)]),
+                  sm90a_build=rng.random() < 0.8, tma_encoder=rng.random() < 0.8)
+
+
+def random_call(rng: random.Random) -> dict:
+    width = lambda: rng.choice([1, 3, 8, 64, 100, 256, 1024, rng.randrange(1, 5000), rng.randrange(1, 2 ** 31)])
+    overrides = {}
+    if rng.random() < 0.3:
+        overrides["DDPM_OPS_CUDA_KERNEL"] = rng.choice(
+            ["resident", "cluster", "tiled16", "tiled32", "tiled64", "wgmma", "split", "narrow", "rule", "nonsense",
+             ""])
+    if rng.random() < 0.3:
+        overrides["DDPM_OPS_CUDA_CLUSTER_SIZE"] = str(rng.randrange(-2, 20))
+    if rng.random() < 0.2:
+        overrides["DDPM_OPS_CUDA_TILE_ROWS"] = str(rng.choice([0, 8, 16, 24, 32, 7, -1]))
+    if rng.random() < 0.2:
+        overrides["DDPM_OPS_CUDA_TMA"] = "0"
+    if rng.random() < 0.1:
+        overrides["DDPM_OPS_CUDA_CAPABILITY"] = rng.choice(["8.0", "8.9", "9.0", "x", "0.0", "-1.5"])
+    return dict(batch=rng.choice([1, 2, 7, 64, 121, 265, 1000, 8192, rng.randrange(1, 2 ** 31)]),
+                dim=rng.choice([1, 2, 12, 64, 65, width()]),
+                hidden=[width() for _ in range(rng.choice([0, 1, 2, 3, 4, rng.randrange(0, 32)]))],
+                num_steps=rng.choice([1, 16, rng.randrange(1, 2 ** 31)]),
+                precision=rng.choice(["fp32", "tf32", "bf16"]), general_step=rng.random() < 0.3,
+                aligned_layers=rng.random() < 0.8, overrides=overrides)
+
+
+def sweep(seed: int, count: int) -> None:
+    """count random (device, call) pairs: each plan is either a kernel that can
+    launch there or a RuntimeError from the op. A crash ends the process; the
+    last line printed names its case."""
+    rng = random.Random(seed)
+    for i in range(count):
+        device, call = random_device(rng), random_call(rng)
+        print(i, device, call, flush=True)
+        aligned = None if call["aligned_layers"] else [rng.random() < 0.5 for _ in range(len(call["hidden"]) + 1)]
+        try:
+            p = plan_for(call["batch"], call["dim"], call["hidden"], call["num_steps"], call["precision"],
+                         device=device, aligned=aligned, overrides=call["overrides"],
+                         general_step=call["general_step"])
+        except RuntimeError as e:
+            assert str(e).startswith("ddpm::"), e
+            continue
+        assert p["kernel"] in KERNELS, p
+        capability = device.capability
+        described = call["overrides"].get("DDPM_OPS_CUDA_CAPABILITY", "").split(".")
+        if len(described) == 2 and all(f.isdigit() for f in described) and int(described[0]) > 0:
+            capability = (int(described[0]), int(described[1]))  # planned as for that GPU
+        assert p["kernel"] == "fp32_rule" or (capability == (9, 0) and device.sm90a_build), p
+        assert p["cluster_size"] == 0 or device.max_clusters[p["cluster_size"]] > 0, p
+        assert 1 <= p["grid"] and p["tiles"] * p["rows"] >= call["batch"], p
+        assert 0 < p["smem"] <= device.max_smem, p
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_devices_and_calls_never_crash(seed):
+    """Random devices (zeros included) and calls: the plan raises or plans a
+    launch, never kills the process. In a subprocess, so that a crash is a
+    failure naming its case."""
+    result = run_python(f"import test_cuda_plan; test_cuda_plan.sweep({seed}, 1500)", timeout=600)
+    last = result.stdout.strip().splitlines()[-1:] or ["(nothing)"]
+    assert result.returncode == 0, f"return code {result.returncode} at case {last[0]}: {result.stderr[-2000:]}"

@@ -17,9 +17,10 @@
 //  - with only the generic (no AVX2) build, tiles above kGenericVecTileRows
 //    rows use ATen's BLAS (at::mm_out into preallocated buffers, weights as
 //    W.t() views) plus one vectorised pass for bias + SiLU / the DDPM update.
-// The at::vec kernels are compiled for the baseline ISA, AVX2 and AVX-512
-// (mlp_kernels_{default,avx2,avx512}.cpp) and picked at run time from what ATen
-// itself uses on this CPU (ATEN_CPU_CAPABILITY honoured), confirmed by cpuid.
+// The at::vec kernels are compiled for the baseline ISA, and on x86-64 for AVX2
+// and AVX-512 too (mlp_kernels_{default,avx2,avx512}.cpp; setup.py), and picked
+// at run time from what ATen itself uses on this CPU (ATEN_CPU_CAPABILITY
+// honoured), confirmed by cpuid.
 #include "../fused_sample.h"
 
 #include <ATen/ATen.h>
@@ -63,6 +64,7 @@ bool cpu_has(const char* feature) {
 // The widest kernels both ATen (which honours ATEN_CPU_CAPABILITY and checks OS
 // support) and cpuid allow; the generic build otherwise.
 const Kernels* select_kernels() {
+#if defined(DDPM_OPS_X86_ISA_KERNELS)  // setup.py: the AVX2 and AVX-512 builds are linked in (x86-64)
   const std::string capability = at::get_cpu_capability();
   if (capability == "AVX512" && cpu_has("avx512") && cpu::AVX512::kernels() != nullptr) {
     return cpu::AVX512::kernels();
@@ -71,6 +73,7 @@ const Kernels* select_kernels() {
       cpu::AVX2::kernels() != nullptr) {
     return cpu::AVX2::kernels();
   }
+#endif
   return cpu::DEFAULT::kernels();
 }
 

@@ -108,8 +108,10 @@ struct Kernels {
 };
 
 namespace DEFAULT { const Kernels* kernels(); }
-namespace AVX2 { const Kernels* kernels(); }    // nullptr where not compiled
-namespace AVX512 { const Kernels* kernels(); }  // nullptr where not compiled
+// Linked in on x86-64 only (setup.py defines DDPM_OPS_X86_ISA_KERNELS); nullptr
+// where the compiler cannot target the ISA (mlp_kernels_isa_build.h).
+namespace AVX2 { const Kernels* kernels(); }
+namespace AVX512 { const Kernels* kernels(); }
 
 }  // namespace cpu
 }  // namespace ddpm_ops

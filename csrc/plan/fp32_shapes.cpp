@@ -359,7 +359,8 @@ Plan tiled_or_smem(const Problem& a, const Device& d, const Overrides& o) {
 // wide, a multiple of 8 kOpw; the weights of every layer but the first
 // 16-byte aligned (as torch allocates them); and every cluster resident at
 // once (a second wave would double the time) with at most 8 rows each (kOpw
-// = 2, 4 or 16 and the rows within the registers: resident_fits). Of the
+// = 2, 4 or 16 and the rows within the registers: resident_fits, its
+// buffers within shared memory: resident_bias_floats_at). Of the
 // shapes that do, the one with the fewest products per lane (rows x kOpw),
 // clusters of 16 only where no other shape runs the call; on a tie, for
 // calls of at least kResidentManySteps steps the fewer rows per cluster
@@ -382,7 +383,8 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
     int opw = 0, rows = 0, cs = 0;
   };
   const int L = a.num_layers;
-  if (L < 2 || L > cuda_kernels::kResidentMaxLayers || a.dim > cuda_kernels::kResidentMaxDim) return false;
+  if (!d.hopper() || L < 2 || L > cuda_kernels::kResidentMaxLayers || a.dim > cuda_kernels::kResidentMaxDim)
+    return false;
   const int H = a.layers[0].out;
   for (int l = 1; l + 1 < L; ++l) {
     if (a.layers[l].out != H) return false;
@@ -395,7 +397,9 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
     const int cs = H / (kResidentWarps * opw);
     if (H % (kResidentWarps * opw) != 0 || cs > kMaxClusterSize || d.max_clusters[cs] == 0) return Shape{};
     for (int rows : {1, 2, 4, 8}) {
-      if (cuda_kernels::resident_fits(opw, rows, L) && ceil_div(a.batch, rows) <= d.max_clusters[cs])
+      const size_t buffers = sizeof(float) * cuda_kernels::resident_bias_floats_at(opw, rows);
+      if (cuda_kernels::resident_fits(opw, rows, L) && buffers <= static_cast<size_t>(d.max_smem) &&
+          ceil_div(a.batch, rows) <= d.max_clusters[cs])
         return Shape{opw, rows, cs};
     }
     return Shape{};

@@ -169,6 +169,22 @@ Overrides overrides_from_environment() {
   return parse_overrides([](const char* name) { return static_cast<const char*>(std::getenv(name)); });
 }
 
+namespace {
+
+// Why the cluster kernels (tf32x3_tiled, fp32_smem) cannot run on the
+// device, or "" where they can. Clusters of 1 launch wherever any size does.
+std::string no_cluster_kernels(const Device& d) {
+  if (d.cc_major != 9 || d.cc_minor != 0) {
+    return "the cluster kernels need compute capability 9.0 (H100, H200), this GPU has " +
+           std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor);
+  }
+  if (!d.sm90a_build) return "the extension was built without 9.0 in TORCH_CUDA_ARCH_LIST";
+  if (d.max_clusters[1] <= 0) return "this GPU launches no thread-block clusters";
+  return "";
+}
+
+}  // namespace
+
 Plan choose_plan(const Problem& problem, const Device& device, const Overrides& overrides) {
   Plan plan;
   bool found = false;
@@ -182,12 +198,14 @@ Plan choose_plan(const Problem& problem, const Device& device, const Overrides& 
       break;
     }
   }
-  // tiled_or_smem's kernels launch clusters.
+  // tiled_or_smem's kernels are Hopper kernels that launch clusters.
   if (!found && !problem.general_step) {
-    if (device.max_clusters[1] > 0) {
+    const std::string why = no_cluster_kernels(device);
+    if (why.empty()) {
       plan = detail::tiled_or_smem(problem, device, overrides);
     } else {
-      plan.error = "ddpm::fused_sample: no kernel without clusters holds this net";
+      plan.error = "ddpm::fused_sample: " + why + ", and fp32_rule, the kernel that runs here, does not hold a "
+                   "row of this net in shared memory";
     }
   }
   // fp32_rule runs wherever the others do not (the general step's last

@@ -71,10 +71,14 @@ struct Device {
   int max_clusters[kMaxClusterSize + 1] = {};
   int cc_major = 0;
   int cc_minor = 0;
-  bool sm90a_build = false;   // the extension's sm_90 code was built as sm_90a (setup.py)
+  bool sm90a_build = false;   // the extension holds sm_90a code: it was built for 9.0 (setup.py)
   bool tma_encoder = false;   // the driver has cuTensorMapEncodeTiled
-  // The wgmma kernels run here: built for sm_90a, and the GPU is sm_90.
-  bool wgmma() const { return sm90a_build && cc_major == 9 && cc_minor == 0; }
+  // The Hopper kernels (all but fp32_rule: clusters, distributed shared
+  // memory, TMA, wgmma) run here: the GPU is sm_90 and the extension holds
+  // their sm_90a code. Any other architecture's code of them is a trap
+  // (DDPM_OPS_HOPPER_CODE), which an 8.x GPU, or a 9.0 GPU running a build
+  // without 9.0 from compute_8x PTX, would run.
+  bool hopper() const { return sm90a_build && cc_major == 9 && cc_minor == 0; }
 };
 
 // The DDPM_OPS_CUDA_* switches (tests, benchmarks, diagnostics), parsed in

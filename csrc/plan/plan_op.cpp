@@ -28,14 +28,20 @@ std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, i
   p.dim = static_cast<int>(dim);
   p.num_steps = static_cast<int>(num_steps);
   p.num_layers = static_cast<int>(hidden.size()) + 1;
-  TORCH_CHECK(batch >= 1 && dim >= 1 && num_steps >= 1, "ddpm::cuda_plan: batch, dim and num_steps must be >= 1");
+  TORCH_CHECK(batch >= 1 && dim >= 1 && num_steps >= 1, "ddpm::cuda_plan: batch, dim and num_steps must be >= 1, got ",
+              batch, ", ", dim, " and ", num_steps);
+  // As the op requires on CUDA: the plan's arithmetic is in int.
+  TORCH_CHECK(batch <= INT32_MAX && dim < INT32_MAX && num_steps <= INT32_MAX,
+              "ddpm::cuda_plan: batch, dim + 1 and num_steps must fit in int32, got ", batch, ", ", dim, " + 1 and ",
+              num_steps);
   TORCH_CHECK(p.num_layers <= plan::kMaxLayers, "ddpm::cuda_plan: at most ", plan::kMaxLayers, " layers");
   TORCH_CHECK(aligned.empty() || static_cast<int>(aligned.size()) == p.num_layers,
               "ddpm::cuda_plan: aligned needs one flag per layer (", p.num_layers, "), got ", aligned.size());
   int in = general_step ? p.dim : p.dim + 1;
   for (int l = 0; l < p.num_layers; ++l) {
+    TORCH_CHECK(l + 1 == p.num_layers || (hidden[l] >= 1 && hidden[l] <= INT32_MAX),
+                "ddpm::cuda_plan: hidden widths must be between 1 and 2^31 - 1, got ", hidden[l]);
     const int out = l + 1 < p.num_layers ? static_cast<int>(hidden[l]) : p.dim;
-    TORCH_CHECK(out >= 1, "ddpm::cuda_plan: hidden widths must be >= 1");
     p.layers[l] = {in, out, aligned.empty() || aligned[l] != 0};
     in = out;
   }
@@ -49,6 +55,11 @@ std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, i
   }
   constexpr size_t kFields = 6 + plan::kMaxClusterSize + 1;
   TORCH_CHECK(device.size() == kFields, "ddpm::cuda_plan: device needs ", kFields, " fields, got ", device.size());
+  for (size_t i = 0; i < kFields; ++i) {
+    TORCH_CHECK(device[i] >= 0 && device[i] <= INT32_MAX, "ddpm::cuda_plan: device field ", i,
+                " must be between 0 and 2^31 - 1, got ", device[i]);
+  }
+  TORCH_CHECK(device[0] >= 1, "ddpm::cuda_plan: a device has at least one SM (sm_count), got 0");
   plan::Device d;
   d.sm_count = static_cast<int>(device[0]);
   d.max_smem = static_cast<int>(device[1]);

@@ -57,7 +57,9 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan
 
 // The last resort, which always has an answer: tf32x3_tiled where its rule
 // or DDPM_OPS_CUDA_KERNEL asks for it and a tile fits, else fp32_smem (whose
-// plan carries an error where not even one row fits).
+// plan carries an error where not even one row fits). Only for a device
+// where d.hopper() and clusters of 1 launch: its clusters of 1 then launch,
+// and no count of co-resident clusters it divides by is 0.
 Plan tiled_or_smem(const Problem& p, const Device& d, const Overrides& o);
 
 }  // namespace detail

@@ -21,7 +21,7 @@ constexpr int kM64StepColumns = 96;
 // The envelope every wgmma kernel shares: at least one hidden layer and dim
 // within layer 0's padded K.
 bool in_wgmma_envelope(const Problem& a, const Device& d) {
-  return d.wgmma() && a.num_layers >= 2 && a.dim <= kWgmmaDimPad;
+  return d.hopper() && a.num_layers >= 2 && a.dim <= kWgmmaDimPad;
 }
 
 // The (columns per CTA, cluster size) pairs the bf16x3 kernels are built for.

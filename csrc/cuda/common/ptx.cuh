@@ -5,6 +5,18 @@
 #include <cuda.h>  // CUtensorMap
 #include <cstdint>
 
+// 1 in the passes that compile the Hopper kernels' bodies (clusters,
+// distributed shared memory, TMA): the device pass for sm_90 (setup.py
+// builds 9.0 as sm_90a) and the host pass. Every other architecture's pass
+// (8.x, compute_8x PTX) compiles those kernels to a trap, so that one fat
+// binary holds them next to the portable kernels; the plan never launches
+// them there (plan::Device::hopper()).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define DDPM_OPS_HOPPER_CODE 1
+#else
+#define DDPM_OPS_HOPPER_CODE 0
+#endif
+
 namespace ddpm_ops {
 namespace cuda_kernels {
 

@@ -123,6 +123,7 @@ __device__ __forceinline__ void load_hidden_weights(float (&w)[C][kHiddenPerLane
 
 template <int kOpw, int kRows, int kLayers>
 __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(const __grid_constant__ EngineArgs a) {
+#if DDPM_OPS_HOPPER_CODE
   static_assert(kLayers >= 2 && kLayers <= kResidentMaxLayers, "2 to 4 layers");
   static_assert(resident_fits(kOpw, kRows, kLayers), "the registers");
   static_assert(kHiddenPerLane * 32 == kResidentMaxHidden && kInputPerLane * 32 == kResidentMaxDim, "lane split");
@@ -353,6 +354,9 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
   }
   // Nothing is in flight towards this CTA at its exit: it has waited for
   // every phase sent to it.
+#else
+  __trap();
+#endif
 }
 
 }  // namespace cuda_kernels

@@ -186,6 +186,7 @@ __device__ __forceinline__ void stage_weight_slices(const SampleArgs& a, const S
 template <int VR>
 __global__ void __launch_bounds__(kSmemThreads, 1)
     fp32_smem_kernel(const __grid_constant__ SampleArgs a, const __grid_constant__ SmemPlan p) {
+#if DDPM_OPS_HOPPER_CODE
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ float4 smem_f4[];
   float* smem = reinterpret_cast<float*>(smem_f4);
@@ -324,6 +325,9 @@ __global__ void __launch_bounds__(kSmemThreads, 1)
     for (int j = threadIdx.x; j < dim; j += kSmemThreads)
       dst[j] = valid[r] ? xcur[r * dim + j] : nan;
   }
+#else
+  __trap();
+#endif
 }
 
 }  // namespace cuda_kernels

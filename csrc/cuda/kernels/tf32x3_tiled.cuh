@@ -478,6 +478,7 @@ template <int MT, int kProducts>
 __global__ void __launch_bounds__(kTileThreads, 1)
     tf32x3_tiled_kernel(const __grid_constant__ SampleArgs a, const __grid_constant__ TilePlan p,
                         const __grid_constant__ TileMaps maps) {
+#if DDPM_OPS_HOPPER_CODE
   constexpr int kRows = 16 * MT;
   extern __shared__ float4 smem_f4[];
   float* smem = reinterpret_cast<float*>(smem_f4);
@@ -622,6 +623,9 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     if (r % cs != rank) continue;
     a.out[static_cast<size_t>(row0) * dim + i] = valid[r] ? xcur[i] : nan;
   }
+#else
+  __trap();
+#endif
 }
 
 }  // namespace cuda_kernels
