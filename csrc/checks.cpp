@@ -175,7 +175,7 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
 void check_sample_rule_args(const SampleRuleCall& call) {
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
                clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
-               cond_net, clip_bounds, post_clip_bounds] = call;
+               cond_net, clip_bounds, post_clip_bounds, generator] = call;
   check_x_and_t_start(x, t_start);
   check_linear_chain(x, weights, biases, {"", x.sym_size(1), " where in_features = dim (x alone)",
                                           x.sym_size(1), "dim", /*last_has_bias=*/true});
@@ -238,6 +238,14 @@ void check_sample_rule_args(const SampleRuleCall& call) {
                 shape_of(*noise_seed));
     TORCH_CHECK(noise_seed->device() == x.device(), "ddpm::fused_sample: noise_seed must be on "
                 "x's device (", x.device(), "), got ", noise_seed->device());
+  }
+  if (generator.has_value() && generator->defined()) {
+    TORCH_CHECK(!noise.has_value() && !noise_seed.has_value(), "ddpm::fused_sample: generator: expected "
+                "no noise and no noise_seed beside it (it is where the op draws its noise from), got ",
+                noise.has_value() ? "noise" : "noise_seed");
+    TORCH_CHECK(generator->device().type() == x.device().type(), "ddpm::fused_sample: generator must be "
+                "a generator of x's device type (", x.device().type(), "), got one of ",
+                generator->device().type());
   }
   parse_precision(precision);
 }

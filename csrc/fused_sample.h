@@ -2,6 +2,7 @@
 // CUDA kernel of ddpm::fused_sample. The schema itself lives in ops.cpp.
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 
@@ -69,6 +70,9 @@ struct SampleRuleCall {
   // upper (instead of clip / post_clip, never with them).
   const std::optional<at::Tensor>& clip_bounds;
   const std::optional<at::Tensor>& post_clip_bounds;
+  // Where the noise comes from when neither noise nor noise_seed is given:
+  // a generator of x's device (its state advanced by the call).
+  const std::optional<at::Generator>& generator;
 };
 
 // The checks of the step-rule overload (fused_sample.rule), the same way.
@@ -99,6 +103,15 @@ inline bool seed_per_row(const at::Tensor& noise_seed) { return noise_seed.numel
 // values, so on CUDA it synchronises with the host; kernels off the CPU call
 // it only when asked to validate.
 void check_bounds_ordered(const at::Tensor& bounds, const char* name);
+
+// Seeds drawn for the op's noise are in [0, kNoiseSeedBound): 62 bits
+// (ddpm_ops.NOISE_SEED_BOUND).
+constexpr int64_t kNoiseSeedBound = int64_t{1} << 62;
+
+// The seed of a call's noise drawn from its generator (one int64 element on
+// x's device; torch.randint's draw, so a CUDA graph's replays draw anew), or
+// the call's noise_seed; none where the call gives neither.
+std::optional<at::Tensor> noise_seed_of(const SampleRuleCall& call);
 
 // The data-dependent check: every timestep t_start - k, k < num_steps, must
 // index the coefficient tables. Reads t_start's values, so on CUDA it
@@ -143,12 +156,13 @@ at::Tensor rule_kernel(const at::Tensor& x, const at::Tensor& t_start, at::Tenso
                        std::optional<at::TensorList> cond_biases,
                        const std::optional<std::vector<std::string>>& cond_activations,
                        const std::optional<at::Tensor>& clip_bounds,
-                       const std::optional<at::Tensor>& post_clip_bounds) {
+                       const std::optional<at::Tensor>& post_clip_bounds,
+                       const std::optional<at::Generator>& generator) {
   return Kernel({x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
                  cond_bias, clip, post_clip, noise, return_chain, validate, precision, noise_seed,
                  {time_input, time_weights, time_biases, time_activations},
                  {cond_input, cond_weights, cond_biases, cond_activations}, clip_bounds,
-                 post_clip_bounds});
+                 post_clip_bounds, generator});
 }
 
 // The signature's type, for typed calls of the dispatcher (ops.cpp).

@@ -111,7 +111,7 @@ at::Tensor fused_sample_rule_autograd(const SampleRuleCall& c) {
   return op.call(c.x, c.t_start, c.weights, c.biases, c.step_tables, c.num_steps, c.activations,
                  c.time_bias, c.cond_bias, c.clip, c.post_clip, c.noise, c.return_chain, c.validate,
                  c.precision, c.noise_seed, t.input, t.weights, t.biases, t.activations, n.input,
-                 n.weights, n.biases, n.activations, c.clip_bounds, c.post_clip_bounds);
+                 n.weights, n.biases, n.activations, c.clip_bounds, c.post_clip_bounds, c.generator);
 }
 
 }  // namespace
@@ -132,7 +132,7 @@ TORCH_LIBRARY(ddpm, m) {
       "Tensor[]? time_weights=None, Tensor[]? time_biases=None, str[]? time_activations=None, "
       "Tensor? cond_input=None, Tensor[]? cond_weights=None, Tensor[]? cond_biases=None, "
       "str[]? cond_activations=None, Tensor? clip_bounds=None, "
-      "Tensor? post_clip_bounds=None) -> Tensor");
+      "Tensor? post_clip_bounds=None, Generator? generator=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ddpm, Meta, m) {

@@ -72,7 +72,7 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call) {
   check_sample_rule_args(call);
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
                clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
-               cond_net, clip_bounds, post_clip_bounds] = call;
+               cond_net, clip_bounds, post_clip_bounds, generator] = call;
   const int64_t table_length = step_tables.size(1);
   // Off the CPU the default never synchronises: a row whose step indices leave
   // the tables reads clamped indices and ends as NaN, as the fused kernels do.
@@ -94,9 +94,10 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call) {
   };
   const bool has_previous = step_tables.size(0) == kStepTablesWithPrevious;
 
+  const std::optional<at::Tensor> seed = noise_seed_of(call);
   const std::optional<at::Tensor> z =
-      noise_seed.has_value()
-          ? std::optional<at::Tensor>(seeded_noise_of(*noise_seed, num_steps, x.size(0), x.size(1), x.options()))
+      seed.has_value()
+          ? std::optional<at::Tensor>(seeded_noise_of(*seed, num_steps, x.size(0), x.size(1), x.options()))
           : noise;
   const std::optional<at::Tensor> time_rows = with_bias_net(time_bias, time_net);
   const std::optional<at::Tensor> cond_rows = with_bias_net(cond_bias, cond_net);

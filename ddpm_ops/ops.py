@@ -149,10 +149,14 @@ def sample(
             first Linear's output at every step (:func:`ddpm_ops.cond_bias`).
         noise: ``z``, shaped ``(num_steps, *x.shape)``. When it is not given and
             the rule adds noise, the op draws it itself, in parallel with the
-            steps, from one int64 seed taken from ``generator`` (or torch's
-            default generator) with ``torch.randint``, so a run is
+            steps, from one int64 seed for the call taken from ``generator``
+            (or torch's default generator of x's device), so a run is
             reproducible from the generator's state, and inside a CUDA graph
-            every replay draws fresh noise. The noise a seed gives is
+            every replay draws fresh noise. The op takes the generator (its
+            ``generator`` argument): on CUDA the seed comes from the
+            generator's Philox state inside the op's one launch; under
+            torch.compile or export the seed is drawn with ``torch.randint``
+            and passed as ``noise_seed``. The noise a seed gives is
             :func:`ddpm_ops.reference.seeded_noise`. For a DTensor ``x`` (a
             batch sharded over devices) it draws one seed per row instead,
             on the first device of the mesh, and sends every device its rows'
@@ -203,10 +207,15 @@ def sample(
             raise ValueError(f"noise: expected shape {(num_steps, *x.shape)} (num_steps, *x.shape), "
                              f"got {tuple(noise.shape)}")
         noise = noise.reshape(num_steps, batch, -1)
-    noise_seed = None
+    noise_seed = draw_from = None
     if noise is None and rule.adds_noise and num_steps > 0:
-        noise_seed = (_row_seeds(x, generator) if _is_dtensor(x) else
-                      torch.randint(0, NOISE_SEED_BOUND, (1,), generator=generator, device=x.device))
+        if _is_dtensor(x):
+            noise_seed = _row_seeds(x, generator)
+        elif torch.compiler.is_compiling():
+            # A traced call carries its seed as a tensor: generators are no graph inputs.
+            noise_seed = torch.randint(0, NOISE_SEED_BOUND, (1,), generator=generator, device=x.device)
+        else:
+            draw_from = generator if generator is not None else _default_generator(x.device)
     clip, clip_bounds = _clamp_args("clip", rule.clip, x)
     post_clip, post_clip_bounds = _clamp_args("post_clip", rule.post_clip, x)
     tensors = _on_mesh_of(x, [flat, _as_timesteps(t_start, x), list(weights), list(biases), rule.tables(),
@@ -217,11 +226,18 @@ def sample(
     out = torch.ops.ddpm.fused_sample.rule(
         flat, t, weights, biases, tables, num_steps,
         resolve_activations(activations, len(weights) - 1), time_bias, cond_bias, clip, post_clip,
-        noise, return_chain, validate, precision, noise_seed, *tensors[9:],
+        noise, return_chain, validate, precision, noise_seed, *tensors[9:], draw_from,
     )
     if x.dim() == 2:
         return out
     return out.reshape(num_steps + 1, *x.shape) if return_chain else out.reshape(x.shape)
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    """torch's default generator of ``device`` (what ``torch.randn`` draws from there)."""
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.default_generator
 
 
 def _is_dtensor(t) -> bool:

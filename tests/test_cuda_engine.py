@@ -171,8 +171,8 @@ def dql_sampler(batch):
 
 
 def test_kernels_per_call():
-    """The op with bias networks, sample and DiffusionSampler with noise given: one launch each.
-    Noise from a generator adds the seed's draw (torch.randint)."""
+    """The op with bias networks, sample and DiffusionSampler: one launch each, the noise
+    given or drawn from a generator's Philox state inside the launch."""
     problem = make_rule_problem(50, 6, [256, 256, 256], 5, features=("time_net", "cond_net", "clip", "seeded"),
                                 device="cuda")
     assert len(kernels_of(lambda: torch.ops.ddpm.fused_sample.rule(*problem.args()))) == 1
@@ -180,11 +180,12 @@ def test_kernels_per_call():
     kw = dict(activations=problem.activations, time_net=problem.time_net, cond_net=problem.cond_net)
     noise = torch.randn(5, 50, 6, device="cuda")
     assert len(kernels_of(lambda: ddpm_ops.sample(*args, noise=noise, **kw))) == 1
-    assert len(kernels_of(lambda: ddpm_ops.sample(*args, **kw))) == 2
+    assert len(kernels_of(lambda: ddpm_ops.sample(*args, **kw))) == 1
     sampler, _, _ = dql_sampler(50)
     x, state = torch.randn(50, 6, device="cuda"), torch.randn(50, 17, device="cuda")
     with torch.no_grad():
         assert len(kernels_of(lambda: sampler(x, cond=state, noise=noise))) == 1
+        assert len(kernels_of(lambda: sampler(x, cond=state))) == 1
 
 
 def test_diffusion_sampler_matches_its_modules():
@@ -217,3 +218,19 @@ def test_cuda_graph_replays_draw_fresh_seeds():
     first = out.clone()
     graph.replay()
     assert torch.isfinite(first).all() and not torch.equal(first, out)
+
+
+@pytest.mark.parametrize("kernel", ENGINE_KERNELS)
+def test_generator_noise_has_the_normal_moments(engine, kernel):
+    """Noise from the generator's Philox state: standard normal, fresh at every call."""
+    engine(kernel)
+    problem = make_rule_problem(64, 6, [64, 64], 1, device="cuda")
+    ones = torch.ones(len(problem.rule), device="cuda")
+    zeros = torch.zeros_like(ones)
+    pure_noise = ddpm_ops.StepRule(ones, zeros, zeros, zeros, zeros, ones)  # x1 = z
+    x = torch.randn(64, 6, device="cuda")
+    draws = [ddpm_ops.sample(x, problem.t_start, problem.weights, problem.biases, pure_noise, 1,
+                             activations=problem.activations) for _ in range(8)]
+    z = torch.stack(draws).double()
+    assert abs(z.mean().item()) < 0.05 and abs(z.std().item() - 1) < 0.05
+    assert not torch.equal(draws[0], draws[1])

@@ -207,6 +207,19 @@ def test_generator_runs_are_reproducible_and_independent():
     assert relative_error(first, ddpm_ops.sample(*args, noise=drawn.float()).double()) <= TOLERANCE
 
 
+def test_the_op_draws_its_seed_from_a_generator():
+    """fused_sample.rule's generator argument: the seed torch.randint draws from it."""
+    problem = make_rule_problem(9, 4, [16], 5, rule="ddpm_epsilon")
+    names = [a.name for a in torch.ops.ddpm.fused_sample.rule._schema.arguments]
+    op_args = list(problem.args())
+    with_generator = torch.ops.ddpm.fused_sample.rule(*op_args, generator=torch.Generator().manual_seed(3))
+    op_args[names.index("noise_seed")] = torch.randint(0, ddpm_ops.ops.NOISE_SEED_BOUND, (1,),
+                                                      generator=torch.Generator().manual_seed(3))
+    assert torch.equal(with_generator, torch.ops.ddpm.fused_sample.rule(*op_args))
+    with pytest.raises(RuntimeError, match=r"generator: expected no noise and no noise_seed beside it"):
+        torch.ops.ddpm.fused_sample.rule(*op_args, generator=torch.Generator())
+
+
 @pytest.mark.parametrize("seed", [0, 1, -1, 2 ** 62 + 12345, -(2 ** 63)])
 def test_seeded_noise_is_independent_standard_normal(seed):
     """The reference definition of the in-op noise: moments, and no correlation

@@ -378,7 +378,7 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call) {
   check_sample_rule_args(call);
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
                clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
-               cond_net, clip_bounds, post_clip_bounds] = call;
+               cond_net, clip_bounds, post_clip_bounds, generator] = call;
   check_timesteps_in_range(t_start, num_steps, step_tables.size(1));
   if (clip_bounds.has_value()) check_bounds_ordered(*clip_bounds, "clip_bounds");
   if (post_clip_bounds.has_value()) check_bounds_ordered(*post_clip_bounds, "post_clip_bounds");
@@ -389,7 +389,8 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call) {
   const at::Tensor time = with_bias_net(time_bias, time_net).value_or(at::Tensor());
   const at::Tensor cond = with_bias_net(cond_bias, cond_net).value_or(at::Tensor());
   const at::Tensor z = noise.has_value() ? noise->contiguous() : at::Tensor();
-  const at::Tensor seeds = noise_seed.has_value() ? noise_seed->contiguous() : at::Tensor();
+  const std::optional<at::Tensor> seed = noise_seed_of(call);
+  const at::Tensor seeds = seed.has_value() ? seed->contiguous() : at::Tensor();
   MlpPlan plan;
   plan.num_steps = num_steps;
   plan.time_bias = time.defined() ? time.data_ptr<float>() : nullptr;

@@ -14,6 +14,7 @@
 #include "launch.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -140,6 +141,31 @@ cuda_kernels::BiasNetArgs bias_net_args(const BiasNet& net, Operands& ops) {
   return n;
 }
 
+// The call's Philox state from a CUDA generator, advanced as torch's random
+// ops advance it (under its lock, by a multiple of 4), so that calls, and a
+// CUDA graph's replays, draw different noise.
+cuda_kernels::GeneratorArgs generator_args(const at::Generator& generator, int device) {
+  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(generator,
+                                                                  at::cuda::detail::getDefaultCUDAGenerator(device));
+  at::PhiloxCudaState state;
+  {
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    state = gen->philox_cuda_state(4);
+  }
+  cuda_kernels::GeneratorArgs g = {};
+  g.used = true;
+  g.captured = state.captured_;
+  if (state.captured_) {
+    g.seed_ptr = state.seed_.ptr;
+    g.offset_ptr = state.offset_.ptr;
+    g.offset_intragraph = state.offset_intragraph_;
+  } else {
+    g.seed = state.seed_.val;
+    g.offset = state.offset_.val;
+  }
+  return g;
+}
+
 void launch_engine(const plan::Plan& plan, const EngineArgs& a, const LaunchContext& ctx) {
   if (plan.kernel == plan::Kernel::kFp32Resident) return launch_fp32_resident(plan, a, ctx);
   launch_fp32_rule(plan, a, ctx);
@@ -202,7 +228,7 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   check_sample_rule_args(call);
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias, clip,
                post_clip, noise, return_chain, validate, precision, noise_seed, time_net, cond_net, clip_bounds,
-               post_clip_bounds] = call;
+               post_clip_bounds, generator] = call;
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t batch = x.size(0), dim = x.size(1), table_length = step_tables.size(1);
   if (num_steps == 0 || batch == 0 ||
@@ -257,6 +283,8 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
     const at::Tensor& seeds = ops.keep.emplace_back(noise_seed->contiguous());
     a.step.noise_seed = seeds.data_ptr<int64_t>();
     a.step.seed_per_row = seed_per_row(seeds);
+  } else if (generator.has_value() && generator->defined()) {
+    a.step.generator = generator_args(*generator, x.get_device());
   }
   at::Tensor out = return_chain ? at::empty({num_steps + 1, batch, dim}, x.options())
                                 : at::empty({batch, dim}, x.options());

@@ -81,6 +81,18 @@ DDPM_HD inline int bias_net_floats(int rows, int cols, int window, bool time_net
   return (cond_net ? rows * cols : 0) + (time_net ? rows * window * cols : 0) + 2 * evaluated * widest_hidden;
 }
 
+// A CUDA generator's Philox state for one call (at::PhiloxCudaState's
+// fields): under CUDA-graph capture the seed and the offset are read from
+// device memory, so that each replay draws anew, as torch's own random ops do.
+struct GeneratorArgs {
+  bool used;
+  bool captured;
+  uint64_t seed, offset;      // not captured
+  const int64_t* seed_ptr;    // captured
+  const int64_t* offset_ptr;  // captured, plus offset_intragraph
+  uint64_t offset_intragraph;
+};
+
 // The epilogue's arguments (common/step_epilogue.cuh): one step of the rule
 //   x0 = A x - B e, clipped;  x = C x0 + D x + E e + S z + P x0_prev, clipped
 // with the coefficients of the row's step index s. A null table is the
@@ -94,6 +106,7 @@ struct StepArgs {
   const float* noise;             // (num_steps, batch, dim), or null
   const int64_t* noise_seed;      // device memory: one seed, or one per row (seed_per_row); or null
   bool seed_per_row;
+  GeneratorArgs generator;  // where noise_seed is null: the call's seed from a generator
   float* out;  // (batch, dim), or with chain (num_steps + 1, batch, dim)
   bool chain;
 };

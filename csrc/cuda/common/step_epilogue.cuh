@@ -24,9 +24,20 @@ __device__ __forceinline__ float clamp_keep_nan(float v, float lo, float hi) {
   return v < lo ? lo : (v > hi ? hi : v);
 }
 
-// z[k, row, j] drawn from the seeds (seeded_noise.h, the CPU kernel's draw).
+// The call's one seed from its generator's Philox state: a hash of the
+// state's seed and offset (the offset advances by every call).
+__device__ __forceinline__ uint64_t generator_seed(const GeneratorArgs& g) {
+  const uint64_t seed = g.captured ? static_cast<uint64_t>(*g.seed_ptr) : g.seed;
+  const uint64_t offset = g.captured ? static_cast<uint64_t>(*g.offset_ptr) + g.offset_intragraph : g.offset;
+  return seeded_noise::mix64(seed ^ seeded_noise::mix64(offset));
+}
+
+// z[k, row, j] drawn from the seeds (seeded_noise.h, the CPU kernel's draw),
+// or from the generator's seed for the call.
 __device__ __forceinline__ float seeded_normal(const EngineArgs& a, int k, int row, int j) {
-  const uint64_t key = seeded_noise::noise_key(a.step.noise_seed, a.step.seed_per_row, static_cast<uint64_t>(k),
+  const int64_t call_seed = a.step.generator.used ? static_cast<int64_t>(generator_seed(a.step.generator)) : 0;
+  const uint64_t key = seeded_noise::noise_key(a.step.generator.used ? &call_seed : a.step.noise_seed,
+                                               a.step.seed_per_row, static_cast<uint64_t>(k),
                                                static_cast<uint64_t>(a.batch), static_cast<uint64_t>(row));
   return 1.41421356237309505f * erfinvf(seeded_noise::centered_uniform(seeded_noise::column_bits(key, j)));
 }
@@ -57,7 +68,7 @@ __device__ __forceinline__ float step_update(const EngineArgs& a, const Coeffici
   }
   if (st.noise != nullptr) {
     next += coef(kS) * __ldg(st.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j);
-  } else if (st.noise_seed != nullptr) {
+  } else if (st.noise_seed != nullptr || st.generator.used) {
     next += coef(kS) * seeded_normal(a, k, row, j);
   }
   if (st.post_clip_bounds != nullptr) {
