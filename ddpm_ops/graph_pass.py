@@ -50,7 +50,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx import Graph
 
 from . import rewrite as _rewrite
-from .rewrite import looks_like_update, report, rewrite_graph
+from .rewrite import looks_like_loop, report, rewrite_graph
 
 try:  # torch >= 2.12 tells inference-aware passes whether the graph is inference
     from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass as _PassBase
@@ -116,9 +116,8 @@ class DDPMSamplingRewrite(_PassBase):
         if not _enabled:
             return
         if is_inference is False:
-            if any(looks_like_update(n) for n in graph.nodes):
-                log.debug("ddpm_ops: training graph left alone by the time-column matcher and the "
-                          "general reader alike (the op has no backward)")
+            if looks_like_loop(graph):
+                log.debug("ddpm_ops: training graph left alone (the op has no backward)")
             return
         # An inference graph can still hold tensors that require grad (AOTInductor
         # compiling an exported program under grad mode); inductor would then call

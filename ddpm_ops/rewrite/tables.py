@@ -18,7 +18,7 @@ from torch.fx import Graph, Node
 
 from .affine import _Coef
 from .linear import _linear
-from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
+from .nodes import _NoMatch, _is, _known_eq, _val, aten, prims
 
 
 class _Emitter:
