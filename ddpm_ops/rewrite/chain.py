@@ -76,9 +76,11 @@ def _latest_step(graph: Graph, nets: list[_Net]) -> dict[Node, int]:
     return latest
 
 
-def _loops(nets: list[_Net], latest: dict[Node, int]) -> tuple[list[_Loop], list[str]]:
+def _loops(nets: list[_Net], latest: dict[Node, int], direct=lambda piece, net: True) -> tuple[list[_Loop], list[str]]:
     """The loops among ``nets`` (applications of one network, in graph order),
-    and why applications that read a previous one were not chained. An application
+    and why applications that read a previous one were not chained. ``direct(piece, net)``
+    says whether ``piece`` is made from ``net``'s output with no other network applied in
+    between (another network's step: the two are no consecutive steps). An application
     chained to none is a loop of one step where :func:`_lone_x_pos` finds its sample."""
     loops, reasons = [], []
     current: list[int] = []
@@ -101,7 +103,8 @@ def _loops(nets: list[_Net], latest: dict[Node, int]) -> tuple[list[_Loop], list
             close()
             continue
         if len(reading) == 1 and reading[0] < len(pieces) - len(net.terms) and current \
-                and current[-1] == j - 1 and len(pieces) == len(_pieces(nets[j - 1])):
+                and current[-1] == j - 1 and len(pieces) == len(_pieces(nets[j - 1])) \
+                and direct(pieces[reading[0]], nets[j - 1]):
             current.append(j)
             positions.append(reading[0])
             continue

@@ -43,11 +43,18 @@ def _loops_in(graph: Graph) -> tuple[list[_Loop], dict, list[str]]:
     for net in nets:
         groups.setdefault(net.key, []).append(net)
     order = {n: i for i, n in enumerate(graph.nodes)}
+    nets.sort(key=lambda n: order[n.out])
+    latest_any = _latest_step(graph, nets)  # of any network: another network between two steps
+    index = {net.out: i for i, net in enumerate(nets)}
+
+    def direct(piece, net):
+        return latest_any.get(piece, -1) == index[net.out]
+
     found, reasons, latest_of = [], [], {}
     for group in groups.values():
         group.sort(key=lambda n: order[n.out])
         latest = _latest_step(graph, group)
-        loops, why = _loops(group, latest)
+        loops, why = _loops(group, latest, direct)
         reasons.extend(why)
         for loop in loops:
             latest_of[id(loop)] = latest

@@ -165,7 +165,8 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
         bias = _val(bias)
         return bias is not None and bias.dim() <= 1 and _uniform(inp, batch, memo)
     tags = getattr(node.target, "tags", ())
-    if torch.Tag.pointwise in tags or _is(node, prims.convert_element_type.default, aten._to_copy.default):
+    if torch.Tag.pointwise in tags or _is(node, prims.convert_element_type.default, aten._to_copy.default,
+                                             aten.to.dtype):
         return _inputs_uniform(node, batch, memo)
     if _is(node, aten.gather.default, aten.index.Tensor, aten.index_select.default):
         return _inputs_uniform(node, batch, memo)
@@ -272,12 +273,15 @@ def _indexed_tables(em: _Emitter, updates: list, reemit, batch) -> Node:
     """``(6, S)``: step 0's coefficients evaluated at every step index ``s``."""
     S = reemit.size()
     memo: dict = {}
+    constant_rows: dict = {}  # one row per number the coefficients are (the absent ones' 0.0)
     rows = []
     for c in _coefs(updates[0]):
         v = 0.0 if c is None else _vector(em, c, reemit, batch, memo)
         if not isinstance(v, Node):
-            v = em.full([], v)
-        if _val(v).dim() == 0:
+            if v not in constant_rows:
+                constant_rows[v] = em.full([S], v)
+            v = constant_rows[v]
+        elif _val(v).dim() == 0:
             v = em(aten.expand.default, em(aten.reshape.default, v, [1]), [S])
         rows.append(v)
     return em.stack(rows)

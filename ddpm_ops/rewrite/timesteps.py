@@ -239,7 +239,7 @@ class _Reemit:
         if n.op != "call_function" or out is None or out.dim() == 0 or _random(n):
             raise _NoMatch(f"{n.name} ({n.target}) is not a row-wise function of the timestep")
         tags = getattr(n.target, "tags", ())
-        if torch.Tag.pointwise in tags or _is(n, prims.convert_element_type.default, *_KEEP_ROWS) \
+        if torch.Tag.pointwise in tags or _is(n, prims.convert_element_type.default, aten.to.dtype, *_KEEP_ROWS) \
                 or (_is(n, aten._to_copy.default) and out.device == _val(n.args[0]).device):
             for a in n.all_input_nodes:
                 self._rows_operand(n, a)
