@@ -18,7 +18,8 @@ from .graph_pass import (
     disable_auto_rewrite,
     enable_auto_rewrite,
 )
-from .modules import DiffusionSampler, mlp_layers
+from .layers import mlp_layers
+from .modules import DiffusionSampler
 from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, sample, silu_mlp
 from . import conditioning, step_rules
 from .conditioning import BiasNet, cond_bias, split_first_linear, time_bias, time_bias_from_module

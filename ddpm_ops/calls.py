@@ -48,3 +48,14 @@ def op_args(overload, **arguments: Any) -> tuple:
 def call(overload, **arguments: Any) -> torch.Tensor:
     """Call ``overload`` with ``arguments`` by name (see :func:`op_args`)."""
     return overload(*op_args(overload, **arguments))
+
+
+def bias_net_args(prefix: str, net) -> dict:
+    """The op's ``{prefix}_input``, ``_weights``, ``_biases`` and ``_activations`` arguments of a
+    bias network: a :class:`~ddpm_ops.BiasNet`, or its four values (FX nodes, from the
+    rewrite); none for ``None``."""
+    if net is None:
+        return {}
+    values = net.op_args() if hasattr(net, "op_args") else net
+    return dict(zip((f"{prefix}_input", f"{prefix}_weights", f"{prefix}_biases", f"{prefix}_activations"),
+                    values))

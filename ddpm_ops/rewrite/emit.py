@@ -17,7 +17,7 @@ import logging
 import torch
 from torch.fx import Graph, Node
 
-from ..calls import RULE, op_args
+from ..calls import RULE, bias_net_args, op_args
 from .affine import _Update
 from .chain import _Loop
 from .network import _net_ending_at
@@ -55,14 +55,10 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         noise = _noise(em, updates, K)
         clip = None if plan.clip is None else list(plan.clip)
         post = None if plan.post_clip is None else list(plan.post_clip)
-        nets = {}
-        for prefix, net in (("time", time_net), ("cond", cond_net)):
-            if net:
-                nets.update(zip([f"{prefix}_input", f"{prefix}_weights", f"{prefix}_biases",
-                                 f"{prefix}_activations"], net))
         args = op_args(RULE, x=x, t_start=t_start, weights=weights, biases=biases, step_tables=tables,
                        num_steps=K, activations=list(net0.activations), time_bias=time_bias,
-                       cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise, **nets)
+                       cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise,
+                       **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None))
         try:
             with _meta_refusals_unlogged():
                 fused = em(RULE, *args)
