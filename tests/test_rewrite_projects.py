@@ -15,7 +15,7 @@ from torch._inductor.utils import run_and_get_code
 
 import ddpm_ops  # noqa: F401  (installs the rewrite)
 from ddpm_ops import graph_pass
-from loops import tabddpm, v1_variants
+from loops import dppo, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 from test_rewrite_models import relative_error
 from loops.cases import CASES
@@ -182,7 +182,6 @@ class PerSampleFirstStep(v1_variants.PosteriorSampler):
 NEAR_MISSES = {
     "not affine": (SquaredUpdate(timesteps="int"), "multiplies two sample-dependent values"),
     "unsupported op": (LayerNormNet(), "['aten.sub.Tensor', 'aten.var_mean.correction'] reading it"),
-    "trajectory": (Trajectory(timesteps="int"), "used outside the step"),
     "per-sample, two a step": (PerSampleTwice(), "at its own timestep"),
     "per-sample, t - 1": (PerSamplePrevious(), "reads the timestep at offset 1"),
     "per-sample, first step's value": (PerSampleFirstStep(), "may differ between samples"),
@@ -233,6 +232,36 @@ def test_fused_loop_logs_no_reason(caplog):
     assert any(m.startswith(f"ddpm_ops: fused {model.num_steps} steps into one ddpm::fused_sample.rule")
                for m in lines), lines
     assert not any("left alone" in m for m in lines), lines
+
+
+def test_kept_trajectory_fuses_step_by_step(caplog):
+    """Every sample kept: the loop is cut before each step, and each step is a loop of its own."""
+    torch.manual_seed(0)
+    model = Trajectory(timesteps="int")
+    x = torch.randn(8, model.dim)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, x, model.T - 1)
+    with torch.no_grad():
+        assert relative_error(out, model(x, model.T - 1)) < 1e-5
+    assert len(RULE_CALL.findall(code)) == model.num_steps
+    assert not MATMUL.findall(code), code
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    assert any("cut at its step 1" in m and "(a trajectory kept?)" in m for m in lines), lines
+
+
+def test_action_chunk_loop_is_left_alone_and_says_why(caplog):
+    """DPPO's sampler: the network reads the action chunk (B, horizon, action_dim) flattened, the
+    update works on the chunk. Not read (the sample of the step is not the network's input):
+    left alone with eager's numbers and a DEBUG line."""
+    torch.manual_seed(0)
+    model = dppo.DPPODiffusion()
+    cond, noise = torch.randn(16, 11), torch.randn(7, 16, 4, 2)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, cond, noise.clone())
+    with torch.no_grad():
+        assert relative_error(out, model(cond, noise.clone())) < 1e-5
+    assert not RULE_CALL.search(code)
+    assert_general_reason(caplog, "")
 
 
 def test_float64_loop_is_left_alone(caplog):

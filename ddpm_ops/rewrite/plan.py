@@ -48,6 +48,11 @@ def _loops_in(graph: Graph) -> tuple[list[_Loop], dict, list[str]]:
     index = {net.out: i for i, net in enumerate(nets)}
 
     def direct(piece, net):
+        # A network whose output is not shaped like the sample is only part of a step's network
+        # (split by an op the reader does not know): its loop is named and refused by _plan.
+        out, sample = _val(net.out), _val(piece)
+        if out is None or sample is None or tuple(out.shape) != tuple(sample.shape):
+            return True
         return latest_any.get(piece, -1) == index[net.out]
 
     found, reasons, latest_of = [], [], {}
@@ -110,8 +115,10 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         return _read_update(loop.x(k), loop.nets[k].out, end, inside, tuple(x0v.shape), step_only)
 
     def choose(ends, region):
-        # The last step ends where it reads like the step before it (the same coefficients and
-        # clamps); a loop of one step ends at its last node that reads as an update.
+        # The last step ends at its last node that reads like the step before it: the same
+        # coefficients and clamps, else the same clamps (a last step without noise), so that what
+        # follows the loop (a clip of the result) stays outside; a loop of one step ends at its
+        # last node that reads as an update.
         read_ends = []
         for candidate in ends:
             inside = _ancestors_within(candidate, region) | {candidate}
@@ -120,10 +127,11 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
             except _NoMatch:
                 continue
         if updates:
-            form = _form(updates[-1])
-            for candidate, u in read_ends:
-                if _form(u) == form:
-                    return candidate
+            for same in (lambda u: _form(u) == _form(updates[-1]),
+                         lambda u: (u.clip, u.post_clip) == (updates[-1].clip, updates[-1].post_clip)):
+                matching = [candidate for candidate, u in read_ends if same(u)]
+                if matching:
+                    return matching[-1]
         return read_ends[-1][0] if read_ends else ends[0]
 
     for k in range(K):

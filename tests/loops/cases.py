@@ -1,7 +1,7 @@
 """Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
 import torch
 
-from . import cleandiffuser, diffusers_style, diffusion_ql, dppo, idql, readme, scheduler_step, tabddpm, \
+from . import cleandiffuser, diffusers_style, diffusion_ql, idql, readme, scheduler_step, tabddpm, \
     tiny_diffusion, v1_variants
 
 
@@ -71,11 +71,6 @@ def _int_scheduler():
 def _idql():
     torch.manual_seed(0)
     return idql.IDQLActor(), (torch.randn(16, 11),), (6, 16, 3)
-
-
-def _dppo():
-    torch.manual_seed(0)
-    return dppo.DPPODiffusion(), (torch.randn(16, 11),), (7, 16, 4, 2)
 
 
 CASES = {

@@ -13,7 +13,7 @@ class TimeColumnLoop(nn.Module):
         sqrt_recip_alphas, coef_eps = ddpm_ops.coefficient_tables(ddpm_ops.linear_betas(total_timesteps))
         self.register_buffer("sqrt_recip_alphas", sqrt_recip_alphas)
         self.register_buffer("coef_eps", coef_eps)
-        self.register_buffer("sigma", ddpm_ops.linear_betas(total_timesteps).sqrt())
+        self.register_buffer("sigma", ddpm_ops.linear_betas(total_timesteps).sqrt().float())
         self.num_steps, self.total_timesteps, self.noise, self.clamp = num_steps, total_timesteps, noise, clamp
 
     def forward(self, x, t_start, noise=None):
