@@ -22,9 +22,10 @@ from .nodes import _NoMatch, _is, _known_eq, _val, aten, prims
 
 
 class _Emitter:
-    """Inserts nodes before ``anchor``, each with its fake ``val``. A symbolic size among the
-    arguments (a dynamic batch) is read from ``sample``, the node whose value ``example`` is,
-    by an ``aten.sym_size`` node: a post-grad graph names its sizes by nodes, not constants."""
+    """Inserts nodes before ``anchor``, each with its fake ``val`` and the anchor's module stack.
+    A symbolic size among the arguments (a dynamic batch) is read from ``sample``, the node
+    whose value ``example`` is, by an ``aten.sym_size`` node: a post-grad graph names its sizes
+    by nodes, not constants."""
 
     def __init__(self, graph: Graph, anchor: Node, example: torch.Tensor, sample: Node | None = None):
         self.graph, self.anchor, self.sample = graph, anchor, sample
@@ -51,6 +52,10 @@ class _Emitter:
         with self.graph.inserting_before(self.anchor):
             node = self.graph.call_function(target, args, kwargs)
         self.inserted.append(node)
+        # An exported program's unflatten places every node by its module stack: the loop's.
+        for key in ("nn_module_stack", "stack_trace"):
+            if key in self.anchor.meta:
+                node.meta[key] = self.anchor.meta[key]
         if self.fake_mode is not None:
             vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta.get("val"))
             with self.fake_mode, torch.no_grad():
