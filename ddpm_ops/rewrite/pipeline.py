@@ -91,7 +91,7 @@ def _parts(loop: _Loop, cuts: dict) -> list[_Loop]:
     return parts
 
 
-def _rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
+def _rewrite_loops(graph: Graph, refusal, replace) -> int:
     """Replace every proved loop by ``ddpm::fused_sample.rule``. ``refusal(plan, fused)``
     may veto one (it returns the reason); ``replace(plan, fused)`` makes the fused op
     the loop's result. A step that cannot be fused cuts its loop in two (a kept trajectory:
@@ -114,7 +114,7 @@ def _rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
             fused, em = _emit(graph, plan)
         except _StepNoMatch as e:
             step = loop.nets[e.step]
-            if len(loop.nets) > 1 and not (e.sample_kept and e.step == 0):
+            if len(loop.nets) > 1:
                 cuts[step.out] = "cut" if e.sample_kept else "drop"
                 log.debug("ddpm_ops: rewrite: loop of %d steps ending near %s cut at its step %d: %s",
                           len(loop.nets), loop.nets[-1].out.name, e.step, e)
@@ -124,7 +124,7 @@ def _rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
         except _NoMatch as e:
             _left_alone(loop, e)
             continue
-        why = refusal(plan, fused) if refusal is not None else None
+        why = refusal(plan, fused)
         if why is not None:
             em.rollback()
             _left_alone(loop, why)
