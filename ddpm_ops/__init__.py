@@ -2,7 +2,7 @@
 
 Importing the package registers ``torch.ops.ddpm.fused_sample`` and installs
 the torch.compile rewrite that runs users' own sampling loops as that one op
-(see :mod:`ddpm_ops.graph_pass`, and :mod:`ddpm_ops.rewrite` for the matcher;
+(see :mod:`ddpm_ops.graph_pass`, and :mod:`ddpm_ops.rewrite` for the loop reader;
 off with :func:`disable_auto_rewrite` or ``DDPM_OPS_DISABLE_AUTO_REWRITE=1``).
 :func:`fuse_exported_program` does the same for ``torch.export`` programs.
 
@@ -29,7 +29,7 @@ from .step_rules import StepRule
 
 
 def rewrite_stats() -> dict:
-    """Counts of the general loop reader in this process: ``loops_fused``,
+    """Counts of the torch.compile / export rewrite in this process: ``loops_fused``,
     ``steps_fused``, ``loops_left_alone`` (also in ``torch._dynamo.utils.counters["ddpm_ops"]``).
 
     A graph ``torch.compile`` serves from inductor's FX graph cache is counted
