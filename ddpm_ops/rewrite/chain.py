@@ -7,8 +7,12 @@ and loop-invariant ones). For applications ``N_0 .. N_{K-1}`` of one network,
 step ``k`` reads ``x_k``, the piece of ``N_k``'s input that depends on
 ``N_{k-1}`` (the same position of a ``cat`` in every step); its update is
 every node that depends on ``x_k`` or ``e_k`` up to ``x_{k+1}``, the piece
-``N_{k+1}`` reads. The last step ends at the first node every later use of
-the step goes through (:func:`_step_end`).
+``N_{k+1}`` reads. The last step ends at a node every later use of the step
+goes through (:func:`_step_ends` lists them; :mod:`.plan` chooses). An
+application chained to no other is a loop of one step where it reads a time
+input beside its sample (:func:`_lone_x_pos`). A step that alone cannot be
+fused raises :class:`_StepNoMatch`, and its loop is cut there
+(:meth:`_Loop.part`).
 """
 from __future__ import annotations
 
