@@ -2,7 +2,7 @@
 
 Importing the package registers ``torch.ops.ddpm.fused_sample`` and installs
 the torch.compile rewrite that runs users' own sampling loops as that one op
-(see :mod:`ddpm_ops.graph_pass`, and :mod:`ddpm_ops.rewrite` for the matcher;
+(see :mod:`ddpm_ops.graph_pass`, and :mod:`ddpm_ops.rewrite` for the loop reader;
 off with :func:`disable_auto_rewrite` or ``DDPM_OPS_DISABLE_AUTO_REWRITE=1``).
 :func:`fuse_exported_program` does the same for ``torch.export`` programs.
 
@@ -18,7 +18,8 @@ from .graph_pass import (
     disable_auto_rewrite,
     enable_auto_rewrite,
 )
-from .modules import DiffusionSampler, mlp_layers
+from .layers import mlp_layers
+from .modules import DiffusionSampler
 from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, sample, silu_mlp
 from . import conditioning, sharding, step_rules
 from .conditioning import BiasNet, cond_bias, split_first_linear, time_bias, time_bias_from_module
@@ -28,7 +29,7 @@ from .step_rules import StepRule
 
 
 def rewrite_stats() -> dict:
-    """Counts of the general loop reader in this process: ``loops_fused``,
+    """Counts of the torch.compile / export rewrite in this process: ``loops_fused``,
     ``steps_fused``, ``loops_left_alone`` (also in ``torch._dynamo.utils.counters["ddpm_ops"]``).
 
     A graph ``torch.compile`` serves from inductor's FX graph cache is counted

@@ -11,15 +11,15 @@ from .rewrite import rewrite_graph
 
 
 def fuse_exported_program(ep: ExportedProgram) -> ExportedProgram:
-    """A copy of ``ep`` in which every DDPM sampling loop calls ``ddpm::fused_sample``.
+    """A copy of ``ep`` in which every DDPM sampling loop calls ``ddpm::fused_sample.rule``.
 
     ``ep`` is ``torch.export.export(model, (x, t_start))`` of a module whose
     forward runs the loop of :func:`ddpm_ops.reference` (any spelling the
-    ``torch.compile`` rewrite accepts; the matcher is the same, see
+    ``torch.compile`` rewrite accepts; the reader is the same, see
     :mod:`ddpm_ops.rewrite`). Both the default (training) IR and the output of
     ``ep.run_decompositions()`` are understood. The result has the same inputs,
     outputs, parameters and buffers (parameters the op takes over stay as
-    inputs, unchanged); ``ep`` itself is not modified. What the matcher does not
+    inputs, unchanged); ``ep`` itself is not modified. What the reader does not
     fully understand is left as it was, so a program with no such loop comes
     back equal to ``ep``. In-place ops inside the loop in the default IR (for
     example ``nn.SiLU(inplace=True)``) keep it from matching there: fuse

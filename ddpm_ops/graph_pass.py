@@ -1,12 +1,13 @@
 """The torch.compile pass: installs the rewrite of DDPM sampling loops into inductor.
 
-After ``import ddpm_ops`` a plain ``torch.compile(model)`` runs the loop of
-:func:`ddpm_ops.reference` (any number of steps, any MLP depth and widths, any spelling that
-lowers to the same ATen graph) as ONE call of the fused op. This module is the
-installation: :class:`DDPMSamplingRewrite`, the inductor pass (its ``uuid()``
-for the FX graph cache, the passes it chains), and putting it into and taking
-it out of inductor's config. What is matched and how a run is replaced is
-:mod:`ddpm_ops.rewrite`, the matcher that also rewrites exported programs
+After ``import ddpm_ops`` a plain ``torch.compile(model)`` runs a sampling loop
+(an MLP applied step after step, an affine update: :func:`ddpm_ops.reference`'s
+loop and the projects' in ``tests/loops``, any spelling that lowers to the same
+ATen graph) as ONE call of the fused op. This module is the installation:
+:class:`DDPMSamplingRewrite`, the inductor pass (its ``uuid()`` for the FX
+graph cache, the passes it chains), and putting it into and taking it out of
+inductor's config. What is read and how a loop is replaced is
+:mod:`ddpm_ops.rewrite`, the loop reader that also rewrites exported programs
 (:func:`ddpm_ops.fuse_exported_program`).
 
 Where the pass hooks in, and why
@@ -19,13 +20,13 @@ It is installed as inductor's ``post_grad_custom_pre_pass``:
   or hand-written helpers with ``F.silu``, ``cat`` on dim 1 or -1) collapse to
   a handful of ATen forms. The pre-grad (Dynamo) graph would show every Python
   spelling separately.
-* It is the same vocabulary as a ``torch.export`` graph, so one matcher serves
+* It is the same vocabulary as a ``torch.export`` graph, so one reader serves
   both ``torch.compile`` and exported models.
 * It runs *before* inductor's own post-grad pattern passes. On CUDA one of them
   splits ``addmm`` into ``mm`` + ``add`` (``unfuse_bias_add_to_pointwise``),
   and another may fuse or reorder; ``post_grad_custom_post_pass`` would see
   the loop differently on CPU and CUDA. The pre-pass sees ``permute`` +
-  ``addmm`` on both (the matcher accepts ``mm`` + ``add`` and ``aten.linear``
+  ``addmm`` on both (the reader accepts ``mm`` + ``add`` and ``aten.linear``
   as well).
 * Post-grad we know whether the graph is an inference graph: the op has no
   backward, so training graphs (grad enabled, parameters that require grad)
@@ -50,7 +51,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx import Graph
 
 from . import rewrite as _rewrite
-from .rewrite import looks_like_update, report, rewrite_graph
+from .rewrite import looks_like_loop, report, rewrite_graph
 
 try:  # torch >= 2.12 tells inference-aware passes whether the graph is inference
     from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass as _PassBase
@@ -78,7 +79,7 @@ def get_custom_graph_passes(custom_pass) -> tuple:
 # ----------------------------------------------------------------------------- the inductor pass
 
 # The uuid keys inductor's FX graph cache: any edit to this module or to the
-# matcher must miss the cache, so every module of the rewrite package is hashed
+# reader must miss the cache, so every module of the rewrite package is hashed
 # (a glob, so that a module added later is not forgotten).
 _SOURCE_FILES = (pathlib.Path(__file__),
                  *sorted(pathlib.Path(_rewrite.__file__).parent.glob("*.py")))
@@ -116,9 +117,8 @@ class DDPMSamplingRewrite(_PassBase):
         if not _enabled:
             return
         if is_inference is False:
-            if any(looks_like_update(n) for n in graph.nodes):
-                log.debug("ddpm_ops: training graph left alone by the time-column matcher and the "
-                          "general reader alike (the op has no backward)")
+            if looks_like_loop(graph):
+                log.debug("ddpm_ops: training graph left alone (the op has no backward)")
             return
         # An inference graph can still hold tensors that require grad (AOTInductor
         # compiling an exported program under grad mode); inductor would then call

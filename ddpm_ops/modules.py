@@ -5,67 +5,13 @@ import torch
 from torch import nn
 
 from .conditioning import BiasNet, cond_bias, time_bias_from_module
+from .layers import VOCABULARY, mlp_layers
 from .ops import PRECISIONS, sample
 from .step_rules import StepRule
 
-# The activation modules the op computes, by the name the op takes.
-_ACTIVATION_MODULES: tuple[tuple[type, Callable[[nn.Module], bool], str], ...] = (
-    (nn.SiLU, lambda m: True, "silu"),
-    (nn.Mish, lambda m: True, "mish"),
-    (nn.ReLU, lambda m: True, "relu"),
-    (nn.GELU, lambda m: m.approximate == "none", "gelu"),
-    (nn.GELU, lambda m: m.approximate == "tanh", "gelu_tanh"),
-    (nn.Tanh, lambda m: True, "tanh"),
-    (nn.Identity, lambda m: True, "identity"),
-)
-
-
-def mlp_layers(mlp: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor], list[str]]:
-    """The weights, biases and activation names of ``Linear (act Linear)*``.
-
-    Args:
-        mlp: an ``nn.Sequential`` alternating ``nn.Linear`` (with bias) and
-            activation modules (``SiLU``, ``Mish``, ``ReLU``, ``GELU`` in either
-            form, ``Tanh``, ``Identity``), starting and ending with a Linear;
-            or one ``nn.Linear``. Modules must keep their class's own
-            ``forward`` and carry no forward hooks.
-
-    Returns:
-        ``(weights, biases, activations)`` as :func:`ddpm_ops.sample` takes
-        them (``weights[0]`` is the first Linear's whole weight).
-
-    Raises:
-        ValueError: a layer the op does not compute, named by position.
-    """
-    layers = list(mlp.children()) if isinstance(mlp, nn.Sequential) else [mlp]
-    weights, biases, activations = [], [], []
-    for position, layer in enumerate(layers):
-        if layer._forward_hooks or layer._forward_pre_hooks:
-            raise ValueError(f"mlp: layer {position} ({type(layer).__name__}) has forward hooks, "
-                             "which may change what it computes")
-        if position % 2 == 0:
-            if not (_keeps_forward(layer, nn.Linear) and layer.bias is not None):
-                raise ValueError(f"mlp: layer {position} should be nn.Linear with bias, got "
-                                 f"{type(layer).__name__}")
-            weights.append(layer.weight)
-            biases.append(layer.bias)
-            continue
-        name = _activation_name(layer)
-        if name is None:
-            raise ValueError(f"mlp: layer {position} should be one of SiLU, Mish, ReLU, GELU, Tanh, "
-                             f"Identity, got {layer!r}")
-        activations.append(name)
-    if not layers or len(layers) % 2 == 0:
-        raise ValueError(f"mlp: expected Linear, activation, ..., Linear, got {len(layers)} layers")
-    return weights, biases, activations
-
-
-def _keeps_forward(layer: nn.Module, cls: type) -> bool:
-    return isinstance(layer, cls) and type(layer).forward is cls.forward
-
 
 def _activation_name(layer: nn.Module) -> str | None:
-    return next((n for cls, fits, n in _ACTIVATION_MODULES if _keeps_forward(layer, cls) and fits(layer)), None)
+    return next((a.name for a in VOCABULARY if a.computed_by(layer)), None)
 
 
 def _split_time_embedding(time_embedding) -> tuple[nn.Module, nn.Sequential, str] | None:

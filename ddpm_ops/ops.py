@@ -10,8 +10,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from . import _library  # noqa: F401  (registers ddpm::fused_sample)
+from .calls import RULE, TIME_COLUMN, bias_net_args, call
 from .conditioning import BiasNet
+from .layers import mlp_layers
 from .reference import resolve_activations
 from .step_rules import StepRule
 
@@ -78,12 +79,12 @@ def fused_sample(
             an input that requires grad: the op is inference-only.
         TypeError: for a count that is not an int.
     """
-    return torch.ops.ddpm.fused_sample(
-        *_on_mesh_of(x, [x, _as_timesteps(t_start, x), list(weights), list(biases), sqrt_recip_alphas,
-                         coef_eps]),
-        _as_int("num_steps", num_steps), _as_int("total_timesteps", total_timesteps), validate,
-        precision,
-    )
+    return call(TIME_COLUMN, **_on_mesh_of(x, dict(x=x, t_start=_as_timesteps(t_start, x), weights=list(weights),
+                                                   biases=list(biases), sqrt_recip_alphas=sqrt_recip_alphas,
+                                                   coef_eps=coef_eps)),
+                num_steps=_as_int("num_steps", num_steps),
+                total_timesteps=_as_int("total_timesteps", total_timesteps), validate=validate,
+                precision=precision)
 
 
 def sample(
@@ -218,16 +219,14 @@ def sample(
             draw_from = generator if generator is not None else _default_generator(x.device)
     clip, clip_bounds = _clamp_args("clip", rule.clip, x)
     post_clip, post_clip_bounds = _clamp_args("post_clip", rule.post_clip, x)
-    tensors = _on_mesh_of(x, [flat, _as_timesteps(t_start, x), list(weights), list(biases), rule.tables(),
-                              time_bias, cond_bias, noise, noise_seed,
-                              *_bias_net_args(time_net), *_bias_net_args(cond_net), clip_bounds,
-                              post_clip_bounds])
-    flat, t, weights, biases, tables, time_bias, cond_bias, noise, noise_seed = tensors[:9]
-    out = torch.ops.ddpm.fused_sample.rule(
-        flat, t, weights, biases, tables, num_steps,
-        resolve_activations(activations, len(weights) - 1), time_bias, cond_bias, clip, post_clip,
-        noise, return_chain, validate, precision, noise_seed, *tensors[9:], draw_from,
-    )
+    tensors = dict(x=flat, t_start=_as_timesteps(t_start, x), weights=list(weights), biases=list(biases),
+                   step_tables=rule.tables(), time_bias=time_bias, cond_bias=cond_bias, noise=noise,
+                   noise_seed=noise_seed, clip_bounds=clip_bounds, post_clip_bounds=post_clip_bounds,
+                   **bias_net_args("time", time_net), **bias_net_args("cond", cond_net))
+    out = call(RULE, **_on_mesh_of(x, tensors), num_steps=num_steps,
+               activations=resolve_activations(activations, len(weights) - 1), clip=clip, post_clip=post_clip,
+               return_chain=return_chain, validate=validate, precision=precision,
+               **({} if draw_from is None else {"generator": draw_from}))
     if x.dim() == 2:
         return out
     return out.reshape(num_steps + 1, *x.shape) if return_chain else out.reshape(x.shape)
@@ -247,11 +246,11 @@ def _is_dtensor(t) -> bool:
     return isinstance(t, DTensor)
 
 
-def _on_mesh_of(x: torch.Tensor, args: list) -> list:
-    """``args`` as the op takes them with ``x``: unchanged for a plain ``x``;
-    for a DTensor ``x``, every plain tensor (also in a list) made a DTensor
-    replicated on ``x``'s mesh, as it is on every device (DTensor refuses to
-    mix the two)."""
+def _on_mesh_of(x: torch.Tensor, args: dict) -> dict:
+    """``args`` (the op's arguments by name) as the op takes them with ``x``:
+    unchanged for a plain ``x``; for a DTensor ``x``, every plain tensor (also
+    in a list) made a DTensor replicated on ``x``'s mesh, as it is on every
+    device (DTensor refuses to mix the two)."""
     if not _is_dtensor(x):
         return args
     from torch.distributed.tensor import DTensor, Replicate
@@ -265,7 +264,7 @@ def _on_mesh_of(x: torch.Tensor, args: list) -> list:
             return DTensor.from_local(value, x.device_mesh, replicated, run_check=False)
         return value
 
-    return [on_mesh(arg) for arg in args]
+    return {name: on_mesh(value) for name, value in args.items()}
 
 
 def _row_seeds(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -298,10 +297,6 @@ def _clamp_args(name: str, bounds, x: torch.Tensor) -> tuple[list[float] | None,
     return None, bounds.reshape(2, -1).contiguous()
 
 
-def _bias_net_args(net: BiasNet | None) -> tuple:
-    return (None, None, None, None) if net is None else net.op_args()
-
-
 def _as_timesteps(t_start, x: torch.Tensor) -> torch.Tensor:
     """``t_start`` as the op takes it: a Python int becomes one int64 timestep per row of ``x``."""
     if isinstance(t_start, torch.Tensor):
@@ -324,40 +319,13 @@ def mlp_parameters(eps_net: nn.Module) -> tuple[list[torch.Tensor], list[torch.T
     """The weights and biases of an ``nn.Sequential`` of ``Linear`` and ``SiLU``.
 
     Raises ``ValueError`` unless ``eps_net`` is Linear (SiLU Linear)*, each
-    Linear with a bias: the only MLP the op computes. Subclasses that keep
-    ``nn.Linear``'s / ``nn.SiLU``'s own ``forward`` (a parametrized Linear,
-    e.g. weight norm) count; one that overrides it, or a module with forward
-    hooks, is refused: it computes something else.
+    Linear with a bias: the network of the time-column op
+    (:func:`~ddpm_ops.layers.mlp_layers` restricted to SiLU). Subclasses that
+    keep ``nn.Linear``'s / ``nn.SiLU``'s own ``forward`` (a parametrized
+    Linear, e.g. weight norm) count; one that overrides it, or a module with
+    forward hooks, is refused: it computes something else.
     """
-    layers = list(eps_net.children()) if isinstance(eps_net, nn.Sequential) else [eps_net]
-    if not layers:
-        raise ValueError("eps_net: expected Linear, SiLU, Linear, ..., Linear, got an empty nn.Sequential")
-    for module in (eps_net, *layers):
-        if module._forward_hooks or module._forward_pre_hooks:
-            raise ValueError(f"eps_net: {type(module).__name__} has forward hooks, which may change "
-                             "what it computes; expected plain Linear and SiLU modules")
-    weights, biases = [], []
-    for position, layer in enumerate(layers):
-        expect_linear = position % 2 == 0
-        # The forward must be nn.Linear's / nn.SiLU's own (a parametrized Linear
-        # keeps it); a subclass that overrides it computes something else.
-        if expect_linear and _computes_like(layer, nn.Linear) and layer.bias is not None:
-            weights.append(layer.weight)
-            biases.append(layer.bias)
-        elif not expect_linear and _computes_like(layer, nn.SiLU):
-            continue
-        else:
-            expected = "nn.Linear with bias" if expect_linear else "nn.SiLU"
-            given = type(layer).__name__
-            expected_cls = nn.Linear if expect_linear else nn.SiLU
-            if isinstance(layer, expected_cls):
-                given += " without bias" if _computes_like(layer, expected_cls) else " with its own forward"
-            raise ValueError(
-                f"eps_net: expected Linear, SiLU, Linear, ..., Linear; layer {position} "
-                f"should be {expected}, got {given}"
-            )
-    if len(layers) % 2 == 0:
-        raise ValueError(f"eps_net: expected the last layer to be nn.Linear, got {type(layers[-1]).__name__}")
+    weights, biases, _ = mlp_layers(eps_net, activations=("silu",), name="eps_net")
     return weights, biases
 
 
@@ -374,10 +342,6 @@ def silu_mlp(widths: list[int], *, bias: bool = True) -> nn.Sequential:
             layers.append(nn.SiLU())
         layers.append(nn.Linear(fan_in, fan_out, bias=bias))
     return nn.Sequential(*layers)
-
-
-def _computes_like(layer: nn.Module, cls: type) -> bool:
-    return isinstance(layer, cls) and type(layer).forward is cls.forward
 
 
 class FusedDDPMSampler(nn.Module):

@@ -13,26 +13,14 @@ on the first layer, and explicit noise.
 :func:`seeded_noise` is the noise the op draws itself from a ``noise_seed``,
 in float64.
 """
-import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from .layers import ACTIVATIONS
 from .step_rules import StepRule
-
-# The activations the op knows, by name: "gelu" is the erf form.
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "mish": F.mish,
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
-    "tanh": torch.tanh,
-    "identity": lambda h: h,
-}
-
 
 def reference(
     x: torch.Tensor,

@@ -173,3 +173,19 @@ def test_mlp_layers_reads_every_activation():
     weights, biases, names = ddpm_ops.mlp_layers(nn.Sequential(*layers))
     assert names == ["silu", "mish", "relu", "gelu", "gelu_tanh", "tanh", "identity"]
     assert len(weights) == len(biases) == 8
+
+
+def test_activation_vocabulary_is_the_ops():
+    """The op's table of activation names (csrc/checks.cpp) and the Python vocabulary agree."""
+    import pathlib
+    import re
+    from ddpm_ops.layers import ACTIVATIONS, VOCABULARY
+    source = (pathlib.Path(__file__).parents[1] / "csrc" / "checks.cpp").read_text()
+    table = re.search(r"\{\s*(\{\"\w+\", Activation::k\w+\},?\s*)+\}", source).group(0)
+    assert re.findall(r"\{\"(\w+)\", Activation::", table) == [a.name for a in VOCABULARY]
+    assert list(ACTIVATIONS) == [a.name for a in VOCABULARY]
+    h = torch.randn(5, 7, dtype=torch.float64)
+    for a in VOCABULARY:
+        module = a.module() if a.name != "gelu_tanh" else a.module(approximate="tanh")
+        assert a.computed_by(module)
+        assert torch.equal(module(h), a.function(h))

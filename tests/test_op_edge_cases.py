@@ -359,7 +359,7 @@ def test_coefficient_tables_bad_betas(betas, message):
 
 @pytest.mark.parametrize("net,message", [
     (nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)), r"layer 1 should be nn.SiLU, got ReLU"),
-    (nn.Sequential(nn.Linear(3, 4), nn.SiLU()), r"last layer to be nn.Linear, got SiLU"),
+    (nn.Sequential(nn.Linear(3, 4), nn.SiLU()), r"the last layer should be nn.Linear, got SiLU"),
     (nn.Sequential(nn.Linear(3, 4, bias=False)), r"layer 0 should be nn.Linear with bias, got Linear"),
     (nn.ReLU(), r"layer 0 should be nn.Linear with bias, got ReLU"),
 ])

@@ -72,8 +72,31 @@ in4: (2, 3) float32
 in5: (2,) float32
 in6: (100,) float32
 in7: (100,) float32
-fused_sample_default = ddpm.fused_sample.default(in1, in0, [in2, in4], [in3, in5], in6, in7, 2, 100)
-return fused_sample_default""")
+full_default = aten.full.default([100], 0.0)
+iota_default = prims.iota.default(100,)
+index_tensor = aten.index.Tensor(in6, [iota_default])
+unsqueeze_default = aten.unsqueeze.default(index_tensor, 1)
+reshape_default = aten.reshape.default(unsqueeze_default, [100])
+index_tensor_1 = aten.index.Tensor(in7, [iota_default])
+unsqueeze_default_1 = aten.unsqueeze.default(index_tensor_1, 1)
+reshape_default_1 = aten.reshape.default(unsqueeze_default_1, [100])
+neg_default = aten.neg.default(reshape_default_1,)
+mul_tensor = aten.mul.Tensor(neg_default, reshape_default)
+unsqueeze_default_2 = aten.unsqueeze.default(full_default, 0)
+unsqueeze_default_3 = aten.unsqueeze.default(full_default, 0)
+unsqueeze_default_4 = aten.unsqueeze.default(full_default, 0)
+unsqueeze_default_5 = aten.unsqueeze.default(reshape_default, 0)
+unsqueeze_default_6 = aten.unsqueeze.default(mul_tensor, 0)
+unsqueeze_default_7 = aten.unsqueeze.default(full_default, 0)
+cat_default = aten.cat.default([unsqueeze_default_2, unsqueeze_default_3, unsqueeze_default_4, unsqueeze_default_5, unsqueeze_default_6, unsqueeze_default_7],)
+slice_tensor = aten.slice.Tensor(in2, 1, 0, 2)
+clone_default = aten.clone.default(slice_tensor,)
+slice_tensor_1 = aten.slice.Tensor(in2, 1, 2, 3)
+convert_element_type_default = prims.convert_element_type.default(iota_default, torch.float32)
+div_tensor = aten.div.Tensor(convert_element_type_default, 100)
+unsqueeze_default_8 = aten.unsqueeze.default(div_tensor, 1)
+fused_sample_rule = ddpm.fused_sample.rule(in1, in0, [clone_default, in4], [in3, in5], cat_default, 2, [silu], None, None, None, None, None, False, False, fp32, None, unsqueeze_default_8, [slice_tensor_1], [], [])
+return fused_sample_rule""")
 
     def test_exported_graph(self):
         model = small_model()
@@ -83,8 +106,31 @@ return fused_sample_default""")
             self.assertLess(relative_error(ep.module()(x, t), model(x, t)), 1e-5)
         self.assertExpectedInline(ep.graph_module.code.strip(), """\
 def forward(self, p_eps_net_0_weight, p_eps_net_0_bias, p_eps_net_2_weight, p_eps_net_2_bias, b_sqrt_recip_alphas, b_coef_eps, x, t_start):
-    fused_sample_default = torch.ops.ddpm.fused_sample.default(x, t_start, [p_eps_net_0_weight, p_eps_net_2_weight], [p_eps_net_0_bias, p_eps_net_2_bias], b_sqrt_recip_alphas, b_coef_eps, 2, 100);  x = t_start = p_eps_net_0_weight = p_eps_net_2_weight = p_eps_net_0_bias = p_eps_net_2_bias = b_sqrt_recip_alphas = b_coef_eps = None
-    return (fused_sample_default,)""")
+    full_default = torch.ops.aten.full.default([100], 0.0, dtype = torch.float32, device = device(type='cpu'), pin_memory = False)
+    iota_default = torch.ops.prims.iota.default(100, start = 0, step = 1, dtype = torch.int64, device = device(type='cpu'), requires_grad = False)
+    index_tensor = torch.ops.aten.index.Tensor(b_sqrt_recip_alphas, [iota_default]);  b_sqrt_recip_alphas = None
+    unsqueeze_default = torch.ops.aten.unsqueeze.default(index_tensor, 1);  index_tensor = None
+    reshape_default = torch.ops.aten.reshape.default(unsqueeze_default, [100]);  unsqueeze_default = None
+    index_tensor_1 = torch.ops.aten.index.Tensor(b_coef_eps, [iota_default]);  b_coef_eps = None
+    unsqueeze_default_1 = torch.ops.aten.unsqueeze.default(index_tensor_1, 1);  index_tensor_1 = None
+    reshape_default_1 = torch.ops.aten.reshape.default(unsqueeze_default_1, [100]);  unsqueeze_default_1 = None
+    neg_default = torch.ops.aten.neg.default(reshape_default_1);  reshape_default_1 = None
+    mul_tensor = torch.ops.aten.mul.Tensor(neg_default, reshape_default);  neg_default = None
+    unsqueeze_default_2 = torch.ops.aten.unsqueeze.default(full_default, 0)
+    unsqueeze_default_3 = torch.ops.aten.unsqueeze.default(full_default, 0)
+    unsqueeze_default_4 = torch.ops.aten.unsqueeze.default(full_default, 0)
+    unsqueeze_default_5 = torch.ops.aten.unsqueeze.default(reshape_default, 0);  reshape_default = None
+    unsqueeze_default_6 = torch.ops.aten.unsqueeze.default(mul_tensor, 0);  mul_tensor = None
+    unsqueeze_default_7 = torch.ops.aten.unsqueeze.default(full_default, 0);  full_default = None
+    cat_default = torch.ops.aten.cat.default([unsqueeze_default_2, unsqueeze_default_3, unsqueeze_default_4, unsqueeze_default_5, unsqueeze_default_6, unsqueeze_default_7]);  unsqueeze_default_2 = unsqueeze_default_3 = unsqueeze_default_4 = unsqueeze_default_5 = unsqueeze_default_6 = unsqueeze_default_7 = None
+    slice_tensor = torch.ops.aten.slice.Tensor(p_eps_net_0_weight, 1, 0, 2)
+    clone_default = torch.ops.aten.clone.default(slice_tensor, memory_format = torch.contiguous_format);  slice_tensor = None
+    slice_tensor_1 = torch.ops.aten.slice.Tensor(p_eps_net_0_weight, 1, 2, 3);  p_eps_net_0_weight = None
+    to_dtype = torch.ops.aten.to.dtype(iota_default, torch.float32);  iota_default = None
+    div_tensor = torch.ops.aten.div.Tensor(to_dtype, 100);  to_dtype = None
+    unsqueeze_default_8 = torch.ops.aten.unsqueeze.default(div_tensor, 1);  div_tensor = None
+    fused_sample_rule = torch.ops.ddpm.fused_sample.rule(x, t_start, [clone_default, p_eps_net_2_weight], [p_eps_net_0_bias, p_eps_net_2_bias], cat_default, 2, ['silu'], None, None, None, None, None, False, False, 'fp32', None, unsqueeze_default_8, [slice_tensor_1], [], []);  x = t_start = clone_default = p_eps_net_2_weight = p_eps_net_0_bias = p_eps_net_2_bias = cat_default = unsqueeze_default_8 = slice_tensor_1 = None
+    return (fused_sample_rule,)""")
 
     def test_compiled_general_loop(self):
         import sys, os

@@ -15,7 +15,7 @@ from torch._inductor.utils import run_and_get_code
 
 import ddpm_ops  # noqa: F401  (installs the rewrite)
 from ddpm_ops import graph_pass
-from loops import tabddpm, v1_variants
+from loops import dppo, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 from test_rewrite_models import relative_error
 from loops.cases import CASES
@@ -182,7 +182,6 @@ class PerSampleFirstStep(v1_variants.PosteriorSampler):
 NEAR_MISSES = {
     "not affine": (SquaredUpdate(timesteps="int"), "multiplies two sample-dependent values"),
     "unsupported op": (LayerNormNet(), "['aten.sub.Tensor', 'aten.var_mean.correction'] reading it"),
-    "trajectory": (Trajectory(timesteps="int"), "used outside the step"),
     "per-sample, two a step": (PerSampleTwice(), "at its own timestep"),
     "per-sample, t - 1": (PerSamplePrevious(), "reads the timestep at offset 1"),
     "per-sample, first step's value": (PerSampleFirstStep(), "may differ between samples"),
@@ -192,18 +191,16 @@ NEAR_MISSES = {
 }
 
 
-GENERAL = "ddpm_ops: general reader: "
-TIME_COLUMN = "ddpm_ops: time-column matcher: "
+REWRITE = "ddpm_ops: rewrite: "
 
 
 def assert_general_reason(caplog, reason):
-    """The general reader's DEBUG line gives ``reason``; the time-column matcher's lines (it
-    reads first) say its form does not match, so they do not read as the reason."""
+    """The rewrite's DEBUG line of a loop left alone gives ``reason``."""
     lines = [r.getMessage() for r in caplog.records
              if r.name == "ddpm_ops.rewrite" and r.levelno == logging.DEBUG]
-    assert any(m.startswith(GENERAL + "loop of ") and reason in m for m in lines), lines
-    assert all(m.startswith(GENERAL) or m.startswith(TIME_COLUMN) and "is not the time-column form: " in m
+    assert any(m.startswith(REWRITE + "loop of ") and " left alone: " in m and reason in m
                for m in lines), lines
+    assert all(m.startswith(REWRITE) for m in lines), lines
 
 
 @pytest.mark.parametrize("case", sorted(NEAR_MISSES))
@@ -226,18 +223,45 @@ def test_near_misses_are_left_alone_and_say_why(case, caplog):
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_time_column_non_match_of_a_fused_loop_is_no_reason(caplog):
-    """A loop the general reader fuses: the time-column matcher's lines say only that its form
-    does not match, and no line says the loop was left alone."""
+def test_fused_loop_logs_no_reason(caplog):
+    """A fused loop: its INFO line, and no line says it was left alone."""
     model, args, _ = CASES["v1_int_t"]()
     with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
         compile_run(model, *args)
     lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
     assert any(m.startswith(f"ddpm_ops: fused {model.num_steps} steps into one ddpm::fused_sample.rule")
                for m in lines), lines
-    near = [m for m in lines if m.startswith(TIME_COLUMN)]
-    assert near and all("is not the time-column form: " in m for m in near), lines
     assert not any("left alone" in m for m in lines), lines
+
+
+def test_kept_trajectory_fuses_step_by_step(caplog):
+    """Every sample kept: the loop is cut before each step, and each step is a loop of its own."""
+    torch.manual_seed(0)
+    model = Trajectory(timesteps="int")
+    x = torch.randn(8, model.dim)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, x, model.T - 1)
+    with torch.no_grad():
+        assert relative_error(out, model(x, model.T - 1)) < 1e-5
+    assert len(RULE_CALL.findall(code)) == model.num_steps
+    assert not MATMUL.findall(code), code
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    assert any("cut at its step 1" in m and "(a trajectory kept?)" in m for m in lines), lines
+
+
+def test_action_chunk_loop_is_left_alone_and_says_why(caplog):
+    """DPPO's sampler: the network reads the action chunk (B, horizon, action_dim) flattened, the
+    update works on the chunk. Not read (the sample of the step is not the network's input):
+    left alone with eager's numbers and a DEBUG line."""
+    torch.manual_seed(0)
+    model = dppo.DPPODiffusion()
+    cond, noise = torch.randn(16, 11), torch.randn(7, 16, 4, 2)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, cond, noise.clone())
+    with torch.no_grad():
+        assert relative_error(out, model(cond, noise.clone())) < 1e-5
+    assert not RULE_CALL.search(code)
+    assert_general_reason(caplog, "")
 
 
 def test_float64_loop_is_left_alone(caplog):
@@ -296,14 +320,14 @@ def test_sample_in_an_addend_of_the_first_layer_is_left_alone(both, reason, capl
     with torch.no_grad():
         assert relative_error(out, model(x)) < 1e-5
     lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
-    assert any(m.startswith(GENERAL) and reason in m for m in lines), lines
+    assert any(m.startswith(REWRITE) and reason in m for m in lines), lines
 
 
 def test_loop_on_a_device_without_a_fused_kernel_is_left_alone(caplog, monkeypatch):
     """Where the general step has no fused kernel (a device but the CPU and CUDA) the op would
     run its ATen loop, slower than inductor's own code: the reader leaves the loop to inductor."""
-    from ddpm_ops.rewrite import loops
-    monkeypatch.setattr(loops, "has_fused_rule_kernel", lambda device: False)
+    from ddpm_ops.rewrite import plan
+    monkeypatch.setattr(plan, "has_fused_rule_kernel", lambda device: False)
     model, args, _ = CASES["diffusion_ql"]()
     with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
         _, code = compile_run(model, *args)
@@ -319,10 +343,9 @@ def test_training_graph_is_left_alone(caplog):
     assert not RULE_CALL.search("\n".join(code))
     lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
     if graph_pass._HAS_INFERENCE_FLAG:
-        assert lines == ["ddpm_ops: training graph left alone by the time-column matcher and the "
-                         "general reader alike (the op has no backward)"], lines
+        assert lines == ["ddpm_ops: training graph left alone (the op has no backward)"], lines
     else:  # torch < 2.12 does not tell a pass that it sees a training graph
-        assert any(m.startswith(GENERAL) and "left alone" in m for m in lines), lines
+        assert any(m.startswith(REWRITE) and "left alone" in m for m in lines), lines
     out.sum().backward()
     assert model.eps_net[0].weight.grad is not None
 

@@ -1,52 +1,34 @@
-"""The matcher and the rewrite of DDPM sampling loops on ATen FX graphs.
+"""The rewrite of sampling loops on ATen FX graphs into one ``ddpm::fused_sample.rule``.
 
-One matcher for both callers: the ``torch.compile`` pass
+One pass for both callers: the ``torch.compile`` pass
 (:mod:`ddpm_ops.graph_pass`, which installs it into inductor) and
 :func:`ddpm_ops.fuse_exported_program`. Its entry point is
-:func:`rewrite_graph`; :func:`looks_like_update` is the cheap filter the pass
-also uses to say that it skipped a training graph. The modules, each one
-concern:
+:func:`rewrite_graph`; :func:`looks_like_loop` is the cheap filter the pass
+uses to say that it skipped a training graph. The modules follow the
+pipeline, one concern each:
 
-* :mod:`.patterns`: node predicates and the small structural readers (a
-  ``(B, 1)`` column, a table lookup, the time column, SiLU, a transpose);
-* :mod:`.linear`: a Linear with bias in each ATen form it lowers to;
-* :mod:`.steps`: one sampling step (its structure, its types, its isolation)
-  and the chaining of steps into runs;
-* :mod:`.replace`: whether a run may be replaced, the insertion of the op and
-  the removal of what only the run needed;
-* :mod:`.report`: the INFO line of each fused loop and the counts of
-  ``ddpm_ops.rewrite_stats()``, also for graphs served from the FX graph cache.
+1. read the network: :mod:`.linear` (a Linear in each ATen form),
+   :mod:`.activations` (the activations between them), :mod:`.network` (every
+   MLP application), :mod:`.chain` (applications of one network, each reading
+   the sample the previous one made: a loop);
+2. read the step: :mod:`.affine` (one step's update as an affine function of
+   the sample, the network's output and a noise draw), :mod:`.plan` (every
+   step of a loop proved, with one clamp of x0 and one of the result);
+3. build the tables: :mod:`.timesteps` (step-only values as step 0's function
+   of its timestep), :mod:`.tables` (the ``(6, S)`` step tables);
+4. emit the call: :mod:`.emit` (the op's arguments, by keyword through
+   :mod:`ddpm_ops.calls`), :mod:`.pipeline` (the driver: guards, replacement,
+   dead code);
+5. report: :mod:`.report` (one INFO line per fused loop, the counts of
+   ``ddpm_ops.rewrite_stats()``, graphs served from the FX graph cache too).
 
-What is matched (every fact is proved on the graph, or nothing is rewritten)
----------------------------------------------------------------------------
-One step is ``x_out = c1 * (x - c2 * eps)`` (either operand order of each
-``mul``) where
-
-* ``eps = Linear_L(SiLU(... SiLU(Linear_1(cat([x, tcol], dim=1 or -1)))))``,
-  each Linear with a bias (``aten.linear``, ``permute``/``t`` + ``addmm`` or
-  ``mm`` + ``add``), SiLU exactly (``aten.silu``, ``z * sigmoid(z)`` or
-  ``z / (1 + exp(-z))``) between layers and nothing after the last;
-* ``tcol`` is ``(t.float() / T)`` reshaped to ``(B, 1)``, ``T`` a positive
-  integer constant;
-* ``c1 = table_a[t]`` and ``c2 = table_b[t]`` reshaped to ``(B, 1)``, with
-  ``t = root - k`` for an integer constant ``k`` (``root - 0``, plain
-  ``root`` and repeated ``t = t - 1`` all resolve to an offset from a root);
-* everything float32, ``t`` int32/int64 of shape ``(B,)``, one device;
-* no intermediate of the step (the MLP activations, ``eps``, ``c2 * eps``,
-  ``x - c2 * eps``) is used outside the step.
-
-A Linear may also appear as inductor's ``pad_mm`` leaves it on CUDA (operands
-zero-padded to aligned sizes, the result sliced back). A run inside which an
-in-place op executes (possible in ``torch.export``'s default, non-functional
-IR) is left alone: the op would read its inputs after that mutation.
-
-Consecutive steps form a run when step ``i+1`` reads exactly step ``i``'s
-output (and nothing else reads it), uses the same weight, bias and table
-nodes, the same ``T`` and the same root with offset one larger. Each run
-becomes ``ddpm::fused_sample(x_first, t_first, W, b, table_a, table_b, K, T)``;
-a run may be a part of a loop (e.g. when the first step differs, or when the
-user keeps a trajectory, every kept ``x`` ends a run). Anything else is left
-exactly as it was, and the reason is logged at DEBUG on ``ddpm_ops.rewrite``.
+:mod:`.nodes` holds the node predicates they share. Every fact is proved on
+the graph, or the loop is left exactly as it was with one DEBUG line on
+``ddpm_ops.rewrite`` naming the first fact not proved. A step that alone
+cannot be fused (its sample kept in a trajectory, an intermediate used
+elsewhere) cuts its loop there, and each part is read as a loop of its own;
+a network applied once is a loop of one step when it reads a time input
+beside the sample.
 
 Behaviour change, deliberately accepted
 ---------------------------------------
@@ -58,7 +40,6 @@ the rewrite changes behaviour only for inputs on which the loop was already
 wrong (silently wrapping), and then turns a silent wrong answer into a loud
 one; for all in-range inputs the result is the same numbers.
 """
-from .replace import rewrite_graph
-from .steps import looks_like_update
+from .pipeline import looks_like_loop, rewrite_graph
 
-__all__ = ["looks_like_update", "rewrite_graph"]
+__all__ = ["looks_like_loop", "rewrite_graph"]

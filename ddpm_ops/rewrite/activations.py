@@ -4,7 +4,7 @@
 ``relu``, ``gelu``, ``gelu_tanh``, ``tanh``), the activation's input and its
 nodes, or raises ``_NoMatch``. Post-grad, ``nn.Mish`` is decomposed to
 ``z * tanh(softplus(z))`` with softplus's threshold of 20 written as
-``where(z > 20, z, log1p(exp(z)))``; SiLU's forms are :func:`.patterns._silu`'s.
+``where(z > 20, z, log1p(exp(z)))``; SiLU is ``aten.silu``, ``z * sigmoid(z)`` or ``z / (1 + exp(-z))``.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from torch.fx import Node
 
-from .patterns import _NoMatch, _is, _silu, aten
+from .nodes import _NoMatch, _is, _no_kwargs, aten
 
 
 def _activation(node: Any) -> tuple[str, Node, list[Node]]:
@@ -93,3 +93,23 @@ def _decomposed_gelu(node: Any) -> tuple[str, Node, list[Node]] | None:
                         and list(cube.args[0].args) == [z, z]:
                     return "gelu_tanh", z, [node, half, rest, inner, scaled, s, s.args[1], cube, cube.args[0]]
     return None
+
+
+def _silu(node: Any) -> tuple[Node, list[Node]]:
+    """``(z, nodes)`` for ``SiLU(z)`` in any of its ATen spellings; else raise."""
+    if _is(node, aten.silu.default):
+        return node.args[0], [node]
+    if _is(node, aten.mul.Tensor):
+        a, b = node.args[:2]
+        for z, s in ((a, b), (b, a)):
+            if _is(s, aten.sigmoid.default) and s.args[0] is z:
+                return z, [node, s]
+    if _is(node, aten.div.Tensor):
+        z, den = node.args[:2]
+        if _is(den, aten.add.Tensor) and _no_kwargs(den, {"alpha": 1}):
+            for e, one in (den.args[:2], den.args[1::-1]):
+                if one == 1 and _is(e, aten.exp.default) and _is(e.args[0], aten.neg.default) \
+                        and e.args[0].args[0] is z:
+                    return z, [node, den, e, e.args[0]]
+    name = getattr(node, "target", node)
+    raise _NoMatch(f"activation {getattr(node, 'name', node)} ({name}) is not SiLU")

@@ -18,10 +18,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch.fx import Node
 
-from .patterns import _NoMatch, _is, _known_eq, _no_kwargs, _val, aten, prims
+from .nodes import _NoMatch, _is, _known_eq, _no_kwargs, _val, aten, prims
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,12 @@ and loop-invariant ones). For applications ``N_0 .. N_{K-1}`` of one network,
 step ``k`` reads ``x_k``, the piece of ``N_k``'s input that depends on
 ``N_{k-1}`` (the same position of a ``cat`` in every step); its update is
 every node that depends on ``x_k`` or ``e_k`` up to ``x_{k+1}``, the piece
-``N_{k+1}`` reads. The last step ends at the first node every later use of
-the step goes through (:func:`_step_end`).
+``N_{k+1}`` reads. The last step ends at a node every later use of the step
+goes through (:func:`_step_ends` lists them; :mod:`.plan` chooses). An
+application chained to no other is a loop of one step where it reads a time
+input beside its sample (:func:`_lone_x_pos`). A step that alone cannot be
+fused raises :class:`_StepNoMatch`, and its loop is cut there
+(:meth:`_Loop.part`).
 """
 from __future__ import annotations
 
@@ -17,19 +21,36 @@ from dataclasses import dataclass
 from torch.fx import Graph, Node
 
 from .network import _Net
-from .patterns import _ASSERT_METADATA, _NoMatch, _is, _val, aten
+from .nodes import _ASSERT_METADATA, _NoMatch, _is, _val, aten
 
 
 @dataclass
 class _Loop:
-    """``K`` steps of one network: ``nets[k]`` reads ``pieces[k]`` (``x`` at ``x_pos``)."""
+    """``K`` steps of one network: ``nets[k]`` reads ``pieces[k]`` (``x`` at ``x_pos``).
+    ``next_x`` is the sample the step after the last one reads, where a longer loop was cut
+    after this part: the part's last step ends there."""
 
     nets: list
     pieces: list  # per step, the first Linear's input pieces (a cat's tensors, or [input]), then its terms
     x_pos: int
+    next_x: Node | None = None
 
     def x(self, k: int) -> Node:
         return self.pieces[k][self.x_pos]
+
+    def part(self, start: int, stop: int) -> _Loop:
+        """Steps ``start .. stop - 1`` as a loop of their own."""
+        return _Loop(self.nets[start:stop], self.pieces[start:stop], self.x_pos,
+                     self.x(stop) if stop < len(self.nets) else self.next_x)
+
+
+class _StepNoMatch(_NoMatch):
+    """A step that cannot be fused (``step``); ``sample_kept``: only because its sample is also
+    used outside the loop (a kept trajectory), so the loop may be cut just before it."""
+
+    def __init__(self, message: str, step: int, sample_kept: bool = False):
+        super().__init__(message)
+        self.step, self.sample_kept = step, sample_kept
 
 
 def _pieces(net: _Net) -> list:
@@ -59,17 +80,20 @@ def _latest_step(graph: Graph, nets: list[_Net]) -> dict[Node, int]:
     return latest
 
 
-def _loops(nets: list[_Net], latest: dict[Node, int]) -> tuple[list[_Loop], list[str]]:
+def _loops(nets: list[_Net], latest: dict[Node, int], direct=lambda piece, net: True) -> tuple[list[_Loop], list[str]]:
     """The loops among ``nets`` (applications of one network, in graph order),
-    and why applications that read a previous one were not chained."""
+    and why applications that read a previous one were not chained. ``direct(piece, net)``
+    says whether ``piece`` is made from ``net``'s output with no other network applied in
+    between (another network's step: the two are no consecutive steps). An application
+    chained to none is a loop of one step where :func:`_lone_x_pos` finds its sample."""
     loops, reasons = [], []
     current: list[int] = []
     positions: list[int] = []
 
     def close():
-        if len(current) >= 2:
-            loops.append(_Loop([nets[i] for i in current], [_pieces(nets[i]) for i in current],
-                               positions[0]))
+        x_pos = positions[0] if positions else _lone_x_pos(nets[current[0]]) if current else None
+        if x_pos is not None:
+            loops.append(_Loop([nets[i] for i in current], [_pieces(nets[i]) for i in current], x_pos))
         current.clear()
         positions.clear()
 
@@ -83,7 +107,8 @@ def _loops(nets: list[_Net], latest: dict[Node, int]) -> tuple[list[_Loop], list
             close()
             continue
         if len(reading) == 1 and reading[0] < len(pieces) - len(net.terms) and current \
-                and current[-1] == j - 1 and len(pieces) == len(_pieces(nets[j - 1])):
+                and current[-1] == j - 1 and len(pieces) == len(_pieces(nets[j - 1])) \
+                and direct(pieces[reading[0]], nets[j - 1]):
             current.append(j)
             positions.append(reading[0])
             continue
@@ -96,6 +121,39 @@ def _loops(nets: list[_Net], latest: dict[Node, int]) -> tuple[list[_Loop], list
         current.append(j)
     close()
     return loops, reasons
+
+
+def _lone_x_pos(net: _Net) -> int | None:
+    """The sample's place among the pieces of a network applied once: the one piece of the
+    first Linear's input shaped like the network's output that is also read after the network
+    (by the update), where the network reads a time input beside it; else ``None``."""
+    pieces = _pieces(net)
+    if len(pieces) < 2:
+        return None  # no time input: an MLP, not a sampling step
+    out = _val(net.out)
+    found = []
+    for p, a in enumerate(pieces[:len(pieces) - len(net.terms)]):
+        v = _val(a)
+        if out is None or v is None or tuple(v.shape) != tuple(out.shape):
+            continue
+        readers = [u for u in a.users if u is not net.inp and u not in net.nodes]
+        if readers and _reaches(net.out, set(readers)):
+            found.append(p)
+    return found[0] if len(found) == 1 else None
+
+
+def _reaches(start: Node, targets: set, limit: int = 64) -> bool:
+    """Whether one of ``targets`` is among the first ``limit`` descendants of ``start``."""
+    seen, work = set(), [start]
+    while work and len(seen) < limit:
+        n = work.pop()
+        if n in targets:
+            return True
+        if n in seen:
+            continue
+        seen.add(n)
+        work.extend(n.users)
+    return False
 
 
 def _descendants(starts: list[Node], stop: Node | None, excluded: set) -> list[Node]:
@@ -126,44 +184,51 @@ def _ancestors_within(node: Node, region: set) -> set:
 
 
 def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node, set]:
-    """``(x_{k+1}, update nodes)`` of step ``k``; raise ``_NoMatch`` if something
-    inside the step is used outside it. For the last step ``choose(ends)`` picks
-    where it ends among the possible ends (the first by default)."""
+    """``(x_{k+1}, update nodes)`` of step ``k``; raise :class:`_StepNoMatch` if something
+    inside the step is used outside it. Where the loop's last step has no known end
+    (``loop.next_x``), ``choose(ends, region)`` picks it among the possible ends (the first by
+    default)."""
     net, x = loop.nets[k], loop.x(k)
     excluded = net.nodes | {net.inp}
-    if k + 1 < len(loop.nets):
-        end = loop.x(k + 1)
+    end = loop.x(k + 1) if k + 1 < len(loop.nets) else loop.next_x
+    if end is not None:
         region = _descendants([x, net.out], end, excluded)
+        if k == 0:  # the loop's input may be read elsewhere too (kept in a trajectory): not the step
+            inside = _ancestors_within(end, set(region))
+            excluded |= {u for u in x.users if u not in inside and u is not end}
+            region = _descendants([x, net.out], end, excluded)
         if end not in region:
-            raise _NoMatch(f"the sample {end.name} of step {k + 1} does not depend on step {k}")
+            raise _StepNoMatch(f"the sample {end.name} of step {k + 1} does not depend on step {k}", k)
     else:
         region = _descendants([x, net.out], None, excluded)
-        ends = _step_ends(region, x, net.out)
+        ends = _step_ends(region, net.out)
         end = choose(ends, set(region)) if choose is not None else ends[0]
     inside = _ancestors_within(end, set(region)) | {end}
-    last = k + 1 == len(loop.nets)
-    stray = [n for n in region if n not in inside and not (last and position[n] > position[end])]
+    # The loop's own input stays in the graph; a later step's sample is replaced by the op.
+    outside = [u for u in x.users if u is not net.inp and u not in inside and u not in net.nodes] if k else []
+    if outside:
+        raise _StepNoMatch(f"the sample {x.name} of step {k} is also used by {[u.name for u in outside]} "
+                           "(a trajectory kept?)", k, sample_kept=True)
+    open_end = loop.next_x is None and k + 1 == len(loop.nets)
+    stray = [n for n in region if n not in inside and not (open_end and position[n] > position[end])]
     if stray:
-        raise _NoMatch(f"{stray[0].name} of step {k} is used outside the step "
-                       f"(by {[u.name for u in stray[0].users]})")
+        raise _StepNoMatch(f"{stray[0].name} of step {k} is used outside the step "
+                           f"(by {[u.name for u in stray[0].users]})", k)
     leaked = [n for n in net.nodes if n is not net.out and any(u not in net.nodes for u in n.users)]
     if leaked:
-        raise _NoMatch(f"the network's intermediate {leaked[0].name} is used outside the step "
-                       f"(by {[u.name for u in leaked[0].users if u not in net.nodes]})")
-    outside = [u for u in x.users if u is not net.inp and u not in inside and u not in net.nodes]
-    if outside:
-        raise _NoMatch(f"the sample {x.name} of step {k} is also used by {[u.name for u in outside]} "
-                       "(a trajectory kept?)")
+        raise _StepNoMatch(f"the network's intermediate {leaked[0].name} is used outside the step "
+                           f"(by {[u.name for u in leaked[0].users if u not in net.nodes]})", k)
     return end, inside
 
 
-def _step_ends(region: list[Node], x: Node, e: Node) -> list[Node]:
+def _step_ends(region: list[Node], e: Node) -> list[Node]:
     """The nodes of ``region`` (in graph order) where the last step may end: every
-    earlier node of it is an ancestor, and no later one reads an earlier one, ``x`` or ``e``."""
+    earlier node of it is an ancestor, and no later one reads an earlier one or ``e``
+    (a later reader of the sample is :func:`_step_region`'s to judge)."""
     members = set(region)
     ends = []
     for i, n in enumerate(region):
-        earlier = set(region[:i]) | {x, e}
+        earlier = set(region[:i]) | {e}
         if len(_ancestors_within(n, members)) != i:
             continue
         if all(not (set(m.all_input_nodes) & earlier) for m in region[i + 1:]):

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.fx import Node
 
-from .patterns import _NoMatch, _int_const, _is, _known_eq, _no_kwargs, _shape_eq, _times_one, \
+from .nodes import _NoMatch, _int_const, _is, _known_eq, _no_kwargs, _shape_eq, _times_one, \
     _transposed, _val, aten
 
 

@@ -20,7 +20,7 @@ from torch.fx import Graph, Node
 
 from .activations import _activation
 from .linear import _linear
-from .patterns import _NoMatch, _is, _no_kwargs, _shape_eq, _val, aten
+from .nodes import _NoMatch, _is, _no_kwargs, _shape_eq, _val, aten
 
 _LINEAR_TARGETS = (aten.addmm.default, aten.add.Tensor, aten.linear.default, aten.slice.Tensor)
 

@@ -23,7 +23,7 @@ import torch
 
 log = logging.getLogger("ddpm_ops.rewrite")
 
-#: What the general reader did in this process: loops fused, steps fused, loops left alone.
+#: What the rewrite did in this process: loops fused, steps fused, loops left alone.
 STATS = {"loops_fused": 0, "steps_fused": 0, "loops_left_alone": 0}
 
 _STAT_KEY = "ddpm_ops."

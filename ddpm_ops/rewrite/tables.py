@@ -18,13 +18,14 @@ from torch.fx import Graph, Node
 
 from .affine import _Coef
 from .linear import _linear
-from .patterns import _NoMatch, _is, _known_eq, _val, aten, prims
+from .nodes import _NoMatch, _is, _known_eq, _val, aten, prims
 
 
 class _Emitter:
-    """Inserts nodes before ``anchor``, each with its fake ``val``. A symbolic size among the
-    arguments (a dynamic batch) is read from ``sample``, the node whose value ``example`` is,
-    by an ``aten.sym_size`` node: a post-grad graph names its sizes by nodes, not constants."""
+    """Inserts nodes before ``anchor``, each with its fake ``val`` and the anchor's module stack.
+    A symbolic size among the arguments (a dynamic batch) is read from ``sample``, the node
+    whose value ``example`` is, by an ``aten.sym_size`` node: a post-grad graph names its sizes
+    by nodes, not constants."""
 
     def __init__(self, graph: Graph, anchor: Node, example: torch.Tensor, sample: Node | None = None):
         self.graph, self.anchor, self.sample = graph, anchor, sample
@@ -51,6 +52,10 @@ class _Emitter:
         with self.graph.inserting_before(self.anchor):
             node = self.graph.call_function(target, args, kwargs)
         self.inserted.append(node)
+        # An exported program's unflatten places every node by its module stack: the loop's.
+        for key in ("nn_module_stack", "stack_trace"):
+            if key in self.anchor.meta:
+                node.meta[key] = self.anchor.meta[key]
         if self.fake_mode is not None:
             vals = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta.get("val"))
             with self.fake_mode, torch.no_grad():
@@ -165,7 +170,8 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
         bias = _val(bias)
         return bias is not None and bias.dim() <= 1 and _uniform(inp, batch, memo)
     tags = getattr(node.target, "tags", ())
-    if torch.Tag.pointwise in tags or _is(node, prims.convert_element_type.default, aten._to_copy.default):
+    if torch.Tag.pointwise in tags or _is(node, prims.convert_element_type.default, aten._to_copy.default,
+                                             aten.to.dtype):
         return _inputs_uniform(node, batch, memo)
     if _is(node, aten.gather.default, aten.index.Tensor, aten.index_select.default):
         return _inputs_uniform(node, batch, memo)
@@ -272,12 +278,15 @@ def _indexed_tables(em: _Emitter, updates: list, reemit, batch) -> Node:
     """``(6, S)``: step 0's coefficients evaluated at every step index ``s``."""
     S = reemit.size()
     memo: dict = {}
+    constant_rows: dict = {}  # one row per number the coefficients are (the absent ones' 0.0)
     rows = []
     for c in _coefs(updates[0]):
         v = 0.0 if c is None else _vector(em, c, reemit, batch, memo)
         if not isinstance(v, Node):
-            v = em.full([], v)
-        if _val(v).dim() == 0:
+            if v not in constant_rows:
+                constant_rows[v] = em.full([S], v)
+            v = constant_rows[v]
+        elif _val(v).dim() == 0:
             v = em(aten.expand.default, em(aten.reshape.default, v, [1]), [S])
         rows.append(v)
     return em.stack(rows)

@@ -26,7 +26,7 @@ import torch
 from torch.fx import Node
 
 from .linear import _linear
-from .patterns import _NoMatch, _is, _known_eq, _resolve_t, _val, aten, prims
+from .nodes import _NoMatch, _is, _known_eq, _resolve_t, _val, aten, prims
 
 _RANDOM = {getattr(prims, n).default for n in ("inductor_random", "inductor_randint", "inductor_seeds")
            if hasattr(prims, n)}
@@ -69,8 +69,7 @@ class _Sites:
     def _full_pair(self, a: Node, b: Node) -> bool:
         if not (_is(a, aten.full.default) and _is(b, aten.full.default)):
             return False
-        va, vb = _val(a), _val(b)
-        return list(a.args[0]) == list(b.args[0]) and a.kwargs == b.kwargs and va.dim() >= 1 \
+        return list(a.args[0]) == list(b.args[0]) and a.kwargs == b.kwargs and _val(a).dim() >= 1 \
             and isinstance(a.args[1], (int, float)) and isinstance(b.args[1], (int, float))
 
     def pair(self, a: Node, b: Node, k: int) -> bool:
@@ -153,6 +152,38 @@ def _find_sites(per_step: list[list], K: int) -> _Sites:
     return sites
 
 
+def _lookup_sites(values: list) -> _Sites:
+    """The sites of one step's ``values`` (a loop of one step): the index of every table lookup
+    they read, and every other node that is that timestep, ``root - offset`` with one root and
+    one offset for all; raise if two lookups read different timesteps."""
+    sites = _Sites(1)
+    nodes, seen, work = [], set(), [v for v in values if isinstance(v, Node)]
+    while work:
+        n = work.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        nodes.append(n)
+        work.extend(n.all_input_nodes)
+    for n in nodes:
+        if _is(n, *_LOOKUPS):
+            idx = (n.args[1][0] if len(n.args[1]) == 1 else None) if _is(n, aten.index.Tensor) else n.args[2]
+            if isinstance(idx, Node) and _val(idx) is not None and _val(idx).dim() == 1:
+                root, offset = _resolve_t(idx)
+                if sites.root not in (None, root) or sites.offset not in (None, offset):
+                    raise _NoMatch(f"{n.name} reads the timestep {idx.name}, another lookup "
+                                   f"{sites.root.name} - {sites.offset}")
+                sites.root, sites.offset, sites.kind = root, offset, "index"
+    if sites.root is None:
+        return sites
+    for n in nodes:
+        v = _val(n)
+        if v is not None and v.dim() == 1 and v.dtype in (torch.int32, torch.int64) \
+                and _resolve_t(n) == (sites.root, sites.offset):
+            sites.steps[n] = [n]
+    return sites
+
+
 class _Reemit:
     """Copies step-0 values with their sites replaced by vectors (see the module docstring)."""
 
@@ -208,7 +239,7 @@ class _Reemit:
         if n.op != "call_function" or out is None or out.dim() == 0 or _random(n):
             raise _NoMatch(f"{n.name} ({n.target}) is not a row-wise function of the timestep")
         tags = getattr(n.target, "tags", ())
-        if torch.Tag.pointwise in tags or _is(n, prims.convert_element_type.default, *_KEEP_ROWS) \
+        if torch.Tag.pointwise in tags or _is(n, prims.convert_element_type.default, aten.to.dtype, *_KEEP_ROWS) \
                 or (_is(n, aten._to_copy.default) and out.device == _val(n.args[0]).device):
             for a in n.all_input_nodes:
                 self._rows_operand(n, a)

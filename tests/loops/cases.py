@@ -1,7 +1,8 @@
 """Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
 import torch
 
-from . import cleandiffuser, diffusers_style, diffusion_ql, tabddpm, tiny_diffusion, v1_variants
+from . import cleandiffuser, diffusers_style, diffusion_ql, idql, readme, scheduler_step, tabddpm, \
+    tiny_diffusion, v1_variants
 
 
 def _dql():
@@ -53,6 +54,25 @@ def _v1(**kw):
     return make
 
 
+def _readme(**kw):
+    def make():
+        torch.manual_seed(0)
+        m = readme.TimeColumnLoop(**kw)
+        return m, (torch.randn(8, 4), torch.randint(m.num_steps, m.total_timesteps, (8,))), \
+            (m.num_steps, 8, 4) if m.noise else None
+    return make
+
+
+def _int_scheduler():
+    torch.manual_seed(0)
+    return scheduler_step.IntTimestepLoop(), (torch.randn(8, 3),), (10, 8, 3)
+
+
+def _idql():
+    torch.manual_seed(0)
+    return idql.IDQLActor(), (torch.randn(16, 11),), (6, 16, 3)
+
+
 CASES = {
     "diffusion_ql": _dql,
     "cleandiffuser_dql_ddpm": _cd("dql", "ddpm"),
@@ -72,4 +92,11 @@ CASES = {
     "v1_obs": _v1(obs_dim=5),
     "v1_noise_clamps": _v1(noise=True, clip=(-1.0, 1.0), post_clip=(-3.0, 3.0)),
     "v1_full_noise_clamps": _v1(timesteps="full", noise=True, clip=(-1.0, 1.0), post_clip=(-3.0, 3.0)),
+    "v1_gather_expand": _v1(lookup="gather_expand"),
+    "v1_gather_expand_obs": _v1(lookup="gather_expand", obs_dim=5),
+    "readme_noise": _readme(noise=True),
+    "readme_clamp": _readme(clamp=2.0),
+    "readme_noise_clamp": _readme(noise=True, clamp=2.0),
+    "int_t_scheduler_step": _int_scheduler,
+    "idql": _idql,
 }

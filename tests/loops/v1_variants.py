@@ -9,7 +9,8 @@ from .common import ddpm_buffers, extract, extract_expand, linear_beta_schedule
 
 class PosteriorSampler(nn.Module):
     """``timesteps``: "tensor" (per-sample ``t_start - k``), "full" (``torch.full``) or "int"
-    (Python-int indexing, 0-d coefficients); ``lookup``: "gather" or "expand"."""
+    (Python-int indexing, 0-d coefficients); ``lookup``: "gather" (``extract``), "expand"
+    (TabDDPM's) or "gather_expand" (``table.gather(-1, t)[..., None].expand(x.shape)``)."""
 
     def __init__(self, dim=4, hidden=32, num_steps=6, T=20, timesteps="tensor", lookup="gather",
                  obs_dim=0, noise=False, clip=None, post_clip=None):
@@ -24,6 +25,8 @@ class PosteriorSampler(nn.Module):
     def coef(self, table, t, x):
         if self.timesteps == "int":
             return table[t]
+        if self.lookup == "gather_expand":
+            return table.gather(-1, t)[..., None].expand(x.shape)
         return extract(table, t, x.shape) if self.lookup == "gather" else extract_expand(table, t, x.shape)
 
     def forward(self, x, t_start, obs=None, noise=None):

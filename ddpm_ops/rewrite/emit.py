@@ -1,143 +1,33 @@
-"""The general reading of sampling loops: any MLP, any affine update, as ``ddpm::fused_sample.rule``.
+"""Emitting the call: the arguments of ``ddpm::fused_sample.rule`` for a proved loop.
 
-A loop is found as applications of one network, each reading the sample the
-previous step made (:mod:`.chain`). Each step is proved to be
-
-    h = first Linear of [x, step-only pieces, loop-invariant pieces]
-    e = the rest of the network (one activation per layer)
-    x_{k+1} = clamp(C*clamp(A*x - B*e) + D*x + E*e + S*z)   (:mod:`.affine`)
-
-with coefficients and pieces that depend on the step only, or on nothing
-that changes over the loop. The step-only values become tables
-(:mod:`.tables`), the first Linear's step-only columns ``time_bias``, its
-loop-invariant columns ``cond_bias`` (or, for one piece each, the op's time
-and condition bias networks: the MLP that makes the piece and its columns,
-so that the op runs them), the noise draws one ``(K, B, dim)`` tensor.
-Anything not proved is left alone with one DEBUG line.
+From a :class:`.plan._Plan`: the step tables (:mod:`.tables`, over the step
+indices of per-sample timesteps by :mod:`.timesteps`), the first Linear's
+columns of the sample as the op's first weight, its step-only columns as
+``time_bias`` and its loop-invariant columns as ``cond_bias`` (or, for one
+piece each, the op's time and condition bias networks: the MLP that makes
+the piece and its columns, so that the op runs them), the noise draws as one
+``(K, B, dim)`` tensor. The call is built by keyword
+(:func:`ddpm_ops.calls.op_args`) and vetted by the op's own Meta checks.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 
 import torch
 from torch.fx import Graph, Node
 
-from .affine import _read_update, _Update
-from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region
-from .network import _find_nets, _net_ending_at
-from .._library import has_fused_rule_kernel
-from .patterns import _float32_cast_source, _NoMatch, _is, _known_eq, _val, aten, prims
-from .report import count as _count, fused as _report_fused
-from .tables import (_check_uniform, _Emitter, _first_row, _indexed_tables, _shared_tables, _stack_rows,
-                     _step_values)
-from .timesteps import _find_sites, _recomputed, _Reemit
+from ..calls import RULE, bias_net_args, op_args
+from .affine import _Update
+from .chain import _Loop
+from .network import _net_ending_at
+from .nodes import _NoMatch, _is, _val, aten, prims
+from .plan import _Plan
+from .tables import _check_uniform, _Emitter, _first_row, _indexed_tables, _shared_tables, _stack_rows, \
+    _step_values
+from .timesteps import _find_sites, _lookup_sites, _Reemit
 
 log = logging.getLogger("ddpm_ops.rewrite")
-
-RULE = torch.ops.ddpm.fused_sample.rule
-
-
-@dataclass
-class _Plan:
-    loop: _Loop
-    updates: list
-    end: Node
-    clip: tuple | None
-    post_clip: tuple | None
-
-
-def _loops_in(graph: Graph) -> tuple[list[_Loop], dict, list[str]]:
-    nets = _find_nets(graph)
-    groups: dict[tuple, list] = {}
-    for net in nets:
-        groups.setdefault(net.key, []).append(net)
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    found, reasons, latest_of = [], [], {}
-    for group in groups.values():
-        group.sort(key=lambda n: order[n.out])
-        if len(group) < 2:
-            continue
-        latest = _latest_step(graph, group)
-        loops, why = _loops(group, latest)
-        reasons.extend(why)
-        for loop in loops:
-            latest_of[id(loop)] = latest
-        found.extend(loops)
-    return found, latest_of, reasons
-
-
-def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
-    """Prove every step of ``loop``; raise ``_NoMatch`` with the first fact not proved."""
-    x0v = _val(loop.x(0))
-    if x0v is None or x0v.dim() != 2:
-        raise _NoMatch("the sample is not (batch, dim)")
-    if x0v.dtype != torch.float32:
-        raise _NoMatch(f"the sample is {x0v.dtype}; the op computes float32 only")
-    if not has_fused_rule_kernel(x0v.device):
-        # Elsewhere the op runs its ATen loop, which is slower than inductor's code for the loop.
-        raise _NoMatch(f"ddpm::fused_sample.rule has no fused kernel on {x0v.device.type}")
-    out = loop.nets[0].out
-    ev = _val(out)
-    if ev is None or tuple(ev.shape) != tuple(x0v.shape):
-        # A network ends at a Linear that no known activation leads on from to another Linear:
-        # what reads it is then usually the op that broke the network in two.
-        readers = sorted({str(u.target) for u in out.users})
-        shape = "unknown" if ev is None else tuple(ev.shape)
-        raise _NoMatch(f"the network's output {out.name} (shape {shape}) is not shaped like the "
-                       f"sample {tuple(x0v.shape)}; the network ends there because {readers} "
-                       "reading it is not an activation the reader knows followed by a Linear")
-    for p in (*loop.nets[0].weights, *loop.nets[0].biases):
-        pv = _val(p)
-        if pv is None or pv.dtype != torch.float32 or pv.device != x0v.device:
-            raise _NoMatch(f"{p.name} is not a float32 tensor on the sample's device")
-
-    for k in range(1, len(loop.nets)):
-        source = _float32_cast_source(loop.x(k))
-        if source is not None and _val(source) is not None and _val(source).dtype != torch.float32:
-            raise _NoMatch(f"the sample is {_val(source).dtype} between the networks (step {k} casts "
-                           f"{source.name} to float32 for its network); the op computes float32 only")
-
-    # A piece every step recomputes alike from the same inputs (TabDDPM adds its label's
-    # embedding in each call of the network) is one loop-invariant value: step 0's.
-    for p, first in enumerate(loop.pieces[0]):
-        if p != loop.x_pos and all(step[p] is first or _recomputed(step[p], first) for step in loop.pieces):
-            for step in loop.pieces:
-                step[p] = first
-
-    def step_only(n):
-        return latest.get(n, -1) == -1
-
-    updates, end = [], None
-    K = len(loop.nets)
-
-    def read(k, end, inside):
-        return _read_update(loop.x(k), loop.nets[k].out, end, inside, tuple(x0v.shape), step_only)
-
-    def choose(ends, region):  # the last step ends where it reads like the one before
-        for candidate in ends:
-            inside = _ancestors_within(candidate, region) | {candidate}
-            try:
-                if read(K - 1, candidate, inside).post_clip == updates[-1].post_clip:
-                    return candidate
-            except _NoMatch:
-                continue
-        return ends[0]
-
-    for k in range(K):
-        try:
-            end, inside = _step_region(loop, k, position, choose)
-            updates.append(read(k, end, inside))
-        except _NoMatch as e:
-            raise _NoMatch(f"step {k}: {e}") from None
-    clips = {u.clip for u in updates if u.pre is not None}
-    posts = {u.post_clip for u in updates}
-    if len(clips) > 1 or (clips and any(u.pre is None and u.post.get("x0") for u in updates)):
-        raise _NoMatch(f"the steps clamp x0 to different bounds {sorted(map(str, clips))}")
-    if len(posts) > 1:
-        raise _NoMatch(f"the steps clamp their result to different bounds {sorted(map(str, posts))}")
-    return _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)))
 
 
 def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
@@ -165,13 +55,13 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         noise = _noise(em, updates, K)
         clip = None if plan.clip is None else list(plan.clip)
         post = None if plan.post_clip is None else list(plan.post_clip)
-        nets = [None, *(time_net or [None] * 4), *cond_net]  # noise_seed, then the bias networks
-        while nets and nets[-1] is None:
-            nets.pop()
+        args = op_args(RULE, x=x, t_start=t_start, weights=weights, biases=biases, step_tables=tables,
+                       num_steps=K, activations=list(net0.activations), time_bias=time_bias,
+                       cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise,
+                       **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None))
         try:
             with _meta_refusals_unlogged():
-                fused = em(RULE, x, t_start, weights, biases, tables, K, list(net0.activations),
-                           time_bias, cond_bias, clip, post, noise, False, False, "fp32", *nets)
+                fused = em(RULE, *args)
         except RuntimeError as e:  # the op's Meta checks, on the arguments read
             raise _NoMatch(f"the op refuses the arguments read: {e}") from None
     except Exception:
@@ -198,12 +88,14 @@ def _meta_refusals_unlogged():
 
 
 def _per_sample(em: _Emitter, loop: _Loop, updates: list, step_pieces: list, shared: _NoMatch) -> _Reemit:
-    """The reader of per-sample timesteps ``t_start - k``, or ``_NoMatch`` naming what is not proved."""
+    """The reader of per-sample timesteps ``t_start - k``, or ``_NoMatch`` naming what is not proved.
+    A loop of one step has no second step to compare with: its timestep is the one its table
+    lookups read."""
     try:
         values = _step_values(updates)
         for k, step in enumerate(loop.pieces):
             values[k] += [step[p] for p in step_pieces]
-        sites = _find_sites(values, len(loop.nets))
+        sites = _find_sites(values, len(loop.nets)) if len(loop.nets) > 1 else _lookup_sites(values[0])
     except _NoMatch as e:
         raise _NoMatch(f"{shared}; read as per-sample timesteps: {e}") from None
     if sites.kind != "index":
@@ -228,7 +120,7 @@ def _shared_pieces(em: _Emitter, loop: _Loop, step_pieces: list) -> _Reemit | No
         for p in step_pieces:
             reemit.prove(loop.pieces[0][p])
     except _NoMatch as e:
-        log.debug("ddpm_ops: general reader: the step-only inputs of %s are stacked step by step: %s",
+        log.debug("ddpm_ops: rewrite: the step-only inputs of %s are stacked step by step: %s",
                   loop.nets[0].inp.name, e)
         return None
     return reemit
@@ -358,47 +250,3 @@ def _noise(em: _Emitter, updates: list[_Update], K: int) -> Node | None:
     return em.stack(rows)
 
 
-def rewrite_loops(graph: Graph, refusal=None, replace=None) -> int:
-    """Replace every proved loop by ``ddpm::fused_sample.rule``. ``refusal(plan, fused)``
-    may veto one (it returns the reason); ``replace(plan, fused)`` makes the fused op
-    the loop's result. Returns the number of loops fused."""
-    done, tried = 0, set()
-    while True:
-        loops, latest_of, reasons = _loops_in(graph)
-        position = {n: i for i, n in enumerate(graph.nodes)}
-        todo = [lp for lp in loops if lp.nets[0].out.name not in tried]
-        if not todo:
-            for r in reasons:
-                log.debug("ddpm_ops: general reader: %s", r)
-            return done
-        loop = todo[0]
-        tried.add(loop.nets[0].out.name)
-        latest = latest_of[id(loop)]
-        try:
-            plan = _plan(loop, latest, position)
-            fused, em = _emit(graph, plan)
-        except _NoMatch as e:
-            log.debug("ddpm_ops: general reader: loop of %d steps ending near %s left alone: %s",
-                      len(loop.nets), loop.nets[-1].out.name, e)
-            _count("loops_left_alone")
-            continue
-        why = refusal(plan, fused) if refusal is not None else None
-        if why is not None:
-            log.debug("ddpm_ops: general reader: loop of %d steps at %s left alone: %s",
-                      len(loop.nets), plan.end.name, why)
-            em.rollback()
-            _count("loops_left_alone")
-            continue
-        replace(plan, fused)
-        done += 1
-        _count("loops_fused")
-        _count("steps_fused", len(loop.nets))
-        _log(plan, fused)
-
-
-def _log(plan: _Plan, fused: Node) -> None:
-    net = plan.loop.nets[0]
-    _report_fused(
-        f"ddpm_ops: fused {len(plan.loop.nets)} steps into one ddpm::fused_sample.rule (batch shape "
-        f"{tuple(_val(plan.loop.x(0)).shape)}, {len(net.weights)} layers {net.activations}, clip "
-        f"{plan.clip}, post_clip {plan.post_clip}, noise {'yes' if fused.args[11] is not None else 'no'})")

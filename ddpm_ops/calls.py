@@ -1,0 +1,61 @@
+"""The one place that builds calls of ``torch.ops.ddpm.fused_sample``: arguments by keyword.
+
+:func:`sample`, :func:`fused_sample`, :class:`DiffusionSampler` and the
+torch.compile rewrite's emitter all name the op's arguments and let
+:func:`op_args` put them in the schema's order, so a trailing argument the
+schema gains later (with its default) needs no change here or in any caller.
+The arguments may be tensors or FX nodes standing for them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _library  # noqa: F401  (registers ddpm::fused_sample)
+
+#: The time-column overload: the loop of :func:`ddpm_ops.reference`.
+TIME_COLUMN = torch.ops.ddpm.fused_sample.default
+#: The general step: any MLP, any affine update (:func:`ddpm_ops.sample`).
+RULE = torch.ops.ddpm.fused_sample.rule
+
+
+def op_args(overload, **arguments: Any) -> tuple:
+    """``arguments`` as ``overload``'s positional arguments, in its schema's order.
+
+    Arguments left out take their schema default; trailing ones equal to it
+    are not written, so a call reads as short as the schema allows (and a
+    graph that holds it names no argument an older schema lacks). Raises
+    ``TypeError`` for an unknown argument or a missing required one.
+    """
+    schema = overload._schema
+    unknown = set(arguments) - {a.name for a in schema.arguments}
+    if unknown:
+        raise TypeError(f"{schema.name}.{schema.overload_name or 'default'}: unknown arguments "
+                        f"{sorted(unknown)}")
+    args, given = [], 0
+    for position, a in enumerate(schema.arguments):
+        if a.name in arguments:
+            args.append(arguments[a.name])
+            given = position + 1
+        elif a.has_default_value():
+            args.append(a.default_value)
+        else:
+            raise TypeError(f"{schema.name}: missing argument {a.name}")
+    return tuple(args[:given])
+
+
+def call(overload, **arguments: Any) -> torch.Tensor:
+    """Call ``overload`` with ``arguments`` by name (see :func:`op_args`)."""
+    return overload(*op_args(overload, **arguments))
+
+
+def bias_net_args(prefix: str, net) -> dict:
+    """The op's ``{prefix}_input``, ``_weights``, ``_biases`` and ``_activations`` arguments of a
+    bias network: a :class:`~ddpm_ops.BiasNet`, or its four values (FX nodes, from the
+    rewrite); none for ``None``."""
+    if net is None:
+        return {}
+    values = net.op_args() if hasattr(net, "op_args") else net
+    return dict(zip((f"{prefix}_input", f"{prefix}_weights", f"{prefix}_biases", f"{prefix}_activations"),
+                    values))

@@ -1,0 +1,158 @@
+"""Reading the step: every step of a loop proved to be one affine update of its sample.
+
+Each step of a loop (:mod:`.chain`) is proved to be
+
+    h = first Linear of [x, step-only pieces, loop-invariant pieces]
+    e = the rest of the network (one activation per layer)
+    x_{k+1} = clamp(C*clamp(A*x - B*e) + D*x + E*e + S*z)   (:mod:`.affine`)
+
+with coefficients and pieces that depend on the step only, or on nothing
+that changes over the loop, every step with one clamp of x0 and one of its
+result. :func:`_plan` returns the proved :class:`_Plan` or raises
+``_NoMatch`` with the first fact not proved (:class:`.chain._StepNoMatch`
+where one step alone cannot be fused, so that its loop may be cut there).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.fx import Graph, Node
+
+from .._library import has_fused_rule_kernel
+from .affine import _read_update, _Update
+from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region, _StepNoMatch
+from .network import _find_nets
+from .nodes import _float32_cast_source, _NoMatch, _val
+from .tables import _coefs, _shape_of
+from .timesteps import _recomputed
+
+
+@dataclass
+class _Plan:
+    loop: _Loop
+    updates: list
+    end: Node
+    clip: tuple | None
+    post_clip: tuple | None
+
+
+def _loops_in(graph: Graph) -> tuple[list[_Loop], dict, list[str]]:
+    nets = _find_nets(graph)
+    groups: dict[tuple, list] = {}
+    for net in nets:
+        groups.setdefault(net.key, []).append(net)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    nets.sort(key=lambda n: order[n.out])
+    latest_any = _latest_step(graph, nets)  # of any network: another network between two steps
+    index = {net.out: i for i, net in enumerate(nets)}
+
+    def direct(piece, net):
+        # A network whose output is not shaped like the sample is only part of a step's network
+        # (split by an op the reader does not know): its loop is named and refused by _plan.
+        out, sample = _val(net.out), _val(piece)
+        if out is None or sample is None or tuple(out.shape) != tuple(sample.shape):
+            return True
+        return latest_any.get(piece, -1) == index[net.out]
+
+    found, reasons, latest_of = [], [], {}
+    for group in groups.values():
+        group.sort(key=lambda n: order[n.out])
+        latest = _latest_step(graph, group)
+        loops, why = _loops(group, latest, direct)
+        reasons.extend(why)
+        for loop in loops:
+            latest_of[id(loop)] = latest
+        found.extend(loops)
+    return found, latest_of, reasons
+
+
+def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
+    """Prove every step of ``loop``; raise ``_NoMatch`` with the first fact not proved."""
+    x0v = _val(loop.x(0))
+    if x0v is None or x0v.dim() != 2:
+        raise _NoMatch("the sample is not (batch, dim)")
+    if x0v.dtype != torch.float32:
+        raise _NoMatch(f"the sample is {x0v.dtype}; the op computes float32 only")
+    if not has_fused_rule_kernel(x0v.device):
+        # Elsewhere the op runs its ATen loop, which is slower than inductor's code for the loop.
+        raise _NoMatch(f"ddpm::fused_sample.rule has no fused kernel on {x0v.device.type}")
+    out = loop.nets[0].out
+    ev = _val(out)
+    if ev is None or tuple(ev.shape) != tuple(x0v.shape):
+        # A network ends at a Linear that no known activation leads on from to another Linear:
+        # what reads it is then usually the op that broke the network in two.
+        readers = sorted({str(u.target) for u in out.users})
+        shape = "unknown" if ev is None else tuple(ev.shape)
+        raise _NoMatch(f"the network's output {out.name} (shape {shape}) is not shaped like the "
+                       f"sample {tuple(x0v.shape)}; the network ends there because {readers} "
+                       "reading it is not an activation the reader knows followed by a Linear")
+    for p in (*loop.nets[0].weights, *loop.nets[0].biases):
+        pv = _val(p)
+        if pv is None or pv.dtype != torch.float32 or pv.device != x0v.device:
+            raise _NoMatch(f"{p.name} is not a float32 tensor on the sample's device")
+
+    for k in range(1, len(loop.nets)):
+        source = _float32_cast_source(loop.x(k))
+        if source is not None and _val(source) is not None and _val(source).dtype != torch.float32:
+            raise _NoMatch(f"the sample is {_val(source).dtype} between the networks (step {k} casts "
+                           f"{source.name} to float32 for its network); the op computes float32 only")
+
+    # A piece every step recomputes alike from the same inputs (TabDDPM adds its label's
+    # embedding in each call of the network) is one loop-invariant value: step 0's.
+    for p, first in enumerate(loop.pieces[0]):
+        if p != loop.x_pos and all(step[p] is first or _recomputed(step[p], first) for step in loop.pieces):
+            for step in loop.pieces:
+                step[p] = first
+
+    def step_only(n):
+        return latest.get(n, -1) == -1
+
+    updates, end = [], None
+    K = len(loop.nets)
+
+    def read(k, end, inside):
+        return _read_update(loop.x(k), loop.nets[k].out, end, inside, tuple(x0v.shape), step_only)
+
+    def choose(ends, region):
+        # The last step ends at its last node that reads like the step before it: the same
+        # coefficients and clamps, else the same clamps (a last step without noise), so that what
+        # follows the loop (a clip of the result) stays outside; a loop of one step ends at its
+        # last node that reads as an update.
+        read_ends = []
+        for candidate in ends:
+            inside = _ancestors_within(candidate, region) | {candidate}
+            try:
+                read_ends.append((candidate, read(K - 1, candidate, inside)))
+            except _NoMatch:
+                continue
+        if updates:
+            for same in (lambda u: _form(u) == _form(updates[-1]),
+                         lambda u: (u.clip, u.post_clip) == (updates[-1].clip, updates[-1].post_clip)):
+                matching = [candidate for candidate, u in read_ends if same(u)]
+                if matching:
+                    return matching[-1]
+        return read_ends[-1][0] if read_ends else ends[0]
+
+    for k in range(K):
+        try:
+            end, inside = _step_region(loop, k, position, choose)
+            updates.append(read(k, end, inside))
+        except _StepNoMatch as e:
+            raise _StepNoMatch(f"step {k}: {e}", e.step, e.sample_kept) from None
+        except _NoMatch as e:
+            raise _NoMatch(f"step {k}: {e}") from None
+    clips = {u.clip for u in updates if u.pre is not None}
+    posts = {u.post_clip for u in updates}
+    if len(clips) > 1 or (clips and any(u.pre is None and u.post.get("x0") for u in updates)):
+        raise _NoMatch(f"the steps clamp x0 to different bounds {sorted(map(str, clips))}")
+    if len(posts) > 1:
+        raise _NoMatch(f"the steps clamp their result to different bounds {sorted(map(str, posts))}")
+    return _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)))
+
+
+def _form(u: _Update) -> tuple:
+    """What two steps must share to be one step function: coefficient forms and clamps."""
+    return (tuple(_shape_of(c) for c in _coefs(u)), u.clip, u.post_clip)
+
+

@@ -1,0 +1,69 @@
+"""DPPO's diffusion policy sampler (model/diffusion/diffusion.py, ``forward``), small sizes: an
+action chunk ``(B, horizon, action_dim)`` flattened for the MLP with the sinusoidal time
+embedding and the observation, x0 clipped to the denoised range, the standard deviation
+``exp(0.5 * logvar)`` clamped below, the noise clamped, and the action clipped after the
+last step only."""
+import torch
+from torch import nn
+
+from .common import SinusoidalPosEmb, extract, linear_beta_schedule
+
+
+class DiffusionMLP(nn.Module):
+    def __init__(self, action_dim, horizon, cond_dim, time_dim=16, hidden=64):
+        super().__init__()
+        self.time_embedding = nn.Sequential(SinusoidalPosEmb(time_dim), nn.Linear(time_dim, time_dim * 2),
+                                            nn.Mish(), nn.Linear(time_dim * 2, time_dim))
+        self.mlp_mean = nn.Sequential(nn.Linear(action_dim * horizon + time_dim + cond_dim, hidden), nn.Mish(),
+                                      nn.Linear(hidden, hidden), nn.Mish(), nn.Linear(hidden, action_dim * horizon))
+
+    def forward(self, x, time, cond):
+        B, Ta, Da = x.shape
+        x = x.view(B, -1)
+        time_emb = self.time_embedding(time.view(B, 1)).view(B, -1)
+        out = self.mlp_mean(torch.cat([x, time_emb, cond], dim=-1))
+        return out.view(B, Ta, Da)
+
+
+class DPPODiffusion(nn.Module):
+    def __init__(self, obs_dim=11, action_dim=2, horizon=4, denoising_steps=6, denoised_clip_value=1.0,
+                 min_sampling_denoising_std=0.1, randn_clip_value=3.0, final_action_clip_value=1.0):
+        super().__init__()
+        self.network = DiffusionMLP(action_dim, horizon, obs_dim)
+        self.action_dim, self.horizon, self.denoising_steps = action_dim, horizon, denoising_steps
+        self.denoised_clip_value, self.min_sampling_denoising_std = denoised_clip_value, min_sampling_denoising_std
+        self.randn_clip_value, self.final_action_clip_value = randn_clip_value, final_action_clip_value
+        betas = linear_beta_schedule(denoising_steps)
+        alphas = 1.0 - betas
+        alphas_cumprod = torch.cumprod(alphas, dim=0)
+        alphas_cumprod_prev = torch.cat([torch.ones(1), alphas_cumprod[:-1]])
+        self.register_buffer("sqrt_recip_alphas_cumprod", torch.sqrt(1.0 / alphas_cumprod))
+        self.register_buffer("sqrt_recipm1_alphas_cumprod", torch.sqrt(1.0 / alphas_cumprod - 1))
+        ddpm_var = betas * (1.0 - alphas_cumprod_prev) / (1.0 - alphas_cumprod)
+        self.register_buffer("ddpm_logvar_clipped", torch.log(torch.clamp(ddpm_var, min=1e-20)))
+        self.register_buffer("ddpm_mu_coef1", betas * torch.sqrt(alphas_cumprod_prev) / (1.0 - alphas_cumprod))
+        self.register_buffer("ddpm_mu_coef2", (1.0 - alphas_cumprod_prev) * torch.sqrt(alphas) / (1.0 - alphas_cumprod))
+
+    def p_mean_var(self, x, t, cond):
+        noise = self.network(x, t, cond=cond)
+        x_recon = extract(self.sqrt_recip_alphas_cumprod, t, x.shape) * x \
+            - extract(self.sqrt_recipm1_alphas_cumprod, t, x.shape) * noise
+        x_recon.clamp_(-self.denoised_clip_value, self.denoised_clip_value)
+        mu = extract(self.ddpm_mu_coef1, t, x.shape) * x_recon + extract(self.ddpm_mu_coef2, t, x.shape) * x
+        return mu, extract(self.ddpm_logvar_clipped, t, x.shape)
+
+    def forward(self, cond, noise):
+        """``noise[0]`` the initial chunk, ``noise[1 + k]`` step ``k``'s draw."""
+        B = cond.shape[0]
+        x = noise[0]
+        t_all = list(reversed(range(self.denoising_steps)))
+        for i, t in enumerate(t_all):
+            t_b = torch.full((B,), t, dtype=torch.long)
+            mean, logvar = self.p_mean_var(x=x, t=t_b, cond=cond)
+            std = torch.exp(0.5 * logvar)
+            std = torch.clip(std, min=self.min_sampling_denoising_std)
+            z = noise[1 + i].clamp_(-self.randn_clip_value, self.randn_clip_value)
+            x = mean + std * z
+            if self.final_action_clip_value is not None and i == len(t_all) - 1:
+                x = torch.clamp(x, -self.final_action_clip_value, self.final_action_clip_value)
+        return x
