@@ -20,6 +20,19 @@ TIME_COLUMN = torch.ops.ddpm.fused_sample.default
 RULE = torch.ops.ddpm.fused_sample.rule
 
 
+def _signature(overload) -> tuple[str, tuple[tuple[str, bool, Any], ...]]:
+    """``overload``'s name and its arguments as (name, has a default, the default)."""
+    schema = overload._schema
+    return (f"{schema.name}.{schema.overload_name or 'default'}",
+            tuple((a.name, a.has_default_value(), a.default_value if a.has_default_value() else None)
+                  for a in schema.arguments))
+
+
+# Read once, as plain tuples: torch.compile traces the wrappers that call
+# op_args, and Dynamo cannot iterate a schema's Argument objects.
+_SIGNATURES = ((TIME_COLUMN, _signature(TIME_COLUMN)), (RULE, _signature(RULE)))
+
+
 def op_args(overload, **arguments: Any) -> tuple:
     """``arguments`` as ``overload``'s positional arguments, in its schema's order.
 
@@ -28,20 +41,20 @@ def op_args(overload, **arguments: Any) -> tuple:
     graph that holds it names no argument an older schema lacks). Raises
     ``TypeError`` for an unknown argument or a missing required one.
     """
-    schema = overload._schema
-    unknown = set(arguments) - {a.name for a in schema.arguments}
+    name, signature = next(s for o, s in _SIGNATURES if o is overload)
+    known = [argument for argument, _, _ in signature]
+    unknown = [argument for argument in arguments if argument not in known]
     if unknown:
-        raise TypeError(f"{schema.name}.{schema.overload_name or 'default'}: unknown arguments "
-                        f"{sorted(unknown)}")
+        raise TypeError(f"{name}: unknown arguments {sorted(unknown)}")
     args, given = [], 0
-    for position, a in enumerate(schema.arguments):
-        if a.name in arguments:
-            args.append(arguments[a.name])
+    for position, (argument, has_default, default) in enumerate(signature):
+        if argument in arguments:
+            args.append(arguments[argument])
             given = position + 1
-        elif a.has_default_value():
-            args.append(a.default_value)
+        elif has_default:
+            args.append(default)
         else:
-            raise TypeError(f"{schema.name}: missing argument {a.name}")
+            raise TypeError(f"{name}: missing argument {argument}")
     return tuple(args[:given])
 
 
