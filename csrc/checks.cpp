@@ -124,6 +124,22 @@ void check_bias_net(const at::Tensor& x, const BiasNet& net, const std::string& 
                     static_cast<int64_t>(weights.size()), (prefix + "activations").c_str());
 }
 
+// One clamp, given as two floats (`range`) or as per-column bounds (`bounds`,
+// (2, dim) float32 on x's device), or not at all.
+void check_clamp(const at::Tensor& x, OptionalRange range, const std::optional<at::Tensor>& bounds,
+                 const char* range_name, const char* bounds_name) {
+  parse_clip(range, range_name);
+  if (!bounds.has_value()) return;
+  TORCH_CHECK(!range.has_value(), "ddpm::fused_sample: ", range_name, " and ", bounds_name,
+              ": expected at most one of them (a clamp to two floats, or to per-column bounds), "
+              "got both");
+  TORCH_CHECK(bounds->dim() == 2 && bounds->sym_size(0) == 2 && bounds->sym_size(1) == x.sym_size(1),
+              "ddpm::fused_sample: ", bounds_name, " must have shape (2, dim) = (2, ",
+              x.sym_size(1), ") (row 0 the lower bounds, row 1 the upper), got shape ",
+              shape_of(*bounds));
+  check_float32_on(*bounds, bounds_name, x);
+}
+
 }  // namespace
 
 void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
@@ -159,16 +175,19 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
 void check_sample_rule_args(const SampleRuleCall& call) {
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
                clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
-               cond_net] = call;
+               cond_net, clip_bounds, post_clip_bounds] = call;
   check_x_and_t_start(x, t_start);
   check_linear_chain(x, weights, biases, {"", x.sym_size(1), " where in_features = dim (x alone)",
                                           x.sym_size(1), "dim", /*last_has_bias=*/true});
   parse_activations(activations, static_cast<int64_t>(weights.size()));
 
-  TORCH_CHECK(step_tables.dim() == 2 && step_tables.sym_size(0) == kStepTables &&
+  TORCH_CHECK(step_tables.dim() == 2 &&
+                  (step_tables.sym_size(0) == kStepTables ||
+                   step_tables.sym_size(0) == kStepTablesWithPrevious) &&
                   step_tables.sym_size(1) >= 1,
               "ddpm::fused_sample: step_tables must have shape (6, steps) (the rows A, B, C, D, "
-              "E, S of the step rule), got shape ", shape_of(step_tables));
+              "E, S of the step rule) or (7, steps) (and P, the previous step's x0 coefficient), "
+              "got shape ", shape_of(step_tables));
   check_float32_on(step_tables, "step_tables", x);
   const c10::SymInt& table_length = step_tables.sym_size(1);
   TORCH_CHECK(num_steps >= 0, "ddpm::fused_sample: num_steps must be >= 0, got ", num_steps);
@@ -194,8 +213,8 @@ void check_sample_rule_args(const SampleRuleCall& call) {
   }
   check_bias_net(x, time_net, "time_", table_length, "steps", hidden0);
   check_bias_net(x, cond_net, "cond_", x.sym_size(0), "batch", hidden0);
-  parse_clip(clip, "clip");
-  parse_clip(post_clip, "post_clip");
+  check_clamp(x, clip, clip_bounds, "clip", "clip_bounds");
+  check_clamp(x, post_clip, post_clip_bounds, "post_clip", "post_clip_bounds");
   if (noise.has_value()) {
     TORCH_CHECK(noise->dim() == 3 && noise->sym_size(0) == num_steps &&
                     noise->sym_size(1) == x.sym_size(0) && noise->sym_size(2) == x.sym_size(1),
@@ -254,6 +273,19 @@ std::optional<std::pair<float, float>> parse_clip(OptionalRange range,
   TORCH_CHECK(lo <= hi, "ddpm::fused_sample: ", name, " must have lo <= hi, got (", lo, ", ",
               hi, ")");
   return std::make_pair(static_cast<float>(lo), static_cast<float>(hi));
+}
+
+void check_bounds_ordered(const at::Tensor& bounds, const char* name) {
+  // A scan by pointer: ATen ops per call would cost a small batch's call more than its steps.
+  const at::Tensor host = bounds.to(at::kCPU).contiguous();
+  const int64_t dim = host.size(1);
+  const float* lo = host.data_ptr<float>();
+  const float* hi = lo + dim;
+  for (int64_t j = 0; j < dim; ++j) {
+    // !(lo <= hi) also refuses NaN bounds.
+    TORCH_CHECK(lo[j] <= hi[j], "ddpm::fused_sample: ", name, " must have lo <= hi in every "
+                "column, got lo = ", lo[j], " and hi = ", hi[j], " in column ", j);
+  }
 }
 
 void check_timesteps_in_range(const at::Tensor& t_start, int64_t num_steps,

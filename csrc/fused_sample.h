@@ -65,6 +65,10 @@ struct SampleRuleCall {
   const std::optional<at::Tensor>& noise_seed;
   BiasNet time_net;
   BiasNet cond_net;
+  // The clamps as per-column bounds, (2, dim): row 0 the lower, row 1 the
+  // upper (instead of clip / post_clip, never with them).
+  const std::optional<at::Tensor>& clip_bounds;
+  const std::optional<at::Tensor>& post_clip_bounds;
 };
 
 // The checks of the step-rule overload (fused_sample.rule), the same way.
@@ -89,6 +93,12 @@ std::optional<std::pair<float, float>> parse_clip(OptionalRange range,
 // Whether a checked noise_seed holds one seed per row rather than one for the
 // batch. A batch of one draws the same numbers either way (seeded_noise.h).
 inline bool seed_per_row(const at::Tensor& noise_seed) { return noise_seed.numel() != 1; }
+
+// The data-dependent check of per-column bounds (clip_bounds or
+// post_clip_bounds, named by `name`): lo <= hi in every column. Reads the
+// values, so on CUDA it synchronises with the host; kernels off the CPU call
+// it only when asked to validate.
+void check_bounds_ordered(const at::Tensor& bounds, const char* name);
 
 // The data-dependent check: every timestep t_start - k, k < num_steps, must
 // index the coefficient tables. Reads t_start's values, so on CUDA it
@@ -131,11 +141,14 @@ at::Tensor rule_kernel(const at::Tensor& x, const at::Tensor& t_start, at::Tenso
                        const std::optional<at::Tensor>& cond_input,
                        std::optional<at::TensorList> cond_weights,
                        std::optional<at::TensorList> cond_biases,
-                       const std::optional<std::vector<std::string>>& cond_activations) {
+                       const std::optional<std::vector<std::string>>& cond_activations,
+                       const std::optional<at::Tensor>& clip_bounds,
+                       const std::optional<at::Tensor>& post_clip_bounds) {
   return Kernel({x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
                  cond_bias, clip, post_clip, noise, return_chain, validate, precision, noise_seed,
                  {time_input, time_weights, time_biases, time_activations},
-                 {cond_input, cond_weights, cond_biases, cond_activations}});
+                 {cond_input, cond_weights, cond_biases, cond_activations}, clip_bounds,
+                 post_clip_bounds});
 }
 
 // The signature's type, for typed calls of the dispatcher (ops.cpp).

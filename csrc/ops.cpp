@@ -8,7 +8,8 @@
 //   fused_sample.rule  the general step: layer 0 on x alone plus bias rows
 //                      (time_bias[s], cond_bias, and the time_* and cond_* bias
 //                      networks' outputs), an activation per layer, the
-//                      step rule's six tables, clamps, noise, optionally the chain.
+//                      step rule's six or seven tables, clamps (two floats
+//                      or per-column bounds), noise, optionally the chain.
 #include "fused_sample.h"
 
 #include <ATen/ATen.h>
@@ -98,6 +99,8 @@ at::Tensor fused_sample_rule_autograd(const SampleRuleCall& c) {
   refuse_derivatives_if_given(c.time_bias, "time_bias");
   refuse_derivatives_if_given(c.cond_bias, "cond_bias");
   refuse_derivatives_if_given(c.noise, "noise");
+  refuse_derivatives_if_given(c.clip_bounds, "clip_bounds");
+  refuse_derivatives_if_given(c.post_clip_bounds, "post_clip_bounds");
   refuse_derivatives_of_net(c.time_net, "time_");
   refuse_derivatives_of_net(c.cond_net, "cond_");
   static auto op = c10::Dispatcher::singleton()
@@ -108,7 +111,7 @@ at::Tensor fused_sample_rule_autograd(const SampleRuleCall& c) {
   return op.call(c.x, c.t_start, c.weights, c.biases, c.step_tables, c.num_steps, c.activations,
                  c.time_bias, c.cond_bias, c.clip, c.post_clip, c.noise, c.return_chain, c.validate,
                  c.precision, c.noise_seed, t.input, t.weights, t.biases, t.activations, n.input,
-                 n.weights, n.biases, n.activations);
+                 n.weights, n.biases, n.activations, c.clip_bounds, c.post_clip_bounds);
 }
 
 }  // namespace
@@ -128,7 +131,8 @@ TORCH_LIBRARY(ddpm, m) {
       "str precision=\"fp32\", Tensor? noise_seed=None, Tensor? time_input=None, "
       "Tensor[]? time_weights=None, Tensor[]? time_biases=None, str[]? time_activations=None, "
       "Tensor? cond_input=None, Tensor[]? cond_weights=None, Tensor[]? cond_biases=None, "
-      "str[]? cond_activations=None) -> Tensor");
+      "str[]? cond_activations=None, Tensor? clip_bounds=None, "
+      "Tensor? post_clip_bounds=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ddpm, Meta, m) {

@@ -5,11 +5,12 @@
 
 namespace ddpm_ops {
 
-// step_tables' rows, in this order: x0 = A x - B e; x = C x0 + D x + E e + S z
-// (+ P x0_prev, the previous step's clipped x0, where a seventh row is given:
-// multistep solvers).
+// step_tables' rows, in this order: x0 = A x - B e (then the clamp);
+// x = C x0 + D x + E e + S z + P x0_prev, x0_prev the previous step's clamped
+// x0 (zero at a call's first step: a multistep solver's term, DPM-Solver++ 2M).
+// The P row is optional: tables of kStepTables rows have no x0_prev term.
 constexpr int64_t kStepTables = 6;
-constexpr int64_t kMaxStepTables = 7;
+constexpr int64_t kStepTablesWithPrevious = 7;
 enum StepTable : int64_t { kA, kB, kC, kD, kE, kS, kP };
 
 }  // namespace ddpm_ops

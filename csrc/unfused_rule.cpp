@@ -72,15 +72,27 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call) {
   check_sample_rule_args(call);
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
                clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
-               cond_net] = call;
+               cond_net, clip_bounds, post_clip_bounds] = call;
   const int64_t table_length = step_tables.size(1);
   // Off the CPU the default never synchronises: a row whose step indices leave
   // the tables reads clamped indices and ends as NaN, as the fused kernels do.
-  if (validate || x.is_cpu()) check_timesteps_in_range(t_start, num_steps, table_length);
+  if (validate || x.is_cpu()) {
+    check_timesteps_in_range(t_start, num_steps, table_length);
+    if (clip_bounds.has_value()) check_bounds_ordered(*clip_bounds, "clip_bounds");
+    if (post_clip_bounds.has_value()) check_bounds_ordered(*post_clip_bounds, "post_clip_bounds");
+  }
   const std::vector<Activation> acts =
       parse_activations(activations, static_cast<int64_t>(weights.size()));
   const auto x0_range = parse_clip(clip, "clip");
   const auto x_range = parse_clip(post_clip, "post_clip");
+  // Either clamp of the step: to two floats, or to per-column bounds broadcast over the batch.
+  auto clamp_to = [](const at::Tensor& t, const std::optional<std::pair<float, float>>& range,
+                     const std::optional<at::Tensor>& bounds) {
+    if (range) return t.clamp(range->first, range->second);
+    if (bounds) return at::clamp(t, (*bounds)[0], (*bounds)[1]);
+    return t;
+  };
+  const bool has_previous = step_tables.size(0) == kStepTablesWithPrevious;
 
   const std::optional<at::Tensor> z =
       noise_seed.has_value()
@@ -90,6 +102,7 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call) {
   const std::optional<at::Tensor> cond_rows = with_bias_net(cond_bias, cond_net);
   const at::Tensor t = t_start.to(at::kLong);
   at::Tensor current = x.clone(at::MemoryFormat::Contiguous);
+  at::Tensor x0_prev;  // the previous step's clamped x0; none before the first step
   std::vector<at::Tensor> chain{current};
   for (int64_t k = 0; k < num_steps; ++k) {
     const at::Tensor s = (t - k).clamp(0, table_length - 1);
@@ -99,13 +112,13 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call) {
     for (size_t l = 1; l < weights.size(); ++l) {
       h = at::linear(activate(h, acts[l - 1]), weights[l], biases[l]);
     }
-    const at::Tensor c = step_tables.index_select(1, s).unsqueeze(2);  // (6, batch, 1)
-    at::Tensor x0 = c[kA] * current - c[kB] * h;
-    if (x0_range) x0 = x0.clamp(x0_range->first, x0_range->second);
+    const at::Tensor c = step_tables.index_select(1, s).unsqueeze(2);  // (6 or 7, batch, 1)
+    const at::Tensor x0 = clamp_to(c[kA] * current - c[kB] * h, x0_range, clip_bounds);
     at::Tensor next = c[kC] * x0 + c[kD] * current + c[kE] * h;
+    if (has_previous && k > 0) next = next + c[kP] * x0_prev;
     if (z.has_value()) next = next + c[kS] * (*z)[k];
-    if (x_range) next = next.clamp(x_range->first, x_range->second);
-    current = next;
+    current = clamp_to(next, x_range, post_clip_bounds);
+    if (has_previous) x0_prev = x0;
     if (return_chain) chain.push_back(current);
   }
   at::Tensor out = return_chain ? at::stack(chain) : current;

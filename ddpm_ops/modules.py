@@ -108,10 +108,12 @@ class DiffusionSampler(nn.Module):
     Args:
         mlp: ``Linear (act Linear)*`` (see :func:`mlp_layers`); its last Linear
             outputs what the rule expects (epsilon, x0 or v).
-        rule: the :class:`~ddpm_ops.StepRule` of the sampler.
+        rule: the :class:`~ddpm_ops.StepRule` of the sampler (DDPM, DDIM,
+            flow-matching Euler, DPM-Solver++: see :mod:`ddpm_ops.step_rules`).
         timesteps: ``(len(rule),)``: the training timestep of each step index,
             the input of ``time_embedding`` (``torch.arange(T)`` for
-            :func:`ddpm_ops.step_rules.ddpm`).
+            :func:`ddpm_ops.step_rules.ddpm`; float timesteps for flow
+            matching, as :func:`~ddpm_ops.step_rules.from_diffusers` gives them).
         layout: ``(name, columns)`` pairs in the order the first Linear's input
             concatenates them; names ``"x"`` (required), ``"time"`` and
             ``"cond"``.

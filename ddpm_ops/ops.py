@@ -116,8 +116,11 @@ def sample(
                                         + time_net.rows()[s] + cond_net.rows()
         e  = the rest of the MLP on h (activations[l] after every Linear but the last)
         x0 = rule.A[s] * x - rule.B[s] * e,   clamped to rule.clip
-        x  = rule.C[s] * x0 + rule.D[s] * x + rule.E[s] * e + rule.S[s] * z_k,
-             clamped to rule.post_clip
+        x  = rule.C[s] * x0 + rule.D[s] * x + rule.E[s] * e + rule.S[s] * z_k
+             + rule.P[s] * x0_prev,            clamped to rule.post_clip
+
+    (``x0_prev`` the previous step's clamped ``x0``, zero at the call's first
+    step; no term for a rule without ``P``).
 
     Args:
         x: ``(batch, dim)`` float32, or ``(batch, *event)`` (an action chunk
@@ -131,7 +134,11 @@ def sample(
             concatenates x with a time embedding or an observation); the last
             layer outputs ``dim``.
         rule: the :class:`~ddpm_ops.StepRule` (see :mod:`ddpm_ops.step_rules`);
-            moved to x's device if it lives elsewhere.
+            moved to x's device if it lives elsewhere. Its clamps' per-column
+            bounds, when it has them, are ``dim`` values, or as many as the
+            last dimension of ``x`` of shape ``(batch, *event)``, repeated
+            over the others (one bound per action dimension of an action
+            chunk).
         num_steps: K >= 0, at most ``len(rule)``.
         activations: one name for every hidden layer, or one per hidden layer:
             ``"silu"``, ``"mish"``, ``"relu"``, ``"gelu"``, ``"gelu_tanh"``,
@@ -200,15 +207,16 @@ def sample(
     if noise is None and rule.adds_noise and num_steps > 0:
         noise_seed = (_row_seeds(x, generator) if _is_dtensor(x) else
                       torch.randint(0, NOISE_SEED_BOUND, (1,), generator=generator, device=x.device))
+    clip, clip_bounds = _clamp_args("clip", rule.clip, x)
+    post_clip, post_clip_bounds = _clamp_args("post_clip", rule.post_clip, x)
     tensors = _on_mesh_of(x, [flat, _as_timesteps(t_start, x), list(weights), list(biases), rule.tables(),
                               time_bias, cond_bias, noise, noise_seed,
-                              *_bias_net_args(time_net), *_bias_net_args(cond_net)])
+                              *_bias_net_args(time_net), *_bias_net_args(cond_net), clip_bounds,
+                              post_clip_bounds])
     flat, t, weights, biases, tables, time_bias, cond_bias, noise, noise_seed = tensors[:9]
     out = torch.ops.ddpm.fused_sample.rule(
         flat, t, weights, biases, tables, num_steps,
-        resolve_activations(activations, len(weights) - 1), time_bias, cond_bias,
-        None if rule.clip is None else list(rule.clip),
-        None if rule.post_clip is None else list(rule.post_clip),
+        resolve_activations(activations, len(weights) - 1), time_bias, cond_bias, clip, post_clip,
         noise, return_chain, validate, precision, noise_seed, *tensors[9:],
     )
     if x.dim() == 2:
@@ -254,6 +262,24 @@ def _row_seeds(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     seeds = torch.randint(0, NOISE_SEED_BOUND, (x.shape[0],), generator=generator, device=x.device)
     placements = [Shard(0) if p == Shard(0) else Replicate() for p in x.placements]
     return distribute_tensor(seeds, x.device_mesh, placements)
+
+
+def _clamp_args(name: str, bounds, x: torch.Tensor) -> tuple[list[float] | None, torch.Tensor | None]:
+    """A rule's clamp as the op takes it: two floats as ``clip``, or per-column
+    bounds as ``clip_bounds``, ``(2, dim)`` for ``x`` flattened to ``(batch, dim)``."""
+    if bounds is None:
+        return None, None
+    if not isinstance(bounds, torch.Tensor):
+        return list(bounds), None
+    event = x.shape[1:]
+    if bounds.shape[1] != event.numel():
+        # Bounds of the event's last dimension, repeated over the others.
+        try:
+            bounds = bounds.view(2, *[1] * (len(event) - 1), -1).expand(2, *event)
+        except RuntimeError:
+            raise ValueError(f"{name}: expected per-column bounds of {event.numel()} values or of a shape that "
+                             f"broadcasts to x's event shape {tuple(event)}, got {bounds.shape[1]} values") from None
+    return None, bounds.reshape(2, -1).contiguous()
 
 
 def _bias_net_args(net: BiasNet | None) -> tuple:

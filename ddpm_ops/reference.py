@@ -183,7 +183,12 @@ def reference_sample(
               (+ time_net.rows()[s]) (+ cond_net.rows())
         e = the remaining Linear layers, activations[i] after each but the last
         x0 = A[s] x - B[s] e, clamped to rule.clip
-        x = C[s] x0 + D[s] x + E[s] e + S[s] noise[k], clamped to rule.post_clip
+        x = C[s] x0 + D[s] x + E[s] e + S[s] noise[k] + P[s] x0_prev,
+            clamped to rule.post_clip
+
+    ``x0_prev`` is the previous step's clamped ``x0``: zero at the first step,
+    and no term at all for a rule without ``P``. A clamp's bounds are two
+    numbers or per-column ``(dim,)`` rows, broadcast over the batch.
 
     Computes in the dtype of ``x``: the rule's tables and every other tensor
     are converted to it (float64 ``x`` gives a float64 reference).
@@ -229,7 +234,9 @@ def reference_sample(
     def cast(t):
         return None if t is None else t.to(device=x.device, dtype=x.dtype)
 
-    A, B, C, D, E, S = cast(rule.tables())
+    A, B, C, D, E, S = cast(rule.tables()[:6])
+    P = None if rule.P is None else cast(rule.P)
+    clip, post_clip = (tuple(cast(r)) if isinstance(r, torch.Tensor) else r for r in (rule.clip, rule.post_clip))
     weights = [cast(w) for w in weights]
     biases = [cast(b) for b in biases]
     time_bias, cond_bias, noise = cast(time_bias), cast(cond_bias), cast(noise)
@@ -239,6 +246,7 @@ def reference_sample(
 
     chain = [x]
     x_cur = x
+    x0_prev = torch.zeros_like(x)
     for k in range(num_steps):
         s = t_start - k
         h = F.linear(x_cur, weights[0], biases[0])
@@ -254,13 +262,16 @@ def reference_sample(
             return table[s].view(batch, 1)
 
         x0 = col(A) * x_cur - col(B) * e
-        if rule.clip is not None:
-            x0 = x0.clamp(*rule.clip)
+        if clip is not None:
+            x0 = x0.clamp(*clip)
         x_cur = col(C) * x0 + col(D) * x_cur + col(E) * e
+        if P is not None:
+            x_cur = x_cur + col(P) * x0_prev
+            x0_prev = x0
         if noise is not None:
             x_cur = x_cur + col(S) * noise[k]
-        if rule.post_clip is not None:
-            x_cur = x_cur.clamp(*rule.post_clip)
+        if post_clip is not None:
+            x_cur = x_cur.clamp(*post_clip)
         chain.append(x_cur)
     return torch.stack(chain) if return_chain else x_cur
 

@@ -79,9 +79,10 @@ def run_python(script: str, env: dict | None = None, timeout: float = 300) -> su
 RULES = ("ddpm_epsilon", "ddpm_sample", "ddpm_v", "ddim_eta", "ddim_strided")
 
 
-def make_rule(kind: str, table_length: int, clip=None, post_clip=None) -> "ddpm_ops.StepRule":
+def make_rule(kind: str, table_length: int, clip=None, post_clip=None, previous=None) -> "ddpm_ops.StepRule":
     """A step rule of ``table_length`` step indices: DDPM posteriors of each
-    prediction type, or DDIM (eta 0.5 on every timestep, or eta 0 strided)."""
+    prediction type, or DDIM (eta 0.5 on every timestep, or eta 0 strided);
+    ``previous``: a ``P`` table to add."""
     if kind.startswith("ddpm"):
         prediction = {"ddpm_epsilon": "epsilon", "ddpm_sample": "sample", "ddpm_v": "v_prediction"}[kind]
         variance = "fixed_large" if kind == "ddpm_v" else "fixed_small"
@@ -93,7 +94,7 @@ def make_rule(kind: str, table_length: int, clip=None, post_clip=None) -> "ddpm_
         timesteps = torch.arange(table_length) * stride + (0 if stride == 1 else 9)
         rule = ddpm_ops.step_rules.ddim(alphas_cumprod[: timesteps[-1] + 1], timesteps,
                                         eta=0.5 if kind == "ddim_eta" else 0.0)
-    return ddpm_ops.StepRule(*[getattr(rule, n) for n in "ABCDES"], clip=clip, post_clip=post_clip)
+    return ddpm_ops.StepRule(*[getattr(rule, n) for n in "ABCDES"], previous, clip=clip, post_clip=post_clip)
 
 
 @dataclass
@@ -116,12 +117,12 @@ class RuleProblem:
 
     def args(self):
         rule = self.rule
+        clip, clip_bounds = _clamp_args(rule.clip)
+        post_clip, post_clip_bounds = _clamp_args(rule.post_clip)
         return (self.x, self.t_start, self.weights, self.biases, rule.tables(), self.num_steps,
-                self.activations, self.time_bias, self.cond_bias,
-                None if rule.clip is None else list(rule.clip),
-                None if rule.post_clip is None else list(rule.post_clip), self.noise, self.return_chain,
-                False, "fp32", self.noise_seed,
-                *_net_args(self.time_net), *_net_args(self.cond_net))
+                self.activations, self.time_bias, self.cond_bias, clip, post_clip, self.noise,
+                self.return_chain, False, "fp32", self.noise_seed,
+                *_net_args(self.time_net), *_net_args(self.cond_net), clip_bounds, post_clip_bounds)
 
     def reference64(self) -> torch.Tensor:
         def f64(t):
@@ -138,6 +139,13 @@ class RuleProblem:
         if self.noise_seed is not None:
             return ddpm_ops.seeded_noise(self.noise_seed.cpu(), self.num_steps, *self.x.shape)
         return None if self.noise is None else self.noise.detach().cpu().double()
+
+
+def _clamp_args(bounds) -> tuple:
+    """A rule's clamp as the op's (floats, per-column bounds) pair of arguments."""
+    if bounds is None:
+        return None, None
+    return (None, bounds) if isinstance(bounds, torch.Tensor) else (list(bounds), None)
 
 
 def _net_args(net) -> tuple:
@@ -175,7 +183,9 @@ def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation=
     "seeded" (a noise_seed instead of "noise"), "row_seeds" (a noise_seed per
     row), "time_net" (a time MLP of
     two layers and the time columns, Mish between), "cond_net" (an
-    observation's columns alone);
+    observation's columns alone), "clip_bounds" and "post_clip_bounds"
+    (the clamps with random per-column bounds instead of floats), "previous"
+    (a random P table: the previous step's x0 term);
     ``activation`` one name for every hidden layer or "mixed" (a different one
     per layer)."""
     g = generator if generator is not None else torch.Generator().manual_seed(torch.seed())
@@ -188,8 +198,14 @@ def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation=
     names = ["silu", "mish", "relu", "gelu", "gelu_tanh", "tanh", "identity"]
     activations = ([names[(i + int(torch.randint(7, (), generator=g))) % 7] for i in range(len(hidden))]
                    if activation == "mixed" else [activation] * len(hidden))
-    step_rule = make_rule(rule, table_length, clip=(-1.0, 1.0) if "clip" in features else None,
-                          post_clip=(-1.5, 1.2) if "post_clip" in features else None)
+    clip = (-1.0, 1.0) if "clip" in features else None
+    post_clip = (-1.5, 1.2) if "post_clip" in features else None
+    if "clip_bounds" in features:
+        clip = (-1.0 - 0.5 * torch.rand(dim, generator=g), 0.7 + 0.5 * torch.rand(dim, generator=g))
+    if "post_clip_bounds" in features:
+        post_clip = (-1.5 + 0.5 * torch.rand(dim, generator=g), 1.0 + 0.4 * torch.rand(dim, generator=g))
+    previous = 0.4 * torch.rand(table_length, generator=g) - 0.2 if "previous" in features else None
+    step_rule = make_rule(rule, table_length, clip=clip, post_clip=post_clip, previous=previous)
     h0 = widths[1]
     t_start = torch.randint(max(num_steps - 1, 0), table_length, (batch,), generator=g)
     x = torch.randn(batch, dim, generator=g) * 1.5

@@ -75,6 +75,11 @@ RULE_SCRIPT = textwrap.dedent("""
             seeds = "row_seeds" if k % 2 else "seeded"
             p = make_rule_problem(*shape, features=(seeds, "clip", "chain"), rule=rule)
             worst = max(worst, relative_error(torch.ops.ddpm.fused_sample.rule(*p.args()), p.reference64()))
+        # The previous x0's term and per-column clamp bounds.
+        for extra in (("previous", "clip", "noise"), ("previous", "clip_bounds", "post_clip_bounds", "chain"),
+                      ("clip_bounds", "post_clip", "seeded")):
+            p = make_rule_problem(*shape, features=extra, activation="mixed", rule=RULES[i % len(RULES)])
+            worst = max(worst, relative_error(torch.ops.ddpm.fused_sample.rule(*p.args()), p.reference64()))
     print(worst)
 """)
 

@@ -51,7 +51,9 @@ RESIDENT_SHAPES = [
 
 @pytest.mark.parametrize("kernel", ENGINE_KERNELS)
 @pytest.mark.parametrize("batch, dim, hidden, num_steps", RESIDENT_SHAPES)
-@pytest.mark.parametrize("features", [(), FEATURES, ALL_FEATURES, ("seeded", "clip", "post_clip", "time_net")])
+@pytest.mark.parametrize("features", [(), FEATURES, ALL_FEATURES, ("seeded", "clip", "post_clip", "time_net"),
+                                      ("previous", "clip_bounds", "post_clip_bounds", "noise", "time"),
+                                      ("row_seeds", "previous", "clip", "chain", "cond_net")])
 def test_every_engine_kernel_every_feature(engine, capfd, kernel, batch, dim, hidden, num_steps, features):
     engine(kernel)
     problem = make_rule_problem(batch, dim, hidden, num_steps, features=features, activation="mixed",

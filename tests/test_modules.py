@@ -1,5 +1,6 @@
 """ddpm_ops.DiffusionSampler and mlp_layers: a user's own network and a diffusers
 scheduler, sampled as one fused op, against the scheduler's own loop."""
+import copy
 import math
 
 import diffusers
@@ -79,6 +80,40 @@ def test_diffusion_ql_net_with_a_diffusers_scheduler(scheduler_cls, config, eta)
     # diffusers computes in float32: the bound allows for its rounding too.
     assert relative_error(out, expected.double()) <= 1e-5
     assert chain.shape == (11, 50, 6) and torch.equal(chain[-1], out) and torch.equal(chain[0], x)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
+    lambda: diffusers.FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+    lambda: diffusers.DPMSolverMultistepScheduler(num_train_timesteps=100),
+    lambda: diffusers.DPMSolverMultistepScheduler(num_train_timesteps=100, prediction_type="v_prediction",
+                                                  final_sigmas_type="sigma_min", lower_order_final=False),
+], ids=["flow-shift", "flow-dynamic-shift", "dpm-solver++-2m", "dpm-solver++-2m-v-sigma-min"])
+def test_diffusion_ql_net_with_flow_matching_and_dpm_solver(make):
+    """Flow matching and DPM-Solver++ 2M end to end: the sampler against
+    diffusers' own loop run in float64."""
+    torch.manual_seed(torch.seed())
+    time_mlp, mid = diffusion_ql_net()
+    scheduler = make()
+    scheduler.set_timesteps(10, **({"mu": 0.7} if scheduler.config.get("use_dynamic_shifting") else {}))
+    rule, timesteps = ddpm_ops.step_rules.from_diffusers(scheduler)
+    sampler = ddpm_ops.DiffusionSampler(mid, rule, timesteps, layout=(("x", 6), ("time", 16), ("cond", 17)),
+                                        time_embedding=time_mlp)
+    state, x = torch.randn(50, 17), torch.randn(50, 6)
+    mid64, time64 = copy.deepcopy(mid).double(), copy.deepcopy(time_mlp[1:]).double()
+
+    def net(sample, t):
+        embedding = time64(time_mlp[0](t.expand(len(sample))).double())
+        return mid64(torch.cat([sample, embedding, state.double()], dim=1))
+
+    scheduler.sigmas = scheduler.sigmas.double()  # the same values: the step computes in float64
+    with torch.no_grad():
+        out = sampler(x, cond=state)
+        expected = x.double()
+        for t in scheduler.timesteps:
+            expected = scheduler.step(net(expected, t), t, expected).prev_sample
+    assert expected.dtype == torch.float64
+    assert relative_error(out, expected) <= 1e-5
 
 
 def test_layout_order_and_shared_condition():

@@ -48,6 +48,14 @@ CASES = [
     (("time_net", "clip", "noise"), "ddpm_epsilon", "mish", (33, 4, [40], 5)),
     (("cond_net", "chain"), "ddim", "relu", (8, 3, [16], 4)),
     (FEATURES, "ddpm_sample", "mixed", (300, 3, [48, 48], 6)),
+    # The previous x0's term (a 7-row table) and per-column clamp bounds, on
+    # every tile kernel (one row, register blocks, several tiles).
+    (("previous", "clip", "noise"), "ddim_strided", "mish", (1, 6, [32, 32], 5)),
+    (("previous", "clip_bounds", "post_clip_bounds", "time", "cond", "noise", "chain"), "ddpm_epsilon", "silu",
+     (7, 17, [33], 4)),
+    (("clip_bounds", "post_clip", "seeded"), "ddpm_v", "relu", (50, 6, [256, 256, 256], 5)),
+    (("previous", "post_clip_bounds", "time_net", "cond_net"), "ddim", "gelu", (129, 12, [64, 64], 3)),
+    (("previous", "clip_bounds", "chain"), "ddpm_sample", "mixed", (300, 3, [48, 48], 6)),
 ]
 
 
@@ -76,6 +84,71 @@ def test_clamps_bind(t_dtype):
     assert clamped.min() >= -1.5 and clamped.max() <= 1.2
 
 
+@pytest.mark.parametrize("batch", [1, 20])
+def test_per_column_bounds_bind_per_column(batch):
+    """Each column is clamped to its own bounds: bounds shared by all columns
+    (the first column's, or the widest) give other numbers."""
+    problem = make_rule_problem(batch, 5, [16], 4, features=("noise",))
+    tables = [getattr(problem.rule, n) for n in "ABCDES"]
+    g = torch.Generator().manual_seed(batch)
+    problem.rule = ddpm_ops.StepRule(
+        *tables, clip=(-0.2 - 0.4 * torch.rand(5, generator=g), 0.2 + 0.4 * torch.rand(5, generator=g)),
+        post_clip=(-0.1 - 0.4 * torch.rand(5, generator=g), 0.1 + 0.4 * torch.rand(5, generator=g)))
+    clamped = torch.ops.ddpm.fused_sample.rule(*problem.args())
+    assert relative_error(clamped, problem.reference64()) <= TOLERANCE
+    lo, hi = problem.rule.post_clip
+    assert bool((clamped >= lo).all()) and bool((clamped <= hi).all())
+    assert bool((clamped == lo).any() or (clamped == hi).any())  # some column sits on its bound
+    for clip, post_clip in (((float(problem.rule.clip[0, 0]), float(problem.rule.clip[1, 0])), problem.rule.post_clip),
+                            (problem.rule.clip, (float(lo.min()), float(hi.max())))):
+        problem.rule = ddpm_ops.StepRule(*tables, clip=clip, post_clip=post_clip)
+        assert relative_error(clamped, problem.reference64()) > 1e-4
+
+
+def test_previous_x0_term():
+    """A 7-row table whose P row is 0 gives the 6-row numbers exactly; a nonzero
+    P row changes them, from the call's second step on only."""
+    problem = make_rule_problem(9, 5, [16], 4, features=("previous", "clip", "noise"), rule="ddim_strided")
+    with_p = torch.ops.ddpm.fused_sample.rule(*problem.args())
+    assert relative_error(with_p, problem.reference64()) <= TOLERANCE
+    rule, tables = problem.rule, [getattr(problem.rule, n) for n in "ABCDES"]
+
+    def run(step_rule, num_steps=4):
+        problem.rule, problem.num_steps, problem.noise = step_rule, num_steps, problem.noise[:num_steps]
+        return torch.ops.ddpm.fused_sample.rule(*problem.args())
+
+    six = run(ddpm_ops.StepRule(*tables, clip=rule.clip))
+    assert torch.equal(run(ddpm_ops.StepRule(*tables, torch.zeros(len(rule)), clip=rule.clip)), six)
+    assert relative_error(with_p, six.double()) > 1e-3
+    assert torch.equal(run(rule, 1), run(ddpm_ops.StepRule(*tables, clip=rule.clip), 1))
+
+
+def test_sample_broadcasts_bounds_over_event_dims():
+    """Bounds of an action chunk's last dimension apply at every horizon step."""
+    batch, horizon, action = 5, 4, 3
+    g = torch.Generator().manual_seed(1)
+    lo, hi = -0.3 - torch.rand(action, generator=g), 0.2 + torch.rand(action, generator=g)
+    tables = [getattr(make_rule("ddim_strided", 20), n) for n in "ABCDES"]
+    rule = ddpm_ops.StepRule(*tables, clip=(lo, hi), post_clip=(lo * 2, hi * 2))
+    weights = [torch.randn(32, 12, generator=g) * 0.3, torch.randn(12, 32, generator=g) * 0.5]
+    biases = [torch.randn(32, generator=g) * 0.1, torch.randn(12, generator=g) * 0.1]
+    x = torch.randn(batch, horizon, action, generator=g)
+    out = ddpm_ops.sample(x, 19, weights, biases, rule, 6)
+    flat_rule = ddpm_ops.StepRule(*tables, clip=(lo.repeat(horizon), hi.repeat(horizon)),
+                                  post_clip=(2 * lo.repeat(horizon), 2 * hi.repeat(horizon)))
+    expected = ddpm_ops.reference_sample(x.reshape(batch, -1).double(), torch.full((batch,), 19),
+                                         [w.double() for w in weights], [b.double() for b in biases], flat_rule, 6)
+    assert relative_error(out.reshape(batch, -1), expected) <= TOLERANCE
+    assert bool((out <= 2 * hi).all()) and bool((out >= 2 * lo).all())
+    assert torch.equal(ddpm_ops.sample(x, 19, weights, biases, flat_rule, 6), out)
+    with pytest.raises(ValueError, match=r"^clip: expected per-column bounds of 12 values or of a shape that "
+                                         r"broadcasts to x's event shape \(4, 3\), got 5 values"):
+        ddpm_ops.sample(x, 19, weights, biases, ddpm_ops.StepRule(*tables, clip=(torch.zeros(5), 1.0)), 6)
+    with pytest.raises(ValueError, match=r"^post_clip: expected per-column bounds of 12 values .* \(12,\), got 5"):
+        ddpm_ops.sample(x.reshape(batch, -1), 19, weights, biases,
+                        ddpm_ops.StepRule(*tables, post_clip=(torch.zeros(5), 1.0)), 6)
+
+
 def test_first_signature_equals_its_rule_form():
     """The time-column overload is the rule overload with A = 1, B = coef_eps,
     C = sqrt_recip_alphas and the t / T column as a time bias."""
@@ -96,6 +169,19 @@ def test_saved_first_version_program_keeps_its_numbers():
     targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
     assert targets == ["ddpm.fused_sample.default"]
     out = program.module()(io["x"], io["t_start"])
+    assert relative_error(out, io["out"].double()) <= 1e-6
+
+
+def test_saved_second_version_program_keeps_its_numbers():
+    """A program saved with the rule overload of the second release (before the
+    clamps' per-column bounds): it loads under today's schema and matches."""
+    program = torch.export.load(str(FIXTURES / "fused_sampler_v2.pt2"))
+    io = torch.load(FIXTURES / "fused_sampler_v2_io.pt")
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert "ddpm.fused_sample.rule" in targets
+    with torch.no_grad():
+        out = program.module()(io["x"], io["t_start"], io["cond"], io["noise"])
+    assert out.shape == io["out"].shape
     assert relative_error(out, io["out"].double()) <= 1e-6
 
 
@@ -202,7 +288,8 @@ def _bad(**changes):
     args = dict(zip(["x", "t_start", "weights", "biases", "step_tables", "num_steps", "activations",
                      "time_bias", "cond_bias", "clip", "post_clip", "noise", "return_chain", "validate",
                      "precision", "noise_seed", "time_input", "time_weights", "time_biases",
-                     "time_activations", "cond_input", "cond_weights", "cond_biases", "cond_activations"],
+                     "time_activations", "cond_input", "cond_weights", "cond_biases", "cond_activations",
+                     "clip_bounds", "post_clip_bounds"],
                     problem.args()))
     args.update(changes)
     return args
@@ -223,6 +310,13 @@ BAD = {
     "clip order": (dict(clip=[1.0, -1.0]), r"clip must have lo <= hi, got \(1, -1\)"),
     "clip nan": (dict(post_clip=[float("nan"), 1.0]), r"post_clip must have lo <= hi"),
     "clip length": (dict(clip=[1.0]), r"clip must be a \(lo, hi\) pair, got 1 values"),
+    "tables of 8 rows": (dict(step_tables=torch.randn(8, 50)), r"step_tables must have shape \(6, steps\) .* or \(7, steps\) \(and P, the previous step's x0 coefficient\), got shape \[8, 50\]"),
+    "clip and clip_bounds": (dict(clip=[-1.0, 1.0], clip_bounds=torch.tensor([[-1.0] * 5, [1.0] * 5])), r"clip and clip_bounds: expected at most one of them .*, got both"),
+    "clip_bounds shape": (dict(clip_bounds=torch.randn(2, 4)), r"clip_bounds must have shape \(2, dim\) = \(2, 5\) \(row 0 the lower bounds, row 1 the upper\), got shape \[2, 4\]"),
+    "clip_bounds rows": (dict(post_clip_bounds=torch.randn(5)), r"post_clip_bounds must have shape \(2, dim\) = \(2, 5\) .* got shape \[5\]"),
+    "clip_bounds dtype": (dict(post_clip_bounds=torch.ones(2, 5, dtype=torch.float64)), r"post_clip_bounds must be float32, got Double"),
+    "clip_bounds order": (dict(clip_bounds=torch.tensor([[-1.0, -1.0, 1.5, -1.0, -1.0], [1.0, 1.0, -0.5, 1.0, 1.0]])), r"clip_bounds must have lo <= hi in every column, got lo = 1.5 and hi = -0.5 in column 2"),
+    "clip_bounds nan": (dict(post_clip_bounds=torch.tensor([[-1.0] * 5, [1.0] * 4 + [float("nan")]])), r"post_clip_bounds must have lo <= hi in every column, got lo = -1 and hi = nan in column 4"),
     "unknown activation": (dict(activations=["swish"]), r"activations\[0\] must be one of silu, mish, .* got \"swish\""),
     "activation count": (dict(activations=["silu", "silu"]), r"activations must name one activation per hidden layer \(1 for 2 weights\), got 2"),
     "first layer width": (dict(weights=[torch.randn(8, 6), torch.randn(5, 8)]), r"weights\[0\] must have the nn.Linear layout \(out_features, 5\) where in_features = dim \(x alone\), got shape \[8, 6\]"),
@@ -296,22 +390,29 @@ def test_python_api_errors_name_the_argument():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("features", [(), FEATURES, ("time", "clip"), ("cond", "noise", "chain"),
                                       ("seeded", "clip", "chain"), ALL_FEATURES, ("time_net",),
-                                      ("cond_net", "seeded"), ("row_seeds", "chain")])
+                                      ("cond_net", "seeded"), ("row_seeds", "chain"), ("previous", "clip", "chain"),
+                                      ("previous", "clip_bounds", "post_clip_bounds", "noise", "time"),
+                                      ("clip_bounds", "post_clip", "seeded", "cond_net")])
 def test_opcheck(device, features):
     problem = make_rule_problem(5, 6, [16, 16], 3, features=features, activation="mixed", device=device)
     opcheck(torch.ops.ddpm.fused_sample.rule, problem.args())
 
 
 class RuleSampler(torch.nn.Module):
-    """A policy: a fixed rule, a time-bias table and a state-conditioned MLP."""
+    """A policy: a fixed rule, a time-bias table and a state-conditioned MLP;
+    ``multistep_bounds``: the rule has a P table and clamps x0 to per-column
+    bounds."""
 
-    def __init__(self, rule_kind="ddim_strided", steps=5, dim=4, hidden=16):
+    def __init__(self, rule_kind="ddim_strided", steps=5, dim=4, hidden=16, multistep_bounds=False):
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.Mish(),
                                        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
                                        torch.nn.Linear(hidden, dim))
-        self.rule = make_rule(rule_kind, steps, clip=(-1.0, 1.0))
+        clip = (-1.0 - torch.rand(dim), 0.5 + torch.rand(dim)) if multistep_bounds else (-1.0, 1.0)
+        self.rule = make_rule(rule_kind, steps, clip=clip,
+                              previous=torch.rand(steps) * 0.4 - 0.2 if multistep_bounds else None)
         self.register_buffer("tables", self.rule.tables())
+        self.register_buffer("clip_bounds", self.rule.clip if multistep_bounds else None)
         self.register_buffer("time_bias", torch.randn(steps, hidden) * 0.3)
         self.state_proj = torch.nn.Linear(3, hidden, bias=False)
         self.steps = steps
@@ -320,7 +421,8 @@ class RuleSampler(torch.nn.Module):
         weights, biases, acts = ddpm_ops.mlp_layers(self.net)
         return torch.ops.ddpm.fused_sample.rule(
             x, torch.full((x.shape[0],), self.steps - 1, device=x.device), weights, biases,
-            self.tables, self.steps, acts, self.time_bias, self.state_proj(state), [-1.0, 1.0])
+            self.tables, self.steps, acts, self.time_bias, self.state_proj(state),
+            None if self.clip_bounds is not None else [-1.0, 1.0], clip_bounds=self.clip_bounds)
 
     def reference(self, x, state):
         weights, biases, acts = ddpm_ops.mlp_layers(self.net)
@@ -331,8 +433,9 @@ class RuleSampler(torch.nn.Module):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_torch_compile_fullgraph(device):
-    model = RuleSampler()
+@pytest.mark.parametrize("multistep_bounds", [False, True])
+def test_torch_compile_fullgraph(device, multistep_bounds):
+    model = RuleSampler(multistep_bounds=multistep_bounds)
     compiled = torch.compile(copy.deepcopy(model).to(device), fullgraph=True)
     with torch.no_grad():
         for batch in (3, 8):
@@ -358,6 +461,20 @@ def test_export_save_load_and_aoti(tmp_path):
         package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "rule_aoti.pt2"))
         runner = torch._inductor.aoti_load_package(package)
         assert relative_error(runner(x2, s2), expected) <= TOLERANCE
+
+
+def test_export_save_load_of_previous_x0_and_bounds(tmp_path):
+    model = RuleSampler(rule_kind="ddpm_v", multistep_bounds=True)
+    x, state = torch.randn(6, 4), torch.randn(6, 3)
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    with torch.no_grad():
+        program = torch.export.export(model, (x, state), dynamic_shapes=({0: batch}, {0: batch}))
+    path = tmp_path / "rule.pt2"
+    torch.export.save(program, str(path))
+    loaded = torch.export.load(str(path))
+    x2, s2 = torch.randn(9, 4), torch.randn(9, 3)
+    with torch.no_grad():
+        assert relative_error(loaded.module()(x2, s2), model.reference(x2, s2)) <= TOLERANCE
 
 
 @pytest.mark.cuda

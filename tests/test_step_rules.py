@@ -9,7 +9,7 @@ from torch import nn
 
 import ddpm_ops
 from ddpm_ops.reference import ACTIVATIONS, reference, reference_sample
-from ddpm_ops.step_rules import StepRule, ddim, ddpm, from_diffusers
+from ddpm_ops.step_rules import StepRule, ddim, ddpm, dpm_solver_pp, flow_euler, from_diffusers
 
 F64 = torch.float64
 
@@ -109,6 +109,95 @@ def test_step_rule_range_errors(which, value, words):
     with pytest.raises(ValueError, match=f"^{which}:") as info:
         StepRule(*random_tables(gen(3), 4), **{which: value})
     assert words in str(info.value)
+
+
+def test_step_rule_previous_x0_table():
+    g = gen(20)
+    tables = random_tables(g, 9, F64)
+    previous = torch.randn(9, generator=g, dtype=F64)
+    rule = StepRule(*tables, previous, clip=1.0)
+    assert rule.tables().shape == (7, 9) and rule.tables().is_contiguous()
+    assert torch.equal(rule.P, rule.tables()[6]) and rel(rule.P.double(), previous) < 1e-7
+    moved = rule.to("cpu")
+    assert torch.equal(moved.tables(), rule.tables()) and moved.P is not None
+    assert "previous_x0=True" in repr(rule) and "previous_x0=False" in repr(StepRule(*tables))
+    assert StepRule(*tables).P is None and StepRule(*tables).tables().shape == (6, 9)
+    with pytest.raises(ValueError, match=r"^P: expected the length of A \(9\), got 8"):
+        StepRule(*tables, previous[:8])
+    with pytest.raises(ValueError, match=r"^P: expected finite"):
+        StepRule(*tables, previous.clone().fill_(float("inf")))
+
+
+def test_step_rule_per_column_bounds():
+    g = gen(21)
+    tables = random_tables(g, 5)
+    lo, hi = -1 - torch.rand(4, generator=g, dtype=F64), 1 + torch.rand(4, generator=g, dtype=F64)
+    rule = StepRule(*tables, clip=(lo, hi), post_clip=(-2.0, hi.float()))
+    assert rule.clip.shape == (2, 4) and rule.clip.dtype == torch.float32 and rule.clip.is_contiguous()
+    assert rel(rule.clip.double(), torch.stack([lo, hi])) < 1e-7
+    assert torch.equal(rule.post_clip[0], torch.full((4,), -2.0)) and torch.equal(rule.post_clip[1], hi.float())
+    low, high = rule.clip  # unpacks like a pair of floats
+    assert torch.equal(low, rule.clip[0]) and torch.equal(high, rule.clip[1])
+    assert torch.equal(rule.to("cpu").clip, rule.clip)
+    assert "per-column bounds of 4 columns" in repr(rule)
+    # A 0-d tensor is a number.
+    assert StepRule(*tables, clip=(torch.tensor(-1.5), 2)).clip == (-1.5, 2.0)
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [((torch.zeros(3), torch.ones(4)), "lo and hi of one length, got 3 and 4"),
+     ((torch.tensor([0.0, 2.0]), torch.tensor([1.0, 1.0])), "lo = 2.0 > hi = 1.0 in column 1"),
+     ((torch.tensor([0.0, float("nan")]), 1.0), "finite"),
+     ((torch.zeros(2, 3), 1.0), "(2, 3)"),
+     ((torch.zeros(0), 1.0), "(0,)"),
+     ((-1.0, torch.tensor([True, False])), "torch.bool"),
+     ((-1.0, "x"), "(-1.0, 'x')")],
+)
+@pytest.mark.parametrize("which", ["clip", "post_clip"])
+def test_step_rule_per_column_bound_errors(which, value, words):
+    with pytest.raises(ValueError, match=f"^{which}:") as info:
+        StepRule(*random_tables(gen(22), 4), **{which: value})
+    assert words in str(info.value)
+
+
+def test_reference_sample_previous_x0_and_per_column_bounds():
+    """Two steps by hand: the P term is absent at the first step and uses the
+    first step's clamped x0 at the second; bounds apply per column."""
+    g = gen(23)
+    T, dim, batch, H = 12, 3, 5, 8
+    tables = [t * 0.5 for t in random_tables(g, T, F64)]
+    previous = torch.randn(T, generator=g, dtype=F64)
+    lo = torch.tensor([-0.2, -1.0, -0.5], dtype=F64)
+    hi = torch.tensor([0.3, 0.4, 2.0], dtype=F64)
+    post = (-torch.tensor([1.0, 0.6, 0.8], dtype=F64), 0.7)
+    rule = StepRule(*tables, previous, clip=(lo, hi), post_clip=post)
+    weights, biases = random_mlp(g, [dim, H, dim])
+    x = torch.randn(batch, dim, generator=g, dtype=F64) * 2
+    z = torch.randn(2, batch, dim, generator=g, dtype=F64)
+    t_start = torch.randint(1, T, (batch,), generator=g)
+    chain = reference_sample(x, t_start, weights, biases, rule, 2, noise=z, return_chain=True)
+
+    # The bounds as the rule stores them, in float32.
+    (lo32, hi32), (post_lo32, post_hi32) = rule.clip.double(), rule.post_clip.double()
+    assert torch.equal(post_hi32, torch.full((dim,), 0.7, dtype=torch.float32).double())
+    expected, x0_prev = x, None
+    for k in range(2):
+        A, B, C, D, E, S, P = (t.double()[t_start - k][:, None] for t in rule.tables())
+        e = mlp(expected, weights, biases)
+        x0 = torch.maximum(torch.minimum(A * expected - B * e, hi32), lo32)
+        step = C * x0 + D * expected + E * e + S * z[k] + (0 if x0_prev is None else P * x0_prev)
+        expected = torch.maximum(torch.minimum(step, post_hi32), post_lo32)
+        x0_prev = x0
+        assert rel(chain[k + 1], expected) < 1e-12
+        assert bool((chain[k + 1] >= post_lo32).all()) and bool((chain[k + 1] <= post_hi32).all())
+    without_p = reference_sample(x, t_start, weights, biases, StepRule(*tables, clip=(lo, hi), post_clip=post), 2,
+                                 noise=z)
+    assert rel(without_p, chain[-1]) > 1e-3
+    assert torch.equal(reference_sample(x, t_start, weights, biases, StepRule(*tables, previous, clip=(lo, hi),
+                                                                              post_clip=post), 1, noise=z[:1]),
+                       reference_sample(x, t_start, weights, biases, StepRule(*tables, clip=(lo, hi), post_clip=post),
+                                        1, noise=z[:1]))
 
 
 def test_from_coefficients_matches_reference():
@@ -237,6 +326,108 @@ def test_ddim_loop_textbook(prediction, eta, clip):
 
     actual = reference_sample(x, torch.full((batch,), K - 1), weights, biases, rule, K, noise=z)
     assert rel(actual, expected) < 1e-5
+
+
+def test_flow_euler_loop_textbook():
+    """x <- x + (sigma_next - sigma) v from sigma = 1 down to 0, and with a clamp
+    of x0 = x - sigma v, the step to x0 + sigma_next (x - x0) / sigma."""
+    g = gen(24)
+    dim, batch, S = 4, 9, 7
+    sigmas = torch.cat([torch.zeros(1, dtype=F64), torch.rand(S - 1, generator=g, dtype=F64).sort().values,
+                        torch.ones(1, dtype=F64)])
+    weights, biases = random_mlp(g, [dim, 32, dim], scale=2.0)
+    x = torch.randn(batch, dim, generator=g, dtype=F64)
+    t_start = torch.full((batch,), S - 1)
+    rule = flow_euler(sigmas)
+    assert len(rule) == S and not rule.adds_noise and rule.P is None and rule.clip is None
+    expected = x
+    for s in range(S - 1, -1, -1):
+        expected = expected + (sigmas[s] - sigmas[s + 1]) * mlp(expected, weights, biases)
+    assert rel(reference_sample(x, t_start, weights, biases, rule, S), expected) < 1e-6
+
+    clipped = flow_euler(sigmas.tolist(), clip=0.5)
+    assert clipped.clip == (-0.5, 0.5) and rel(clipped.tables().double(), rule.tables().double()) == 0
+    expected = x
+    for s in range(S - 1, -1, -1):
+        x0 = (expected - sigmas[s + 1] * mlp(expected, weights, biases)).clamp(-0.5, 0.5)
+        expected = x0 + sigmas[s] * (expected - x0) / sigmas[s + 1]
+    actual = reference_sample(x, t_start, weights, biases, clipped, S)
+    assert rel(actual, expected) < 1e-6
+    assert actual.abs().max() <= 0.5 + 1e-6  # the last step lands on the clamped x0
+
+
+def textbook_dpm_solver_pp(x, net, abar, abar_final, order, prediction, first_order_last):
+    """Lu et al. (2022), DPM-Solver++(2M), Algorithm 2, over abar[K - 1] > ... > abar[0] > abar_final."""
+    points = [float(a) for a in abar.flip(0)] + [abar_final]
+    alpha = [math.sqrt(a) for a in points]
+    sigma = [math.sqrt(1 - a) for a in points]
+    lam = [math.log(al / si) if si > 0 else math.inf for al, si in zip(alpha, sigma)]
+    x0_prev = None
+    for i in range(len(points) - 1):
+        e = net(x)
+        x0 = {"epsilon": (x - sigma[i] * e) / alpha[i], "sample": e,
+              "v_prediction": alpha[i] * x - sigma[i] * e}[prediction]
+        h = lam[i + 1] - lam[i]
+        last = i == len(points) - 2
+        if order == 1 or x0_prev is None or (last and first_order_last):
+            d = x0
+        else:
+            r = (lam[i] - lam[i - 1]) / h
+            d = (1 + 1 / (2 * r)) * x0 - 1 / (2 * r) * x0_prev
+        x = sigma[i + 1] / sigma[i] * x - alpha[i + 1] * math.expm1(-h) * d
+        x0_prev = x0
+    return x
+
+
+@pytest.mark.parametrize(
+    "order, prediction, final, lower_order_final, steps",
+    [(2, "epsilon", "zero", True, 9), (2, "v_prediction", "sigma_min", False, 9), (2, "sample", "sigma_min", True, 9),
+     (2, "epsilon", "sigma_min", True, 16), (1, "epsilon", "zero", True, 9), (1, "v_prediction", "sigma_min", True, 6),
+     (2, "epsilon", "zero", True, 1), (2, "sample", "zero", False, 2)],
+)
+def test_dpm_solver_pp_loop_textbook(order, prediction, final, lower_order_final, steps):
+    g = gen(25)
+    T, dim, batch = 400, 3, 10
+    abar_all = torch.cumprod(1 - ddpm_ops.cosine_betas(T), 0)
+    timesteps = torch.randperm(T - 1, generator=g)[:steps].sort().values + 1
+    rule = dpm_solver_pp(abar_all, timesteps, order=order, prediction=prediction, final_sigmas_type=final,
+                         lower_order_final=lower_order_final)
+    second_order_steps = 0 if order == 1 else steps - 1 - (final == "zero" or (lower_order_final and steps < 15))
+    assert len(rule) == steps and not rule.adds_noise
+    assert (rule.P is not None) == (second_order_steps > 0)
+    if rule.P is not None:
+        assert int((rule.P != 0).sum()) == second_order_steps
+    weights, biases = random_mlp(g, [dim, 32, dim])
+    x = torch.randn(batch, dim, generator=g, dtype=F64)
+    abar_final = 1.0 if final == "zero" else float(abar_all[0])
+    first_order_last = final == "zero" or (lower_order_final and steps < 15)
+    expected = textbook_dpm_solver_pp(x, lambda v: mlp(v, weights, biases), abar_all[timesteps].double(),
+                                      abar_final, order, prediction, first_order_last)
+    actual = reference_sample(x, torch.full((batch,), steps - 1), weights, biases, rule, steps)
+    assert rel(actual, expected) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda s, a: flow_euler(s.flip(0)), "sigmas"),
+        (lambda s, a: flow_euler(s - 0.5), "sigmas"),
+        (lambda s, a: flow_euler(s[:1]), "sigmas"),
+        (lambda s, a: flow_euler(s[None]), "sigmas"),
+        (lambda s, a: flow_euler(torch.arange(5)), "sigmas"),
+        (lambda s, a: flow_euler(s, clip=(1.0, -1.0)), "clip"),
+        (lambda s, a: dpm_solver_pp(a, [0, 5], order=3), "order"),
+        (lambda s, a: dpm_solver_pp(a, [0, 5], order=True), "order"),
+        (lambda s, a: dpm_solver_pp(a, [0, 5], prediction="flow_prediction"), "prediction"),
+        (lambda s, a: dpm_solver_pp(a, [0, 5], final_sigmas_type="sigma_max"), "final_sigmas_type"),
+        (lambda s, a: dpm_solver_pp(a, [5, 0]), "timesteps"),
+        (lambda s, a: dpm_solver_pp(a * 2, [0, 5]), "alphas_cumprod"),
+    ],
+)
+def test_flow_euler_dpm_solver_pp_errors(call, name):
+    abar = torch.cumprod(1 - ddpm_ops.linear_betas(50), 0)
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        call(torch.linspace(0, 1, 6), abar)
 
 
 @pytest.mark.parametrize(
@@ -498,6 +689,103 @@ def test_from_diffusers_ddpm_full_matches_ddpm():
     assert rule.clip == direct.clip
 
 
+def run_diffusers_deterministic(scheduler, dim=3, batch=8, seed=30, rule=None):
+    """diffusers' own loop of a noise-free scheduler with a random time- and
+    state-conditioned MLP, in float64 (but for the float32 cast of the sample
+    inside each step), against reference_sample (float64) and ddpm_ops.sample
+    (float32) of the rule from_diffusers gives (or of ``rule``). Returns the
+    rule, its timesteps, and the worst step error of each."""
+    given, timesteps = from_diffusers(scheduler)
+    rule = given if rule is None else rule
+    scheduler.sigmas = scheduler.sigmas.double()  # the same values: the step computes in float64
+    g = gen(seed)
+    n_cond, T = 2, scheduler.config.num_train_timesteps
+    weights, biases = random_mlp(g, [dim + 1 + n_cond, 48, 48, dim])
+    cond = torch.randn(batch, n_cond, generator=g, dtype=F64)
+    x_init = torch.randn(batch, dim, generator=g, dtype=F64)
+
+    def net(x, t):
+        t_col = torch.full((batch, 1), float(t) / T, dtype=F64)
+        return mlp(torch.cat([x, t_col, cond], dim=1), weights, biases)
+
+    chain = [x_init]
+    for t in scheduler.timesteps:
+        chain.append(scheduler.step(net(chain[-1], t), t, chain[-1]).prev_sample)
+    expected = torch.stack(chain)
+    assert expected.dtype == F64
+
+    K = len(timesteps)
+    w0 = weights[0]
+    time_bias = (timesteps.to(F64) / T)[:, None] * w0[:, dim]
+    cond_bias = cond @ w0[:, dim + 1:].T
+    layers = ([w0[:, :dim]] + weights[1:], biases)
+    actual = reference_sample(x_init, torch.full((batch,), K - 1), *layers, rule, K, time_bias=time_bias,
+                              cond_bias=cond_bias, return_chain=True)
+    fused = ddpm_ops.sample(x_init.float(), K - 1, *[[t.float() for t in ts] for ts in layers], rule, K,
+                            time_bias=time_bias.float(), cond_bias=cond_bias.float(), return_chain=True)
+    return rule, timesteps, worst_step_error(actual, expected), worst_step_error(fused.double(), expected)
+
+
+FLOW_CASES = [
+    # config, set_timesteps arguments
+    ({}, {"num_inference_steps": 10}),
+    ({"shift": 3.0}, {"num_inference_steps": 10}),
+    ({"num_train_timesteps": 100, "shift": 0.5}, {"num_inference_steps": 4}),
+    ({"use_dynamic_shifting": True}, {"num_inference_steps": 12, "mu": 0.8}),
+    ({"use_dynamic_shifting": True, "time_shift_type": "linear"}, {"num_inference_steps": 6, "mu": 1.6}),
+    ({"shift_terminal": 0.1}, {"num_inference_steps": 8}),
+    ({"use_karras_sigmas": True}, {"num_inference_steps": 10}),
+    ({}, {"sigmas": [1.0, 0.8, 0.55, 0.3, 0.05]}),
+]
+
+
+@pytest.mark.parametrize("config, set_timesteps", FLOW_CASES)
+def test_from_diffusers_flow_match_euler(config, set_timesteps):
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(**config)
+    scheduler.set_timesteps(**set_timesteps)
+    sigmas = scheduler.sigmas.clone()
+    rule, timesteps, reference_error, fused_error = run_diffusers_deterministic(scheduler)
+    assert timesteps.dtype == torch.float32 and torch.equal(timesteps, scheduler.timesteps.flip(0))
+    assert len(rule) == len(timesteps) == len(sigmas) - 1 and rule.P is None and not rule.adds_noise
+    assert reference_error < 1e-6 and fused_error < 1e-5
+    assert rel(rule.tables().double(), flow_euler(sigmas.flip(0)).tables().double()) == 0
+
+
+DPM_CASES = [
+    # solver_order, prediction, final_sigmas_type, lower_order_final, steps, extra config
+    (2, "epsilon", "zero", True, 10, {}),
+    (2, "epsilon", "sigma_min", True, 20, {}),
+    (2, "v_prediction", "sigma_min", False, 8, {"timestep_spacing": "trailing", "beta_schedule": "scaled_linear"}),
+    (2, "sample", "sigma_min", True, 8, {"timestep_spacing": "leading", "steps_offset": 1}),
+    (2, "v_prediction", "zero", False, 25, {"beta_schedule": "squaredcos_cap_v2", "num_train_timesteps": 500}),
+    (1, "epsilon", "zero", True, 12, {}),
+    (1, "sample", "sigma_min", False, 5, {"num_train_timesteps": 100}),
+    (2, "v_prediction", "zero", True, 10, {"rescale_betas_zero_snr": True, "timestep_spacing": "trailing"}),
+    (2, "epsilon", "zero", True, [900, 700, 420, 250, 100, 30], {}),
+]
+
+
+@pytest.mark.parametrize("order, prediction, final, lower_order_final, steps, extra", DPM_CASES)
+def test_from_diffusers_dpm_solver_pp(order, prediction, final, lower_order_final, steps, extra):
+    scheduler = diffusers.DPMSolverMultistepScheduler(
+        solver_order=order, prediction_type=prediction, final_sigmas_type=final,
+        lower_order_final=lower_order_final, **extra)
+    if isinstance(steps, list):
+        scheduler.set_timesteps(timesteps=steps)
+    else:
+        scheduler.set_timesteps(steps)
+    rule, timesteps, reference_error, fused_error = run_diffusers_deterministic(scheduler)
+    check_timesteps(scheduler, timesteps, rule)
+    assert reference_error < 1e-6 and fused_error < 1e-5
+    assert (rule.P is not None) == (order == 2)
+    if order == 2:
+        # The previous x0's term matters: without it the rule is visibly off.
+        scheduler.set_timesteps(**({"timesteps": steps} if isinstance(steps, list) else {"num_inference_steps": steps}))
+        without = StepRule(*rule.tables()[:6])
+        _, _, reference_error, fused_error = run_diffusers_deterministic(scheduler, rule=without)
+        assert reference_error > 1e-4 and fused_error > 1e-4
+
+
 @pytest.mark.parametrize(
     "make, kwargs, error, words",
     [
@@ -512,6 +800,26 @@ def test_from_diffusers_ddpm_full_matches_ddpm():
          "non-finite"),
         (lambda: diffusers.PNDMScheduler(), {}, TypeError, "PNDMScheduler"),
         (lambda: diffusers.DDPMParallelScheduler(), {}, TypeError, "DDPMParallelScheduler"),
+        (lambda: diffusers.EulerDiscreteScheduler(), {}, TypeError, "EulerDiscreteScheduler"),
+        (lambda: diffusers.FlowMatchEulerDiscreteScheduler(stochastic_sampling=True), {}, ValueError,
+         "stochastic_sampling=True"),
+        (lambda: diffusers.FlowMatchEulerDiscreteScheduler(invert_sigmas=True), {}, ValueError, "invert_sigmas=True"),
+        (lambda: diffusers.FlowMatchEulerDiscreteScheduler(), {"eta": 0.5}, ValueError, "eta=0.5"),
+        (lambda: diffusers.DPMSolverMultistepScheduler(algorithm_type="sde-dpmsolver++"), {}, ValueError,
+         "algorithm_type='sde-dpmsolver++'"),
+        (lambda: diffusers.DPMSolverMultistepScheduler(algorithm_type="dpmsolver", final_sigmas_type="sigma_min"),
+         {}, ValueError, "algorithm_type='dpmsolver'"),
+        (lambda: diffusers.DPMSolverMultistepScheduler(solver_order=3), {}, ValueError, "solver_order=3"),
+        (lambda: diffusers.DPMSolverMultistepScheduler(solver_type="heun"), {}, ValueError, "solver_type='heun'"),
+        (lambda: diffusers.DPMSolverMultistepScheduler(euler_at_final=True), {}, ValueError, "euler_at_final=True"),
+        (lambda: diffusers.DPMSolverMultistepScheduler(use_karras_sigmas=True), {}, ValueError,
+         "use_karras_sigmas=True"),
+        (lambda: diffusers.DPMSolverMultistepScheduler(use_lu_lambdas=True), {}, ValueError, "use_lu_lambdas=True"),
+        (lambda: diffusers.DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction"), {},
+         ValueError, "flow_prediction"),
+        (lambda: diffusers.DPMSolverMultistepScheduler(variance_type="learned_range"), {}, ValueError,
+         "variance_type='learned_range'"),
+        (lambda: diffusers.DPMSolverMultistepScheduler(thresholding=True), {}, ValueError, "thresholding"),
     ],
 )
 def test_from_diffusers_unsupported(make, kwargs, error, words):
@@ -522,7 +830,8 @@ def test_from_diffusers_unsupported(make, kwargs, error, words):
     assert words in str(info.value)
 
 
-@pytest.mark.parametrize("cls", [diffusers.DDPMScheduler, diffusers.DDIMScheduler])
+@pytest.mark.parametrize("cls", [diffusers.DDPMScheduler, diffusers.DDIMScheduler,
+                                 diffusers.FlowMatchEulerDiscreteScheduler, diffusers.DPMSolverMultistepScheduler])
 def test_from_diffusers_needs_set_timesteps(cls):
     with pytest.raises(ValueError, match="set_timesteps"):
         from_diffusers(cls(num_train_timesteps=50))

@@ -197,6 +197,7 @@ void blas_tile(const Kernels& kern, const MlpPlan& plan, const std::vector<at::T
   const int64_t ld = plan.act_ld, dim = plan.dim, num_layers = plan.num_layers;
   float* bufs[2] = {scratch, scratch + rows * ld};
   float* row_bias = scratch + 2 * rows * ld;
+  float* x0_prev = cpu::previous_x0(plan, scratch, rows);
   float* x_tile = x_data + row0 * dim;
   std::vector<at::Tensor> layer_in(num_layers), layer_out(num_layers);
   for (int64_t l = 0; l < num_layers; ++l) {
@@ -217,7 +218,7 @@ void blas_tile(const Kernels& kern, const MlpPlan& plan, const std::vector<at::T
     }
     const bool bias_added = num_layers == 1 && plan.row_bias();
     kern.step_update(plan, x_tile, row0, rows, bufs[(num_layers - 1) % 2], ld,
-                     bias_added ? nullptr : plan.bias[num_layers - 1], k);
+                     bias_added ? nullptr : plan.bias[num_layers - 1], k, x0_prev);
   }
 }
 
@@ -276,8 +277,8 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
   float* x_data = out.data_ptr<float>();
   auto run_tiles = [&](int64_t tile_begin, int64_t tile_end) {
     // Scratch for this thread's tiles, allocated once, before any step loop:
-    // two activation buffers and layer 0's bias rows.
-    std::vector<float> scratch(3 * tiling.tile_rows * plan.act_ld, 0.f);
+    // two activation buffers, layer 0's bias rows and the previous x0.
+    std::vector<float> scratch(cpu::scratch_floats(plan, tiling.tile_rows), 0.f);
     // The BLAS path's ATen calls must not re-enter autograd: the inputs are
     // internal buffers.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -316,6 +317,35 @@ const float* unless_all(const float* row, int64_t length, float value) {
   return std::all_of(row, row + length, [value](float v) { return v == value; }) ? nullptr : row;
 }
 
+// A clamp as the kernels read it, dim lower and dim upper bounds: the
+// per-column bounds tensor's rows, or the two floats repeated.
+class ClampBounds {
+ public:
+  ClampBounds(OptionalRange range, const std::optional<at::Tensor>& bounds, const char* name,
+              int64_t dim)
+      : dim_(dim) {
+    if (const auto pair = parse_clip(range, name)) {
+      repeated_.assign(dim, pair->first);
+      repeated_.resize(2 * dim, pair->second);
+      lo_ = repeated_.data();
+    } else if (bounds.has_value()) {
+      tensor_ = bounds->contiguous();
+      lo_ = tensor_.data_ptr<float>();
+    }
+  }
+  // (lo, hi) pointers to dim floats each, or nulls without a clamp.
+  std::pair<const float*, const float*> lo_hi() const {
+    if (lo_ == nullptr) return {nullptr, nullptr};
+    return {lo_, lo_ + dim_};
+  }
+
+ private:
+  int64_t dim_;
+  std::vector<float> repeated_;
+  at::Tensor tensor_;
+  const float* lo_ = nullptr;
+};
+
 }  // namespace
 
 at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
@@ -348,8 +378,10 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call) {
   check_sample_rule_args(call);
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
                clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
-               cond_net] = call;
+               cond_net, clip_bounds, post_clip_bounds] = call;
   check_timesteps_in_range(t_start, num_steps, step_tables.size(1));
+  if (clip_bounds.has_value()) check_bounds_ordered(*clip_bounds, "clip_bounds");
+  if (post_clip_bounds.has_value()) check_bounds_ordered(*post_clip_bounds, "post_clip_bounds");
   CpuProblem problem{x, t_start, std::vector<at::Tensor>(weights.begin(), weights.end()), biases,
                      parse_activations(activations, static_cast<int64_t>(weights.size())),
                      return_chain};
@@ -371,19 +403,16 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call) {
   plan.D = unless_all(row + kD * length, length, 0.f);
   plan.E = unless_all(row + kE * length, length, 0.f);
   plan.S = unless_all(row + kS * length, length, 0.f);
+  if (tables.size(0) == kStepTablesWithPrevious) plan.P = unless_all(row + kP * length, length, 0.f);
   plan.noise = z.defined() ? z.data_ptr<float>() : nullptr;
   if (seeds.defined()) {
     plan.noise_seeds = seeds.data_ptr<int64_t>();
     plan.seed_per_row = seed_per_row(seeds);
   }
-  if (const auto range = parse_clip(clip, "clip")) {
-    plan.clip = true;
-    std::tie(plan.clip_lo, plan.clip_hi) = *range;
-  }
-  if (const auto range = parse_clip(post_clip, "post_clip")) {
-    plan.post_clip = true;
-    std::tie(plan.post_lo, plan.post_hi) = *range;
-  }
+  const ClampBounds x0_bounds(clip, clip_bounds, "clip", x.size(1));
+  const ClampBounds x_bounds(post_clip, post_clip_bounds, "post_clip", x.size(1));
+  std::tie(plan.clip_lo, plan.clip_hi) = x0_bounds.lo_hi();
+  std::tie(plan.post_lo, plan.post_hi) = x_bounds.lo_hi();
   return run(problem, plan);
 }
 

@@ -22,10 +22,12 @@ inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 // of row r at step index s = t_start[r] - k:
 //   h  = W0 x + b0 + time_bias[s] + (s / T) * time_weight + cond_bias[r]
 //   e  = the rest of the MLP (act[l] after every layer l but the last)
-//   x0 = A[s] x - B[s] e, clamped to [clip_lo, clip_hi] when clip
-//   x  = C[s] x0 + D[s] x + E[s] e + S[s] z[k, r], then clamped when post_clip
-//        (z: `noise`, or drawn from `noise_seed`)
-// A null table stands for its identity (A: 1; D, E, S: 0), so a rule that
+//   x0 = A[s] x - B[s] e, clamped to [clip_lo, clip_hi] (per column) when given
+//   x  = C[s] x0 + D[s] x + E[s] e + S[s] z[k, r] + P[s] x0_prev, then clamped to
+//        [post_lo, post_hi] when given
+//        (z: `noise`, or drawn from `noise_seed`; x0_prev: the previous step's
+//        clamped x0, none at k = 0)
+// A null table stands for its identity (A: 1; D, E, S, P: 0), so a rule that
 // lacks a term costs nothing for it.
 struct MlpPlan {
   int64_t batch = 0;
@@ -54,9 +56,11 @@ struct MlpPlan {
   float total_timesteps = 1.f;
   const float* cond_bias = nullptr;    // (batch, out_f[0]), row stride out_f[0]
 
-  const float *A = nullptr, *B = nullptr, *C = nullptr, *D = nullptr, *E = nullptr, *S = nullptr;
-  bool clip = false, post_clip = false;
-  float clip_lo = 0.f, clip_hi = 0.f, post_lo = 0.f, post_hi = 0.f;
+  const float *A = nullptr, *B = nullptr, *C = nullptr, *D = nullptr, *E = nullptr, *S = nullptr,
+              *P = nullptr;
+  // The clamps' bounds, dim values each (a pair of floats repeated, or the
+  // per-column bounds); null: no clamp.
+  const float *clip_lo = nullptr, *clip_hi = nullptr, *post_lo = nullptr, *post_hi = nullptr;
   const float* noise = nullptr;  // (K, batch, dim); null: no noise term
   // Instead of `noise`: z drawn from these seeds (seeded_noise.h), one for
   // the batch or, with seed_per_row, [batch] (noise_key).
@@ -68,11 +72,23 @@ struct MlpPlan {
   bool row_bias() const { return time_bias != nullptr || time_weight != nullptr || cond_bias != nullptr; }
 };
 
+// The scratch floats a tile of `rows` rows needs: two activation buffers and
+// layer 0's bias rows (act_ld columns each), then the previous x0 when the rule
+// has a P table (dim columns).
+inline int64_t scratch_floats(const MlpPlan& plan, int64_t rows) {
+  return 3 * rows * plan.act_ld + (plan.P != nullptr ? rows * plan.dim : 0);
+}
+
+// The previous x0's rows in a tile's scratch (see scratch_floats), or null.
+inline float* previous_x0(const MlpPlan& plan, float* scratch, int64_t rows) {
+  return plan.P != nullptr ? scratch + 3 * rows * plan.act_ld : nullptr;
+}
+
 // One instruction set's kernels.
 struct Kernels {
   const char* name;
   // All K steps for rows [row0, row0 + rows) of x (row-major, stride dim, updated
-  // in place). scratch holds 3 * rows * plan.act_ld floats, zero-filled.
+  // in place). scratch holds scratch_floats(plan, rows) floats, zero-filled.
   void (*vec_tile)(const MlpPlan& plan, float* x, int64_t row0, int64_t rows, float* scratch);
   // a[r, j] = act(a[r, j] + bias[r * bias_ld + j]) for r < rows, j < cols.
   void (*bias_act)(float* a, int64_t ld, int64_t rows, int64_t cols, const float* bias,
@@ -81,9 +97,10 @@ struct Kernels {
   void (*first_bias)(const MlpPlan& plan, int64_t row0, int64_t rows, float* out, int64_t ld,
                      int64_t k);
   // The step update of rows [row0, row0 + rows) from e = eps + bias (bias may be
-  // null), then the chain record of step k.
+  // null), then the chain record of step k. x0_prev: (rows, dim) row-major,
+  // the rows' previous clamped x0, replaced by this step's (only when plan.P).
   void (*step_update)(const MlpPlan& plan, float* x, int64_t row0, int64_t rows,
-                      const float* eps, int64_t ld, const float* bias, int64_t k);
+                      const float* eps, int64_t ld, const float* bias, int64_t k, float* x0_prev);
   // Packs one nn.Linear layer for vec_tile: panel = w^T as (in_f, round_up(out_f,
   // kPad)) row-major, zero columns past out_f; packed_bias likewise padded.
   void (*pack_layer)(const float* w, int64_t ld_w, const float* bias, int64_t out_f, int64_t in_f,

@@ -376,13 +376,16 @@ inline void seeded_normals(uint64_t key, int64_t j0, Vec* z) {
 }
 
 void step_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const float* eps,
-                 int64_t ld, const float* bias, int64_t k) {
+                 int64_t ld, const float* bias, int64_t k, float* x0_prev) {
   const int64_t dim = p.dim;
-  const Vec lo(p.clip_lo), hi(p.clip_hi), post_lo(p.post_lo), post_hi(p.post_hi);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t s = p.t_start[row0 + r] - k;
     const Vec a(p.A != nullptr ? p.A[s] : 1.f), b(p.B[s]), c(p.C[s]);
     const Vec d(p.D != nullptr ? p.D[s] : 0.f), e_coef(p.E != nullptr ? p.E[s] : 0.f);
+    // The previous x0's term: none at a call's first step.
+    const Vec prev_coef(p.P != nullptr ? p.P[s] : 0.f);
+    const bool use_prev = p.P != nullptr && k > 0;
+    float* prev = p.P != nullptr ? x0_prev + r * dim : nullptr;
     const int64_t noise_row = k * p.batch + row0 + r;
     const float* z = p.S != nullptr && p.noise != nullptr ? p.noise + noise_row * dim : nullptr;
     const bool seeded = p.S != nullptr && p.noise_seeds != nullptr;
@@ -397,13 +400,15 @@ void step_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const f
       const Vec xv = load(xr + j, n);
       const Vec e = bias != nullptr ? load(er + j, n) + load(bias + j, n) : load(er + j, n);
       Vec x0 = p.A != nullptr ? a * xv - b * e : xv - b * e;
-      if (p.clip) x0 = at::vec::clamp(x0, lo, hi);
+      if (p.clip_lo != nullptr) x0 = at::vec::clamp(x0, load(p.clip_lo + j, n), load(p.clip_hi + j, n));
       Vec next = c * x0;
       if (p.D != nullptr) next = next + d * xv;
       if (p.E != nullptr) next = next + e_coef * e;
+      if (use_prev) next = next + prev_coef * load(prev + j, n);
+      if (prev != nullptr) store(x0, prev + j, n);
       if (z != nullptr) next = next + sigma * load(z + j, n);
       if (seeded) next = at::vec::fmadd(sigma, drawn[slot], next);
-      if (p.post_clip) next = at::vec::clamp(next, post_lo, post_hi);
+      if (p.post_lo != nullptr) next = at::vec::clamp(next, load(p.post_lo + j, n), load(p.post_hi + j, n));
       store(next, xr + j, n);
     });
     if (p.chain != nullptr) {
@@ -451,6 +456,7 @@ void vec_tile(const MlpPlan& p, float* x_all, int64_t row0, int64_t rows, float*
   const int64_t ld = p.act_ld;
   float* bufs[2] = {scratch, scratch + rows * ld};
   float* row_bias = scratch + 2 * rows * ld;  // zero past out_f[0]: padded outputs stay 0
+  float* x0_prev = previous_x0(p, scratch, rows);
   float* x = x_all + row0 * p.dim;
   for (int64_t k = 0; k < p.num_steps; ++k) {
     if (p.row_bias()) first_bias(p, row0, rows, row_bias, ld, k);
@@ -476,7 +482,7 @@ void vec_tile(const MlpPlan& p, float* x_all, int64_t row0, int64_t rows, float*
       in = out;
       in_ld = ld;
     }
-    step_update(p, x, row0, rows, in, ld, nullptr, k);
+    step_update(p, x, row0, rows, in, ld, nullptr, k, x0_prev);
   }
 }
 

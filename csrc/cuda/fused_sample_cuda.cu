@@ -201,7 +201,8 @@ void fill_batch(EngineArgs& a, const at::Tensor& x_c, const at::Tensor& t_c, int
 at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   check_sample_rule_args(call);
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias, clip,
-               post_clip, noise, return_chain, validate, precision, noise_seed, time_net, cond_net] = call;
+               post_clip, noise, return_chain, validate, precision, noise_seed, time_net, cond_net, clip_bounds,
+               post_clip_bounds] = call;
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t batch = x.size(0), dim = x.size(1), table_length = step_tables.size(1);
   if (num_steps == 0 || batch == 0 ||
@@ -218,7 +219,11 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   a.num_layers = ops.problem.num_layers;
   Planned p = plan_call(x, ops, parse_precision(precision), batch, num_steps);
   if (!p.plan.error.empty()) return fused_sample_rule_unfused(call);
-  if (validate) check_timesteps_in_range(t_start, num_steps, table_length);
+  if (validate) {
+    check_timesteps_in_range(t_start, num_steps, table_length);
+    if (clip_bounds.has_value()) check_bounds_ordered(*clip_bounds, "clip_bounds");
+    if (post_clip_bounds.has_value()) check_bounds_ordered(*post_clip_bounds, "post_clip_bounds");
+  }
 
   const at::Tensor x_c = x.contiguous(), t_c = t_start.contiguous(), tables = step_tables.contiguous();
   const std::vector<Activation> acts = parse_activations(activations, ops.problem.num_layers);
@@ -245,6 +250,8 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
     a.step.post_clip = true;
     std::tie(a.step.post_lo, a.step.post_hi) = *range;
   }
+  a.step.clip_bounds = ops.hold_if(clip_bounds);
+  a.step.post_clip_bounds = ops.hold_if(post_clip_bounds);
   a.step.noise = ops.hold_if(noise);
   if (noise_seed.has_value()) {
     const at::Tensor& seeds = ops.keep.emplace_back(noise_seed->contiguous());

@@ -86,7 +86,7 @@ DDPM_HD inline int bias_net_floats(int rows, int cols, int window, bool time_net
 // with the coefficients of the row's step index s. A null table is the
 // identity's: A = 1, the others 0 (the time-column overload gives B and C).
 struct StepArgs {
-  const float* tables[kMaxStepTables];  // each (table_length,), or null
+  const float* tables[kStepTablesWithPrevious];  // each (table_length,), or null
   bool clip, post_clip;
   float clip_lo, clip_hi, post_lo, post_hi;  // the scalar bounds
   const float* clip_bounds;       // (2, dim): per-column bounds (lower row, upper row), or null

@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
     if (static_cast<int>(threadIdx.x) >= kRows) return;
     const int s = clamp_index(c_t0 - k, a.table_length);
 #pragma unroll
-    for (int q = 0; q < kMaxStepTables; ++q) sh.coef[k & 1][q][threadIdx.x] = step_coefficient(a.step, q, s);
+    for (int q = 0; q < kStepTablesWithPrevious; ++q) sh.coef[k & 1][q][threadIdx.x] = step_coefficient(a.step, q, s);
   };
 
   // Zero the layer inputs (padding columns are read, against zero weights),

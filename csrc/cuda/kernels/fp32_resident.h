@@ -45,7 +45,7 @@ struct ResidentBuffers {
   float hidden[2][kRows][kResidentMaxHidden];  // exchanged hidden outputs, zero past H
   float last[kRows][8 * kOpw];      // this CTA's columns of the last hidden layer
   float partial[2][kResidentMaxCluster][kRows][kResidentMaxDim];  // eps partial sums, by sender
-  float coef[2][kMaxStepTables][kRows];  // the step's coefficients per row, by step parity
+  float coef[2][kStepTablesWithPrevious][kRows];  // the step's coefficients per row, by step parity
   uint64_t bars[4];                 // hidden[0], hidden[1], partial[0], partial[1]
 };
 
@@ -53,7 +53,7 @@ struct ResidentBuffers {
 // after ResidentBuffers (the kernel asserts that it fits), 16-byte aligned.
 DDPM_HD constexpr int resident_bias_floats_at(int opw, int rows) {
   return round_up4(2 * rows * kResidentMaxDim + 2 * rows * kResidentMaxHidden + rows * 8 * opw +
-                   2 * kResidentMaxCluster * rows * kResidentMaxDim + 2 * static_cast<int>(kMaxStepTables) * rows +
+                   2 * kResidentMaxCluster * rows * kResidentMaxDim + 2 * static_cast<int>(kStepTablesWithPrevious) * rows +
                    4 * 2);
 }
 

@@ -30,7 +30,7 @@ struct RuleRows {
   int* t;           // step index now, unclamped
   int* step_index;  // step index now, clamped into the tables
   int* valid;
-  float (*coef)[R];  // [kMaxStepTables][R]
+  float (*coef)[R];  // [kStepTablesWithPrevious][R]
 };
 
 // out[r][c] for the block's rows r < R and columns c of layer l: the bias
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const __grid
       rr.t[threadIdx.x] = t;
       rr.step_index[threadIdx.x] = s;
 #pragma unroll
-      for (int q = 0; q < kMaxStepTables; ++q) rr.coef[q][threadIdx.x] = step_coefficient(a.step, q, s);
+      for (int q = 0; q < kStepTablesWithPrevious; ++q) rr.coef[q][threadIdx.x] = step_coefficient(a.step, q, s);
     }
     if (nets.time_window_starts(k)) nets.evaluate_time(a, k, [&](int r) { return rr.t0[r]; });
     __syncthreads();

@@ -30,7 +30,7 @@ DDPM_HD constexpr int rule_columns(int rows) { return rows == 1 ? 8 : (rows <= 8
 // previous x0 (rows, dim_ld each), two activation buffers (rows, width) and
 // the bias networks' rows (bias_net_floats).
 DDPM_HD inline int rule_row_header_floats(int rows) {
-  return round_up4(static_cast<int>(4 + kMaxStepTables) * rows);
+  return round_up4(static_cast<int>(4 + kStepTablesWithPrevious) * rows);
 }
 DDPM_HD inline size_t rule_smem_bytes(int rows, int dim_ld, int width, int bias_floats = 0) {
   return sizeof(float) * (rule_row_header_floats(rows) + static_cast<size_t>(bias_floats) +
