@@ -67,8 +67,6 @@ bool fits_kernel_arguments(int64_t batch, int64_t num_layers, int64_t table_leng
   return num_layers <= kMaxLayers && batch <= INT32_MAX && table_length <= INT32_MAX && num_steps <= INT32_MAX;
 }
 
-const float* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
-
 // The tensors a call's kernel arguments point into, kept alive until the
 // launch (contiguous copies only where needed), and the plan's problem.
 struct Operands {
