@@ -1,8 +1,8 @@
 """Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
 import torch
 
-from . import cleandiffuser, diffusers_style, diffusion_ql, idql, readme, scheduler_step, tabddpm, \
-    tiny_diffusion, v1_variants
+from . import cleandiffuser, diffusers_style, diffusion_ql, flow_policy, idql, readme, scheduler_step, \
+    tabddpm, tiny_diffusion, v1_variants
 
 
 def _dql():
@@ -73,6 +73,11 @@ def _idql():
     return idql.IDQLActor(), (torch.randn(16, 11),), (6, 16, 3)
 
 
+def _flow():
+    torch.manual_seed(0)
+    return flow_policy.FlowPolicy(), (torch.randn(16, 11), torch.randn(16, 3)), None
+
+
 CASES = {
     "diffusion_ql": _dql,
     "cleandiffuser_dql_ddpm": _cd("dql", "ddpm"),
@@ -99,4 +104,5 @@ CASES = {
     "readme_noise_clamp": _readme(noise=True, clamp=2.0),
     "int_t_scheduler_step": _int_scheduler,
     "idql": _idql,
+    "flow_policy_euler": _flow,
 }
