@@ -119,13 +119,18 @@ class DiffusionSampler(nn.Module):
     def _rule_on(self, device: torch.device) -> StepRule:
         """The rule on ``device``, moved once (a move builds and checks the
         tables: kernels that a call would otherwise pay every time)."""
-        if self.rule.device != device:
-            self.rule = self.rule.to(device)
+        if self.rule.device == device:
+            return self.rule
+        if torch.compiler.is_compiling():  # no state written while traced
+            return self.rule.to(device)
+        self.rule = self.rule.to(device)
         return self.rule
 
     def _t_start(self, x: torch.Tensor) -> torch.Tensor:
         """The last step index for every row, as a tensor kept for the batch
         size and device (a new one would cost a kernel per call)."""
+        if torch.compiler.is_compiling():  # a traced tensor must not outlive the trace
+            return torch.full((x.shape[0],), len(self.rule) - 1, dtype=torch.int64, device=x.device)
         key = (x.shape[0], x.device)
         if self._t_start_cache[0] != key:
             self._t_start_cache = (key, torch.full((x.shape[0],), len(self.rule) - 1, dtype=torch.int64,
