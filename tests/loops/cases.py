@@ -73,9 +73,11 @@ def _idql():
     return idql.IDQLActor(), (torch.randn(16, 11),), (6, 16, 3)
 
 
-def _flow():
-    torch.manual_seed(0)
-    return flow_policy.FlowPolicy(), (torch.randn(16, 11), torch.randn(16, 3)), None
+def _flow(**kw):
+    def make():
+        torch.manual_seed(0)
+        return flow_policy.FlowPolicy(**kw), (torch.randn(16, 11), torch.randn(16, 3)), None
+    return make
 
 
 CASES = {
@@ -104,5 +106,6 @@ CASES = {
     "readme_noise_clamp": _readme(noise=True, clamp=2.0),
     "int_t_scheduler_step": _int_scheduler,
     "idql": _idql,
-    "flow_policy_euler": _flow,
+    "flow_policy_euler": _flow(),
+    "flow_policy_euler_fourier_time": _flow(time_embedding=True),
 }
