@@ -15,7 +15,7 @@ from torch._inductor.utils import run_and_get_code
 
 import ddpm_ops  # noqa: F401  (installs the rewrite)
 from ddpm_ops import graph_pass
-from loops import dppo, tabddpm, v1_variants
+from loops import dpm_solver, dppo, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 from test_rewrite_models import relative_error
 from loops.cases import CASES
@@ -262,6 +262,21 @@ def test_action_chunk_loop_is_left_alone_and_says_why(caplog):
         assert relative_error(out, model(cond, noise.clone())) < 1e-5
     assert not RULE_CALL.search(code)
     assert_general_reason(caplog, "")
+
+
+def test_multistep_loop_is_left_alone_and_says_why(caplog):
+    """DPM-Solver++ 2M with the previous x0 kept in a Python variable: a step's update reads the
+    step before's network output besides its sample, which the reader does not carry (the op's
+    P table does, through ddpm_ops.step_rules.dpm_solver_pp). Left alone with eager's numbers."""
+    torch.manual_seed(0)
+    model = dpm_solver.DPMSolver2M()
+    obs, x = torch.randn(16, 11), torch.randn(16, 3)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, obs, x)
+    with torch.no_grad():
+        assert relative_error(out, model(obs, x)) < 1e-5
+    assert not RULE_CALL.search(code)
+    assert_general_reason(caplog, "not one noise draw of the sample's shape")
 
 
 def test_float64_loop_is_left_alone(caplog):
