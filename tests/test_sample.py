@@ -98,6 +98,10 @@ def test_per_column_bounds_bind_per_column(batch):
     assert relative_error(clamped, problem.reference64()) <= TOLERANCE
     lo, hi = problem.rule.post_clip
     assert bool((clamped >= lo).all()) and bool((clamped <= hi).all())
+    if batch == 1:
+        # One row of 5 columns may bind no bound that a shared one would move: the
+        # checks below need rows enough to make that certain in practice.
+        return
     assert bool((clamped == lo).any() or (clamped == hi).any())  # some column sits on its bound
     for clip, post_clip in (((float(problem.rule.clip[0, 0]), float(problem.rule.clip[1, 0])), problem.rule.post_clip),
                             (problem.rule.clip, (float(lo.min()), float(hi.max())))):
