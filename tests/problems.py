@@ -60,7 +60,7 @@ def make_problem(batch, dim, hidden, num_steps, *, device="cpu", t_dtype=torch.i
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref|| / ||ref||`` in float64; NaN anywhere gives inf."""
-    out = out.detach().cpu().double()
+    out, ref = out.detach().cpu().double(), ref.detach().cpu().double()
     if not torch.isfinite(out).all():
         return float("inf")
     return ((out - ref).norm() / ref.norm()).item()
