@@ -58,6 +58,15 @@ def op_args(overload, **arguments: Any) -> tuple:
     return tuple(args[:given])
 
 
+def arg_slots(overload) -> tuple[list, dict[str, int]]:
+    """``overload``'s arguments as a fresh list of every schema default (``None`` where an
+    argument has none) and each argument's position in it, for a caller that fills the
+    same slots at every call (:class:`ddpm_ops.DiffusionSampler`: building the call by
+    name costs more than the op's own work on a small batch)."""
+    _, signature = next(s for o, s in _SIGNATURES if o is overload)
+    return [default for _, _, default in signature], {name: i for i, (name, _, _) in enumerate(signature)}
+
+
 def call(overload, **arguments: Any) -> torch.Tensor:
     """Call ``overload`` with ``arguments`` by name (see :func:`op_args`)."""
     return overload(*op_args(overload, **arguments))

@@ -4,9 +4,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from .calls import RULE, arg_slots
 from .conditioning import BiasNet, cond_bias, time_bias_from_module
 from .layers import VOCABULARY, mlp_layers
-from .ops import PRECISIONS, sample
+from .ops import PRECISIONS, _clamp_args, _default_generator, sample
 from .step_rules import StepRule
 
 
@@ -115,6 +116,9 @@ class DiffusionSampler(nn.Module):
                 features = split[0](self.timesteps.to(torch.float32)).to(torch.float32)
         self.register_buffer("time_features", features)
         self._t_start_cache = (None, None)
+        self._direct = None          # what an eager call reads, by structure (see _direct_plan)
+        self._x_columns = (None, 0, None)
+        self._rule_args = (None, None)
 
     def _rule_on(self, device: torch.device) -> StepRule:
         """The rule on ``device``, moved once (a move builds and checks the
@@ -131,7 +135,7 @@ class DiffusionSampler(nn.Module):
         size and device (a new one would cost a kernel per call)."""
         if torch.compiler.is_compiling():  # a traced tensor must not outlive the trace
             return torch.full((x.shape[0],), len(self.rule) - 1, dtype=torch.int64, device=x.device)
-        key = (x.shape[0], x.device)
+        key = (x.shape[0], x.device, len(self.rule))
         if self._t_start_cache[0] != key:
             self._t_start_cache = (key, torch.full((x.shape[0],), len(self.rule) - 1, dtype=torch.int64,
                                                    device=x.device))
@@ -139,10 +143,121 @@ class DiffusionSampler(nn.Module):
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None, *,
                 num_steps: int | None = None, noise: torch.Tensor | None = None,
-                generator: torch.Generator | None = None, return_chain: bool = False) -> torch.Tensor:
-        """Sample from ``x`` at the rule's last step index, ``num_steps``
-        steps (all of them by default); ``cond``: ``(batch, n)`` or ``(n,)``.
-        ``noise``, ``generator`` and ``return_chain`` as :func:`ddpm_ops.sample`."""
+                generator: torch.Generator | None = None, return_chain: bool = False,
+                t_start: torch.Tensor | int | None = None) -> torch.Tensor:
+        """Sample from ``x`` at the rule's last step index (or each row's
+        ``t_start``), ``num_steps`` steps (all of them by default); ``cond``:
+        ``(batch, n)`` or ``(n,)``. ``noise``, ``generator`` and
+        ``return_chain`` as :func:`ddpm_ops.sample`.
+
+        Every call reads the modules' current parameters. An eager call of
+        the common form (a ``(batch, dim)`` tensor, a ``(batch, n)`` or no
+        condition, a time embedding the op evaluates) goes straight to the op
+        with an argument list kept from the last call; anything else, and
+        every call under torch.compile or export, goes through
+        :func:`ddpm_ops.sample`."""
+        if type(x) is torch.Tensor and x.dim() == 2 and (cond is None or cond.dim() == 2) \
+                and not torch.compiler.is_compiling():
+            direct = self._direct_call(x, cond, num_steps, noise, generator, return_chain, t_start)
+            if direct is not None:
+                return direct
+        return self._sample(x, cond, num_steps, noise, generator, return_chain, t_start)
+
+    # ------------------------------------------------------------------ the eager call, direct
+
+    def _direct_plan(self):
+        """What a direct call needs that depends on the modules' structure only (which Linear
+        is which, the activations, the op's argument slots), rebuilt when a layer of the
+        network or the time MLP is replaced; or ``False`` when the form is not the direct
+        call's (a time embedding evaluated in Python)."""
+        structure = _children(self.mlp), _children(self.time_embedding)
+        if self._direct is not None and self._direct[0] == structure:  # module identity
+            return self._direct[1]
+        if self._direct is not None and self._time_mlp is not None:
+            # A layer of the time embedding was replaced: its MLP is read again.
+            split = _split_time_embedding(self.time_embedding)
+            self._time_mlp = None if split is None else (split[1], split[2])
+        plan = False
+        if self.time_embedding is None or self._time_mlp is not None:
+            modules = [self.mlp, *structure[0]]
+            weights, _, activations = mlp_layers(self.mlp)
+            linears = [m for m in (structure[0] or (self.mlp,)) if isinstance(m, nn.Linear)]
+            time_linears, time_activations = [], []
+            if self._time_mlp is not None:
+                mlp, last = self._time_mlp
+                modules += [mlp, *_children(mlp)]
+                time_activations = [*mlp_layers(mlp)[2], last]
+                time_linears = [m for m in (_children(mlp) or (mlp,)) if isinstance(m, nn.Linear)]
+            template, slot = arg_slots(RULE)
+            template[slot["activations"]] = activations
+            template[slot["precision"]] = self.precision
+            if time_linears:
+                template[slot["time_activations"]] = time_activations
+            plan = _DirectPlan(modules, linears, time_linears, template, slot,
+                               [n for _, n in self.layout], [name for name, _ in self.layout])
+        self._direct = (structure, plan)
+        return plan
+
+    def _direct_call(self, x, cond, num_steps, noise, generator, return_chain, t_start):
+        """The op called with the argument list kept from the last call, this call's tensors
+        in their slots; ``None`` where the call is not of the direct form."""
+        plan = self._direct_plan()
+        if not plan or plan.has_cond != (cond is not None):
+            return None  # the general path builds the call, or names the mismatch
+        for m in plan.modules:
+            if m._forward_hooks or m._forward_pre_hooks:
+                return None  # mlp_layers refuses them, naming the module
+        slot = plan.slot
+        args = list(plan.template)
+        linears = plan.linears
+        w0 = linears[0].weight
+        key, pointer, columns = self._x_columns
+        if key is not w0 or pointer != w0.data_ptr():
+            # Views of the first weight's column blocks: they follow in-place updates; a new
+            # parameter, or new storage under it (``.data =``), makes new ones.
+            columns = dict(zip(plan.names, w0.detach().split(plan.widths, dim=1)))
+            self._x_columns = (w0, w0.data_ptr(), columns)
+        weights = [columns["x"]]
+        weights += [m.weight for m in linears[1:]]
+        args[slot["weights"]] = weights
+        args[slot["biases"]] = [m.bias for m in linears]
+        device = x.device
+        rule = self.rule if self.rule.device == device else self._rule_on(device)
+        if self._rule_args[0] is not rule:
+            self._rule_args = (rule, (*_clamp_args("clip", rule.clip, x), *_clamp_args("post_clip", rule.post_clip, x)))
+        (args[slot["clip"]], args[slot["clip_bounds"]], args[slot["post_clip"]],
+         args[slot["post_clip_bounds"]]) = self._rule_args[1]
+        steps = len(rule) if num_steps is None else num_steps
+        args[slot["x"]] = x
+        args[slot["t_start"]] = self._t_start(x) if t_start is None else \
+            t_start if isinstance(t_start, torch.Tensor) else \
+            torch.full((x.shape[0],), t_start, dtype=torch.int64, device=device)
+        args[slot["step_tables"]] = rule.tables()
+        args[slot["num_steps"]] = steps
+        args[slot["return_chain"]] = return_chain
+        if plan.time_linears:
+            args[slot["time_input"]] = self.time_features
+            time_weights = [m.weight for m in plan.time_linears]
+            time_weights.append(columns["time"])
+            args[slot["time_weights"]] = time_weights
+            args[slot["time_biases"]] = [m.bias for m in plan.time_linears]
+        if cond is not None:
+            args[slot["cond_input"]] = cond
+            args[slot["cond_weights"]] = [columns["cond"]]
+            args[slot["cond_activations"]] = []
+        if noise is not None:
+            if noise.shape != (steps, *x.shape):
+                raise ValueError(f"noise: expected shape {(steps, *x.shape)} (num_steps, *x.shape), "
+                                 f"got {tuple(noise.shape)}")
+            args[slot["noise"]] = noise
+        elif rule.adds_noise and steps > 0:
+            args[slot["generator"]] = generator if generator is not None else _default_generator(device)
+        return RULE(*args)
+
+    # ------------------------------------------------------------------ every other call
+
+    def _sample(self, x, cond, num_steps, noise, generator, return_chain, t_start):
+        """The call through :func:`ddpm_ops.sample`, everything read from the modules."""
         weights, biases, activations = mlp_layers(self.mlp)
         names = [name for name, _ in self.layout]
         if ("cond" in names) != (cond is not None):
@@ -163,7 +278,22 @@ class DiffusionSampler(nn.Module):
         elif cond is not None:
             conditioning = cond_bias(columns["cond"], cond.reshape(-1, columns["cond"].shape[1]))[0]
         steps = len(self.rule) if num_steps is None else num_steps
-        return sample(x, self._t_start(x), [columns["x"]] + weights[1:], biases, self._rule_on(x.device), steps,
+        t_start = self._t_start(x) if t_start is None else t_start
+        return sample(x, t_start, [columns["x"]] + weights[1:], biases, self._rule_on(x.device), steps,
                       activations=activations, time_bias=time, cond_bias=conditioning, noise=noise,
                       generator=generator, return_chain=return_chain, precision=self.precision,
                       time_net=time_net, cond_net=cond_net)
+
+
+class _DirectPlan:
+    """The structure a direct call reads its parameters through (see
+    :meth:`DiffusionSampler._direct_plan`)."""
+
+    def __init__(self, modules, linears, time_linears, template, slot, widths, names):
+        self.modules, self.linears, self.time_linears = modules, linears, time_linears
+        self.template, self.slot, self.widths, self.names = template, slot, widths, names
+        self.has_cond = "cond" in names
+
+
+def _children(module) -> tuple:
+    return tuple(module._modules.values()) if isinstance(module, nn.Sequential) else ()
