@@ -136,7 +136,10 @@ class DDPMSamplingRewrite(_PassBase):
             if not u:  # inductor's own test: no (or an empty) uuid means no caching
                 return None
             chained.append(u)
-        return ("ddpm_ops.DDPMSamplingRewrite", _source_hash(), _enabled, tuple(chained))
+        # The buffers a fused loop reads as constants (ddpm_ops.rewrite.constants) key the
+        # cache too: a graph compiled for one schedule is not served to another.
+        from .rewrite.constants import buffer_digest
+        return ("ddpm_ops.DDPMSamplingRewrite", _source_hash(), _enabled, tuple(chained), buffer_digest())
 
 
 def _config():

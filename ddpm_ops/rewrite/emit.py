@@ -17,9 +17,11 @@ import logging
 import torch
 from torch.fx import Graph, Node
 
-from ..calls import RULE, bias_net_args, op_args
-from .affine import _Update
+from ..calls import RULE, arg_slots, bias_net_args, op_args
+from ..ops import NOISE_SEED_BOUND
+from .affine import _Coef, _row_wise, _Update, cmul
 from .chain import _Loop
+from .constants import fold, real_buffers
 from .network import _net_ending_at
 from .nodes import _NoMatch, _is, _val, aten, prims
 from .plan import _Plan
@@ -37,6 +39,7 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
     batch, dim = xv.shape
     K = len(loop.nets)
     em = _Emitter(graph, plan.end, xv, x)
+    _peel_noise_scales(updates, xv.shape)
     try:
         leaves = {leaf for u in updates for leaf in u.leaves}
         step_pieces = [p for p in range(len(loop.pieces[0])) if p != loop.x_pos
@@ -52,22 +55,56 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             tables = _shared_tables(em, updates)
             t_start = em.full([batch], K - 1, dtype=torch.int64)
         weights, biases, time_bias, cond_bias, time_net, cond_net = _first_layer(em, loop, batch, reemit)
-        noise = _noise(em, updates, K)
+        noise, noise_seed = _noise(em, updates, K)
         clip = None if plan.clip is None else list(plan.clip)
         post = None if plan.post_clip is None else list(plan.post_clip)
         args = op_args(RULE, x=x, t_start=t_start, weights=weights, biases=biases, step_tables=tables,
                        num_steps=K, activations=list(net0.activations), time_bias=time_bias,
-                       cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise,
+                       cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise, noise_seed=noise_seed,
                        **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None))
         try:
             with _meta_refusals_unlogged():
                 fused = em(RULE, *args)
         except RuntimeError as e:  # the op's Meta checks, on the arguments read
             raise _NoMatch(f"the op refuses the arguments read: {e}") from None
+        _fold_constants(graph, em, fused)
     except Exception:
         em.rollback()
         raise
     return fused, em
+
+
+#: The op's arguments that a loop computes from its constants and buffers alone, when it does:
+#: the step tables, the shared timesteps, the time embedding's rows, per-column bounds.
+_FOLDED = ("t_start", "step_tables", "time_bias", "time_input", "clip_bounds", "post_clip_bounds")
+
+
+def _fold_constants(graph: Graph, em: _Emitter, fused: Node) -> None:
+    """Replace the arguments of ``fused`` that depend on no input that changes by graph
+    constants (:mod:`.constants`), and erase the nodes that computed them."""
+    buffers = real_buffers(graph)
+    if not buffers and em.fake_mode is None:
+        return
+    _, slot = arg_slots(RULE)
+    args = list(fused.args)
+    constants = []
+    for name in _FOLDED:
+        i = slot[name]
+        if i >= len(args) or not isinstance(args[i], Node):
+            continue
+        folded = fold(graph, args[i], buffers, em.fake_mode)
+        if folded is not None:
+            args[i] = folded[1]
+            constants += folded
+    if not constants:
+        return
+    fused.args = tuple(args)
+    for n in reversed(list(em.inserted)):  # users before what they read
+        if n is not fused and not n.users:
+            graph.erase_node(n)
+            em.inserted.remove(n)
+    # A rollback erases in reverse order of insertion: the constants last, after their user.
+    em.inserted[:0] = constants
 
 
 @contextlib.contextmanager
@@ -154,7 +191,7 @@ def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, list, 
         else:  # a term: added as it is
             w_cols = None
         if p == loop.x_pos:
-            cols = em(aten.clone.default, w_cols, memory_format=torch.contiguous_format)
+            cols = w_cols  # the op reads a view of the first weight's columns as it is: no copy per call
         elif all(step[p] is piece for step in loop.pieces):
             cond_pieces.append((piece, w_cols))
         elif reemit is not None:
@@ -228,18 +265,62 @@ def _sum(em: _Emitter, parts: list) -> Node | None:
     return out
 
 
-def _noise(em: _Emitter, updates: list[_Update], K: int) -> Node | None:
-    """One ``(K, B, dim)`` draw where every step draws ``randn``; else the steps' noise stacked."""
+def _is_draw(node) -> bool:
+    """A fresh standard normal draw (``randn``, ``randn_like``; inductor's form of either)."""
+    return _is(node, prims.inductor_random.default) and node.args[2] == "randn" or \
+        _is(node, aten.randn.default) and node.kwargs.get("generator") is None
+
+
+def _peel_noise_scales(updates: list[_Update], shape) -> None:
+    """Where a step adds ``scale * draw`` (Diffusion-QL's ``nonzero_mask * exp(0.5 * logvar)
+    * randn_like(x)``), with ``scale`` one number per sample, the scale joins the step's
+    ``S`` coefficient and the draw alone is its noise: the op can then draw it (see
+    :func:`_noise`). A product that ends in noise given as a tensor stays whole."""
+    for u in updates:
+        d, scale, leaves = u.noise, [], []
+        while d is not None and not _is_draw(d):
+            if not (_is(d, aten.mul.Tensor) and len(d.args) == 2 and not d.kwargs):
+                d = None
+                break
+            a, b = d.args
+            for inner, factor in ((a, b), (b, a)):
+                if isinstance(inner, Node) and tuple(_val(inner).shape) == tuple(shape) and (
+                        isinstance(factor, (int, float)) and not isinstance(factor, bool)
+                        or isinstance(factor, Node) and _row_wise(_val(factor), shape)):
+                    break
+            else:
+                d = None
+                break
+            if isinstance(factor, Node):
+                scale.append(_Coef("leaf", (factor,)))
+                leaves.append(factor)
+            else:
+                scale.append(_Coef("num", (float(factor),)))
+            d = inner
+        if d is None or d is u.noise:
+            continue
+        z = u.post.get("z")
+        for c in scale:
+            z = cmul(z, c)
+        u.post["z"], u.noise = z, d
+        u.leaves.update(leaves)
+
+
+def _noise(em: _Emitter, updates: list[_Update], K: int) -> tuple[Node | None, Node | None]:
+    """``(noise, noise_seed)``: where every step draws standard normal noise of its own, one
+    seed for the call, the op drawing the noise from it (the same distribution; one small
+    random op per call instead of a draw of every number); else the steps' noise stacked as
+    the op's ``(K, B, dim)`` noise."""
     draws = [u.noise for u in updates]
     present = [d for d in draws if d is not None]
     if not present:
-        return None
+        return None, None
     shape = list(_val(present[0]).shape)
     first = present[0]
-    if all(_is(d, prims.inductor_random.default) and d.args[2] == "randn" for d in present):
-        return em(prims.inductor_random.default, [K, *shape], first.args[1], "randn")
-    if all(_is(d, aten.randn.default) and d.kwargs == first.kwargs for d in present):
-        return em(aten.randn.default, [K, *shape], **first.kwargs)
+    if all(_is_draw(d) for d in present) and len(set(present)) == len(present):
+        # aten.randint has no inductor lowering: one ATen call, one kernel on CUDA, drawn from
+        # the default generator as the loop's own randn was.
+        return None, em(aten.randint.low, 0, NOISE_SEED_BOUND, [1], dtype=torch.int64, device=em.device)
     zeros = None
     rows = []
     for d in draws:
@@ -247,6 +328,6 @@ def _noise(em: _Emitter, updates: list[_Update], K: int) -> Node | None:
             zeros = zeros or em.full(shape, 0.0)
             d = zeros
         rows.append(d)
-    return em.stack(rows)
+    return em.stack(rows), None
 
 
