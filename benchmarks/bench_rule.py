@@ -22,6 +22,16 @@ Contenders (one process, the same inputs):
               as a user would (its time MLP and condition columns run inside
               the op as bias networks)
   sampler-graph (CUDA) that call captured in one CUDA graph, replayed
+  (CPU) compile    torch.compile of the policy's loop, default mode, the rewrite off
+  (CPU) rewritten  the same with the rewrite on (one ddpm::fused_sample.rule per call)
+  (CPU) op         torch.ops.ddpm.fused_sample.rule with the arguments the sampler
+                   passes, built once: the op's own time, the floor of the others
+  (CPU) onnxruntime the loop written as Diffusion-QL writes it (noise given as an
+                   input), exported with torch.onnx.export and run by ONNX Runtime
+                   on the CPU with as many intra-op threads as torch has (skipped
+                   where onnxruntime or onnx is not installed)
+On the CPU `sampler` is the bare call (x and the state made once; the noise
+drawn in the op), so that it and `op` differ by the sampler's own work only.
 On the CPU the contenders alternate, round after round, and each reports its
 median: of wall time by default, or with --clock process of the process's CPU
 time (on one thread, so that it is the call's time; a shared machine inflates
@@ -183,11 +193,87 @@ def graphed(fn, example):
     return graph.replay
 
 
+class NoiseGivenLoop(nn.Module):
+    """The policy's loop as Diffusion-QL writes it, its draws given as inputs (ONNX has no
+    random op that torch.onnx.export maps randn_like to with torch's numbers)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, state, x, noise):
+        p = self.policy
+        for k, i in enumerate(reversed(range(p.steps))):
+            t = torch.full((state.shape[0],), i, device=state.device, dtype=torch.long)
+            eps = p.mid(torch.cat([x, p.time_mlp(t), state], dim=1))
+            x0 = (p.sqrt_recip_abar[t][:, None] * x - p.sqrt_recipm1_abar[t][:, None] * eps)
+            x0 = x0.clamp(-p.max_action, p.max_action)
+            mean = p.coef1[t][:, None] * x0 + p.coef2[t][:, None] * x
+            nonzero = (1 - (t == 0).float())[:, None]
+            x = mean + nonzero * (0.5 * p.log_var[t][:, None]).exp() * noise[k]
+        return x.clamp(-p.max_action, p.max_action)
+
+
+def onnxruntime_contender(policy, state):
+    """The noise-given loop exported to ONNX, run by ONNX Runtime; None without onnxruntime."""
+    try:
+        import io
+        import onnx  # noqa: F401  (torch.onnx.export needs it)
+        import onnxruntime
+    except ImportError:
+        return None
+    batch = state.shape[0]
+    loop = NoiseGivenLoop(policy).eval()
+    inputs = (state, torch.randn(batch, policy.action_dim), torch.randn(policy.steps, batch, policy.action_dim))
+    buffer = io.BytesIO()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(loop, inputs, buffer, dynamo=False, input_names=["state", "x", "noise"])
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+    feed = {name: t.numpy() for name, t in zip(["state", "x", "noise"], inputs)}
+    out = torch.from_numpy(session.run(None, feed)[0])
+    err = (out.double() - loop(*inputs).double()).norm() / loop(*inputs).double().norm()
+    assert err < 1e-5, f"onnxruntime's output differs from the loop's: relative error {float(err):.1e}"
+    return lambda: session.run(None, feed)
+
+
+def op_arguments(sampler, x, state):
+    """The arguments ``sampler(x, cond=state)`` gives the op (taken from one call)."""
+    import ddpm_ops.modules as modules
+    taken, rule = [], modules.RULE
+    modules.RULE = lambda *args: taken.append(args) or rule(*args)
+    try:
+        sampler(x, cond=state)
+    finally:
+        modules.RULE = rule
+    return rule, taken[0]
+
+
 def dql_contenders(batch, device):
     policy = DiffusionQLPolicy().to(device).eval()
     sampler, fused = policy.fused()
     sampler = sampler.to(device)
     state = torch.randn(batch, 17, device=device)
+    if device == "cpu":
+        x = torch.randn(batch, policy.action_dim)
+        op, args = op_arguments(sampler, x, state)
+        compiled = torch.compile(policy)
+        compiled(state)  # compiled while the rewrite is off
+        rewritten = torch.compile(policy, options={"post_grad_custom_pre_pass": ddpm_ops.DDPMSamplingRewrite()})
+        ddpm_ops.enable_auto_rewrite()
+        rewritten(state)
+        ddpm_ops.disable_auto_rewrite()
+        contenders = {"eager": lambda: policy(state), "compile": lambda: compiled(state),
+                      "rewritten": lambda: rewritten(state), "sampler": lambda: sampler(x, cond=state),
+                      "op": lambda: op(*args)}
+        ort = onnxruntime_contender(policy, state)
+        if ort is not None:
+            contenders["onnxruntime"] = ort
+        return contenders
 
     def through_sampler(s):
         x = torch.randn(s.shape[0], policy.action_dim, device=s.device)
@@ -235,7 +321,14 @@ def main():
                 times = cuda_gpu_us(contenders) if args.device == "cuda" else \
                     cpu_medians_us(contenders, args.rounds, args.budget, clock)
                 cells = "  ".join(f"{name} {us:9.1f}" for name, us in times.items())
-                if shape == "dql":
+                if shape == "dql" and args.device == "cpu":
+                    op = times["op"]
+                    cells += (f"  | sampler/op {times['sampler'] / op:.2f}, rewritten/sampler "
+                              f"{times['rewritten'] / times['sampler']:.2f}, compile/rewritten "
+                              f"{times['compile'] / times['rewritten']:.1f}x")
+                    if "onnxruntime" in times:
+                        cells += f", onnxruntime/sampler {times['onnxruntime'] / times['sampler']:.1f}x"
+                elif shape == "dql":
                     ours = ("fused", "rewritten", "sampler", "sampler-graph")
                     best = min(us for name, us in times.items() if name not in ours)
                     cells += f"  | fused {best / times['fused']:.1f}x the best other"

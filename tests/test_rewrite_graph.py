@@ -22,6 +22,11 @@ def graph_text(graph: torch.fx.Graph) -> str:
             lines.append(f"{names[node]}: {tuple(v.shape) if v is not None else '?'} "
                          f"{str(v.dtype).replace('torch.', '') if v is not None else ''}")
             continue
+        if node.op == "get_attr":  # a graph constant (the rewrite's tables): named by its shape
+            names[node] = f"constant{sum(n.op == 'get_attr' for n in names)}"
+            v = node.meta.get("val")
+            lines.append(f"{names[node]} = constant {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}")
+            continue
         if node.op != "call_function":
             if node.op == "output":
                 outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
@@ -72,30 +77,13 @@ in4: (2, 3) float32
 in5: (2,) float32
 in6: (100,) float32
 in7: (100,) float32
-full_default = aten.full.default([100], 0.0)
-iota_default = prims.iota.default(100,)
-index_tensor = aten.index.Tensor(in6, [iota_default])
-unsqueeze_default = aten.unsqueeze.default(index_tensor, 1)
-reshape_default = aten.reshape.default(unsqueeze_default, [100])
-index_tensor_1 = aten.index.Tensor(in7, [iota_default])
-unsqueeze_default_1 = aten.unsqueeze.default(index_tensor_1, 1)
-reshape_default_1 = aten.reshape.default(unsqueeze_default_1, [100])
-neg_default = aten.neg.default(reshape_default_1,)
-mul_tensor = aten.mul.Tensor(neg_default, reshape_default)
-unsqueeze_default_2 = aten.unsqueeze.default(full_default, 0)
-unsqueeze_default_3 = aten.unsqueeze.default(full_default, 0)
-unsqueeze_default_4 = aten.unsqueeze.default(full_default, 0)
-unsqueeze_default_5 = aten.unsqueeze.default(reshape_default, 0)
-unsqueeze_default_6 = aten.unsqueeze.default(mul_tensor, 0)
-unsqueeze_default_7 = aten.unsqueeze.default(full_default, 0)
-cat_default = aten.cat.default([unsqueeze_default_2, unsqueeze_default_3, unsqueeze_default_4, unsqueeze_default_5, unsqueeze_default_6, unsqueeze_default_7],)
+constant0 = constant (1, 6, 100) float32
+select_int = aten.select.int(constant0, 0, 0)
 slice_tensor = aten.slice.Tensor(in2, 1, 0, 2)
-clone_default = aten.clone.default(slice_tensor,)
 slice_tensor_1 = aten.slice.Tensor(in2, 1, 2, 3)
-convert_element_type_default = prims.convert_element_type.default(iota_default, torch.float32)
-div_tensor = aten.div.Tensor(convert_element_type_default, 100)
-unsqueeze_default_8 = aten.unsqueeze.default(div_tensor, 1)
-fused_sample_rule = ddpm.fused_sample.rule(in1, in0, [clone_default, in4], [in3, in5], cat_default, 2, [silu], None, None, None, None, None, False, False, fp32, None, unsqueeze_default_8, [slice_tensor_1], [], [])
+constant1 = constant (1, 100, 1) float32
+select_int_1 = aten.select.int(constant1, 0, 0)
+fused_sample_rule = ddpm.fused_sample.rule(in1, in0, [slice_tensor, in4], [in3, in5], select_int, 2, [silu], None, None, None, None, None, False, False, fp32, None, select_int_1, [slice_tensor_1], [], [])
 return fused_sample_rule""")
 
     def test_exported_graph(self):
@@ -124,12 +112,11 @@ def forward(self, p_eps_net_0_weight, p_eps_net_0_bias, p_eps_net_2_weight, p_ep
     unsqueeze_default_7 = torch.ops.aten.unsqueeze.default(full_default, 0);  full_default = None
     cat_default = torch.ops.aten.cat.default([unsqueeze_default_2, unsqueeze_default_3, unsqueeze_default_4, unsqueeze_default_5, unsqueeze_default_6, unsqueeze_default_7]);  unsqueeze_default_2 = unsqueeze_default_3 = unsqueeze_default_4 = unsqueeze_default_5 = unsqueeze_default_6 = unsqueeze_default_7 = None
     slice_tensor = torch.ops.aten.slice.Tensor(p_eps_net_0_weight, 1, 0, 2)
-    clone_default = torch.ops.aten.clone.default(slice_tensor, memory_format = torch.contiguous_format);  slice_tensor = None
     slice_tensor_1 = torch.ops.aten.slice.Tensor(p_eps_net_0_weight, 1, 2, 3);  p_eps_net_0_weight = None
     to_dtype = torch.ops.aten.to.dtype(iota_default, torch.float32);  iota_default = None
     div_tensor = torch.ops.aten.div.Tensor(to_dtype, 100);  to_dtype = None
     unsqueeze_default_8 = torch.ops.aten.unsqueeze.default(div_tensor, 1);  div_tensor = None
-    fused_sample_rule = torch.ops.ddpm.fused_sample.rule(x, t_start, [clone_default, p_eps_net_2_weight], [p_eps_net_0_bias, p_eps_net_2_bias], cat_default, 2, ['silu'], None, None, None, None, None, False, False, 'fp32', None, unsqueeze_default_8, [slice_tensor_1], [], []);  x = t_start = clone_default = p_eps_net_2_weight = p_eps_net_0_bias = p_eps_net_2_bias = cat_default = unsqueeze_default_8 = slice_tensor_1 = None
+    fused_sample_rule = torch.ops.ddpm.fused_sample.rule(x, t_start, [slice_tensor, p_eps_net_2_weight], [p_eps_net_0_bias, p_eps_net_2_bias], cat_default, 2, ['silu'], None, None, None, None, None, False, False, 'fp32', None, unsqueeze_default_8, [slice_tensor_1], [], []);  x = t_start = slice_tensor = p_eps_net_2_weight = p_eps_net_0_bias = p_eps_net_2_bias = cat_default = unsqueeze_default_8 = slice_tensor_1 = None
     return (fused_sample_rule,)""")
 
     def test_compiled_general_loop(self):
@@ -158,55 +145,13 @@ in7: (10,) float32
 in8: (10,) float32
 in9: (10,) float32
 in10: (10,) float32
-select_6 = aten.select.int(in9, 0, 8)
-select_4 = aten.select.int(in7, 0, 8)
-select_2 = aten.select.int(in9, 0, 9)
-select = aten.select.int(in7, 0, 9)
-select_1 = aten.select.int(in8, 0, 9)
-select_3 = aten.select.int(in10, 0, 9)
-select_5 = aten.select.int(in8, 0, 8)
-select_7 = aten.select.int(in10, 0, 8)
-neg_default = aten.neg.default(select_1,)
-neg_default_1 = aten.neg.default(neg_default,)
-neg_default_2 = aten.neg.default(select_5,)
-neg_default_3 = aten.neg.default(neg_default_2,)
-unsqueeze_default = aten.unsqueeze.default(select_4, 0)
-unsqueeze_default_1 = aten.unsqueeze.default(select, 0)
-cat_default = aten.cat.default([unsqueeze_default, unsqueeze_default_1],)
-unsqueeze_default_2 = aten.unsqueeze.default(neg_default_3, 0)
-unsqueeze_default_3 = aten.unsqueeze.default(neg_default_1, 0)
-cat_default_1 = aten.cat.default([unsqueeze_default_2, unsqueeze_default_3],)
-unsqueeze_default_4 = aten.unsqueeze.default(select_6, 0)
-unsqueeze_default_5 = aten.unsqueeze.default(select_2, 0)
-cat_default_2 = aten.cat.default([unsqueeze_default_4, unsqueeze_default_5],)
-unsqueeze_default_6 = aten.unsqueeze.default(select_7, 0)
-unsqueeze_default_7 = aten.unsqueeze.default(select_3, 0)
-cat_default_3 = aten.cat.default([unsqueeze_default_6, unsqueeze_default_7],)
-full_default_2 = aten.full.default([], 0.0)
-full_default_3 = aten.full.default([], 0.0)
-unsqueeze_default_8 = aten.unsqueeze.default(full_default_2, 0)
-unsqueeze_default_9 = aten.unsqueeze.default(full_default_3, 0)
-cat_default_4 = aten.cat.default([unsqueeze_default_8, unsqueeze_default_9],)
-full_default_4 = aten.full.default([], 0.0)
-full_default_5 = aten.full.default([], 0.0)
-unsqueeze_default_10 = aten.unsqueeze.default(full_default_4, 0)
-unsqueeze_default_11 = aten.unsqueeze.default(full_default_5, 0)
-cat_default_5 = aten.cat.default([unsqueeze_default_10, unsqueeze_default_11],)
-unsqueeze_default_12 = aten.unsqueeze.default(cat_default, 0)
-unsqueeze_default_13 = aten.unsqueeze.default(cat_default_1, 0)
-unsqueeze_default_14 = aten.unsqueeze.default(cat_default_2, 0)
-unsqueeze_default_15 = aten.unsqueeze.default(cat_default_3, 0)
-unsqueeze_default_16 = aten.unsqueeze.default(cat_default_4, 0)
-unsqueeze_default_17 = aten.unsqueeze.default(cat_default_5, 0)
-cat_default_6 = aten.cat.default([unsqueeze_default_12, unsqueeze_default_13, unsqueeze_default_14, unsqueeze_default_15, unsqueeze_default_16, unsqueeze_default_17],)
-full_default_6 = aten.full.default([4], 1)
+constant0 = constant (1, 6, 2) float32
+select_int_1 = aten.select.int(constant0, 0, 0)
+constant1 = constant (1, 4) int64
+select_int = aten.select.int(constant1, 0, 0)
 slice_tensor = aten.slice.Tensor(in1, 1, 0, 2)
-clone_default = aten.clone.default(slice_tensor,)
 slice_tensor_1 = aten.slice.Tensor(in1, 1, 2, 3)
-full_default_7 = aten.full.default([1], 0.8)
-full_default_8 = aten.full.default([1], 0.9)
-unsqueeze_default_18 = aten.unsqueeze.default(full_default_7, 0)
-unsqueeze_default_19 = aten.unsqueeze.default(full_default_8, 0)
-cat_default_7 = aten.cat.default([unsqueeze_default_18, unsqueeze_default_19],)
-fused_sample_rule = ddpm.fused_sample.rule(in0, full_default_6, [clone_default, in3, in5], [in2, in4, in6], cat_default_6, 2, [silu, silu], None, None, [-1.0, 1.0], None, None, False, False, fp32, None, cat_default_7, [slice_tensor_1], [], [])
+constant2 = constant (1, 2, 1) float32
+select_int_2 = aten.select.int(constant2, 0, 0)
+fused_sample_rule = ddpm.fused_sample.rule(in0, select_int, [slice_tensor, in3, in5], [in2, in4, in6], select_int_1, 2, [silu, silu], None, None, [-1.0, 1.0], None, None, False, False, fp32, None, select_int_2, [slice_tensor_1], [], [])
 return fused_sample_rule""")

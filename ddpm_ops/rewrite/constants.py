@@ -55,6 +55,12 @@ def _dynamo_inputs() -> list | None:
         return None
     if tx is None:
         return None
+    # The translator of the last frame Dynamo traced can outlive its compilation (torch.export
+    # leaves it behind): only one whose fake mode is the current compilation's counts.
+    from torch._guards import TracingContext
+    context = TracingContext.try_get()
+    if context is None or context.fake_mode is None or getattr(tx.output, "fake_mode", None) is not context.fake_mode:
+        return None
     try:
         return [(ga.example, ga.source.name if ga.source is not None else "") for ga in tx.output.graphargs]
     except Exception:  # noqa: BLE001 - a Dynamo version without these attributes
@@ -85,13 +91,18 @@ def buffer_digest() -> str | None:
     return h.hexdigest()
 
 
-def real_buffers(graph: Graph) -> dict[Node, torch.Tensor]:
+def real_buffers(graph: Graph) -> dict[Node, torch.Tensor] | None:
     """The placeholders of ``graph`` that are module buffers, with their values; empty where
-    the graph's placeholders cannot be matched one to one with what Dynamo compiles."""
+    the graph's placeholders cannot be matched one to one with what Dynamo compiles; ``None``
+    outside a Dynamo compilation (an exported program: nothing is folded)."""
     placeholders = list(graph.find_nodes(op="placeholder"))
     inputs = _dynamo_inputs()
     if inputs is None:
-        return {}
+        return None
+    from torch._guards import TracingContext
+    mode = TracingContext.get().fake_mode
+    if any(getattr(n.meta.get("val"), "fake_mode", mode) is not mode for n in placeholders):
+        return {}  # not the graph this compilation traced
     try:  # parameters and buffers lifted by AOTAutograd come first (no inlined nn.Modules)
         from torch._guards import TracingContext
         context = TracingContext.try_get()

@@ -83,8 +83,8 @@ def _fold_constants(graph: Graph, em: _Emitter, fused: Node) -> None:
     """Replace the arguments of ``fused`` that depend on no input that changes by graph
     constants (:mod:`.constants`), and erase the nodes that computed them."""
     buffers = real_buffers(graph)
-    if not buffers and em.fake_mode is None:
-        return
+    if buffers is None:
+        return  # not under torch.compile: an exported program keeps its inputs and computes them
     _, slot = arg_slots(RULE)
     args = list(fused.args)
     constants = []
