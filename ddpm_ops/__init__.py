@@ -19,8 +19,8 @@ from .graph_pass import (
     enable_auto_rewrite,
 )
 from .layers import mlp_layers
-from .modules import DiffusionSampler
-from .ops import FusedDDPMSampler, fused_sample, mlp_parameters, sample, silu_mlp
+from .modules import DiffusionSampler, FusedDDPMSampler
+from .ops import fused_sample, mlp_parameters, sample, silu_mlp
 from . import conditioning, sharding, step_rules
 from .conditioning import BiasNet, cond_bias, split_first_linear, time_bias, time_bias_from_module
 from .reference import reference, reference_sample, seeded_noise

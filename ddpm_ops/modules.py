@@ -7,7 +7,7 @@ from torch import nn
 from .calls import RULE, arg_slots
 from .conditioning import BiasNet, cond_bias, time_bias_from_module
 from .layers import VOCABULARY, mlp_layers
-from .ops import PRECISIONS, _clamp_args, _default_generator, sample
+from .ops import PRECISIONS, _as_int, _clamp_args, _default_generator, mlp_parameters, sample
 from .step_rules import StepRule
 
 
@@ -109,6 +109,10 @@ class DiffusionSampler(nn.Module):
         # A tuple, so that the time MLP's modules (the embedding's own) are
         # not registered twice.
         split = _split_time_embedding(time_embedding) if "time" in names else None
+        if split is None and "time" in names and _parameter_free(time_embedding):
+            # Features alone (the t/T column, a sinusoidal map): computed once, here; the op
+            # multiplies them by the first Linear's time columns (a bias network of one layer).
+            split = (time_embedding, None, None)
         self._time_mlp = None if split is None else (split[1], split[2])
         features = None
         if split is not None:
@@ -173,7 +177,7 @@ class DiffusionSampler(nn.Module):
         structure = _children(self.mlp), _children(self.time_embedding)
         if self._direct is not None and self._direct[0] == structure:  # module identity
             return self._direct[1]
-        if self._direct is not None and self._time_mlp is not None:
+        if self._direct is not None and self._time_mlp is not None and self._time_mlp[0] is not None:
             # A layer of the time embedding was replaced: its MLP is read again.
             split = _split_time_embedding(self.time_embedding)
             self._time_mlp = None if split is None else (split[1], split[2])
@@ -183,7 +187,7 @@ class DiffusionSampler(nn.Module):
             weights, _, activations = mlp_layers(self.mlp)
             linears = [m for m in (structure[0] or (self.mlp,)) if isinstance(m, nn.Linear)]
             time_linears, time_activations = [], []
-            if self._time_mlp is not None:
+            if self._time_mlp is not None and self._time_mlp[0] is not None:
                 mlp, last = self._time_mlp
                 modules += [mlp, *_children(mlp)]
                 time_activations = [*mlp_layers(mlp)[2], last]
@@ -191,10 +195,11 @@ class DiffusionSampler(nn.Module):
             template, slot = arg_slots(RULE)
             template[slot["activations"]] = activations
             template[slot["precision"]] = self.precision
-            if time_linears:
+            if self._time_mlp is not None:
                 template[slot["time_activations"]] = time_activations
             plan = _DirectPlan(modules, linears, time_linears, template, slot,
-                               [n for _, n in self.layout], [name for name, _ in self.layout])
+                               [n for _, n in self.layout], [name for name, _ in self.layout],
+                               self._time_mlp is not None)
         self._direct = (structure, plan)
         return plan
 
@@ -235,7 +240,7 @@ class DiffusionSampler(nn.Module):
         args[slot["step_tables"]] = rule.tables()
         args[slot["num_steps"]] = steps
         args[slot["return_chain"]] = return_chain
-        if plan.time_linears:
+        if plan.time_net:
             args[slot["time_input"]] = self.time_features
             time_weights = [m.weight for m in plan.time_linears]
             time_weights.append(columns["time"])
@@ -265,7 +270,9 @@ class DiffusionSampler(nn.Module):
                              f"layout {names}, got {'None' if cond is None else 'a tensor'}")
         columns = dict(zip(names, weights[0].detach().split([n for _, n in self.layout], dim=1)))
         time = time_net = None
-        if self._time_mlp is not None:
+        if self._time_mlp is not None and self._time_mlp[0] is None:
+            time_net = BiasNet(self.time_features, [columns["time"]], [], [])
+        elif self._time_mlp is not None:
             mlp, last = self._time_mlp
             time_weights, time_biases, time_activations = mlp_layers(mlp)
             time_net = BiasNet(self.time_features, [*time_weights, columns["time"]], time_biases,
@@ -285,14 +292,68 @@ class DiffusionSampler(nn.Module):
                       time_net=time_net, cond_net=cond_net)
 
 
+class FusedDDPMSampler(DiffusionSampler):
+    """The time-column sampler, kept for code written against earlier versions: a
+    :class:`DiffusionSampler` whose network reads ``cat([x, t / total_timesteps])`` and whose
+    rule is :meth:`StepRule.from_coefficients` (``x = sqrt_recip_alphas[t] * (x - coef_eps[t]
+    * eps)``), ``num_steps`` steps from each row's ``t_start``: ``forward(x, t_start)`` equals
+    :func:`ddpm_ops.reference` with these arguments. New code builds the ``DiffusionSampler``
+    itself (any rule, activation and time embedding).
+
+    Raises ``ValueError`` at construction for a network other than ``Linear (SiLU Linear)*``
+    (:func:`ddpm_ops.mlp_parameters`), an unknown precision, or counts that cannot describe a
+    run: ``num_steps`` beyond the tables' length or beyond ``total_timesteps`` (the usual
+    sign of the two counts given in the other order).
+    """
+
+    def __init__(self, eps_net: nn.Module, sqrt_recip_alphas: torch.Tensor, coef_eps: torch.Tensor,
+                 num_steps: int, total_timesteps: int, *, precision: str = "fp32"):
+        weights, _ = mlp_parameters(eps_net)  # fail at construction, not at the first call
+        num_steps = _as_int("num_steps", num_steps)
+        total_timesteps = _as_int("total_timesteps", total_timesteps)
+        if num_steps > total_timesteps:
+            raise ValueError(
+                f"num_steps: expected at most total_timesteps = {total_timesteps}, got {num_steps}; "
+                "the arguments are (eps_net, sqrt_recip_alphas, coef_eps, num_steps, total_timesteps): "
+                "are the two counts swapped?")
+        if num_steps > sqrt_recip_alphas.numel():
+            raise ValueError(f"num_steps: expected at most the tables' length "
+                             f"{sqrt_recip_alphas.numel()}, got {num_steps}")
+        rule = StepRule.from_coefficients(sqrt_recip_alphas, coef_eps)
+        dim = weights[0].shape[1] - 1
+        super().__init__(eps_net, rule, torch.arange(len(rule)), layout=(("x", dim), ("time", 1)),
+                         time_embedding=_TimeColumn(total_timesteps), precision=precision)
+        self.num_steps = num_steps
+        self.total_timesteps = total_timesteps
+
+    def forward(self, x: torch.Tensor, t_start: torch.Tensor | int) -> torch.Tensor:
+        return super().forward(x, num_steps=self.num_steps, t_start=t_start)
+
+
+class _TimeColumn(nn.Module):
+    """``t / total_timesteps`` as one column: the time-column network's time input."""
+
+    def __init__(self, total_timesteps: int):
+        super().__init__()
+        self.total_timesteps = total_timesteps
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return (t.to(torch.float32) / self.total_timesteps)[:, None]
+
+
 class _DirectPlan:
     """The structure a direct call reads its parameters through (see
     :meth:`DiffusionSampler._direct_plan`)."""
 
-    def __init__(self, modules, linears, time_linears, template, slot, widths, names):
+    def __init__(self, modules, linears, time_linears, template, slot, widths, names, time_net):
         self.modules, self.linears, self.time_linears = modules, linears, time_linears
         self.template, self.slot, self.widths, self.names = template, slot, widths, names
-        self.has_cond = "cond" in names
+        self.has_cond, self.time_net = "cond" in names, time_net
+
+
+def _parameter_free(module) -> bool:
+    """An ``nn.Module`` without parameters: its output depends on its input alone."""
+    return isinstance(module, nn.Module) and next(module.parameters(), None) is None
 
 
 def _children(module) -> tuple:

@@ -223,3 +223,98 @@ def test_diffusion_sampler_with_bias_networks_compiles_and_exports():
         assert torch.equal(torch.compile(Policy())(x, cond, noise), eager)
         assert torch.equal(torch.export.export(Policy(), (x, cond, noise)).module()(x, cond, noise), eager)
         assert torch.equal(sampler(x, cond=cond, noise=noise), eager)
+
+
+def _reference_loop(mid, time_mlp, rule, timesteps, x, state, noise):
+    """The sampler's loop in float64 (the network concatenates x, the time MLP and the state)."""
+    mid64, time64 = copy.deepcopy(mid).double(), copy.deepcopy(time_mlp[1:]).double()
+    tables = rule.tables().double()
+    lo, hi = rule.clip if rule.clip is not None else (-math.inf, math.inf)
+    x = x.double()
+    for k, s in enumerate(reversed(range(len(rule)))):
+        t = timesteps[s:s + 1].expand(len(x))
+        e = mid64(torch.cat([x, time64(time_mlp[0](t).double()), state.double()], dim=1))
+        A, B, C, D, E, S = tables[:, s]
+        x0 = (A * x - B * e).clamp(lo, hi)
+        x = C * x0 + D * x + E * e + S * noise[k].double()
+    return x
+
+
+def test_direct_call_reads_the_parameters_of_every_call():
+    """An eager call goes to the op with an argument list kept from the last call: it must
+    still read every change of the modules between calls (in place, a new parameter, new
+    storage under the first weight, a replaced layer of the network or of the time MLP, a
+    new rule), give the numbers of the general path bit for bit and the float64 loop's."""
+    torch.manual_seed(torch.seed())
+    time_mlp, mid = diffusion_ql_net()
+    rule = ddpm_ops.step_rules.ddpm(ddpm_ops.linear_betas(5, 1e-4, 0.1), clip=1.0)
+    timesteps = torch.arange(5)
+    sampler = ddpm_ops.DiffusionSampler(mid, rule, timesteps, layout=(("x", 6), ("time", 16), ("cond", 17)),
+                                        time_embedding=time_mlp)
+    changes = [
+        lambda: None,
+        lambda: mid[2].weight.mul_(1.5),                                       # in place
+        lambda: setattr(mid[4], "weight", nn.Parameter(torch.randn(256, 256) / 16)),   # a new parameter
+        lambda: setattr(mid[0].weight, "data", torch.randn(256, 39) / 6),      # new storage, first weight
+        lambda: mid[0].weight[:, :6].mul_(-1),                                 # in place, the x columns
+        lambda: mid.__setitem__(6, nn.Linear(256, 6)),                         # a replaced layer
+        lambda: time_mlp.__setitem__(3, nn.Linear(32, 16)),                    # the time MLP's
+        lambda: setattr(sampler, "rule", ddpm_ops.step_rules.ddpm(ddpm_ops.linear_betas(5, 1e-3, 0.2), clip=0.5)),
+    ]
+    for change in changes:
+        with torch.no_grad():
+            change()
+            x, state, noise = torch.randn(7, 6), torch.randn(7, 17), torch.randn(5, 7, 6)
+            out = sampler(x, cond=state, noise=noise)
+            general = sampler._sample(x, state, None, noise, None, False, None)
+            expected = _reference_loop(mid, time_mlp, sampler.rule, timesteps, x, state, noise)
+        assert torch.equal(out, general)
+        assert relative_error(out, expected) <= 1e-5
+
+
+def test_direct_call_draws_as_the_general_path_and_refuses_hooks():
+    torch.manual_seed(torch.seed())
+    time_mlp, mid = diffusion_ql_net()
+    rule = ddpm_ops.step_rules.ddpm(ddpm_ops.linear_betas(5, 1e-4, 0.1), clip=1.0)
+    sampler = ddpm_ops.DiffusionSampler(mid, rule, torch.arange(5), layout=(("x", 6), ("time", 16), ("cond", 17)),
+                                        time_embedding=time_mlp)
+    x, state = torch.randn(3, 6), torch.randn(3, 17)
+    with torch.no_grad():
+        seed = int(torch.randint(0, 2 ** 31, ()))
+        out = sampler(x, cond=state, generator=torch.Generator().manual_seed(seed))
+        general = sampler._sample(x, state, None, None, torch.Generator().manual_seed(seed), False, None)
+        assert torch.equal(out, general)
+        assert not torch.equal(out, sampler(x, cond=state))  # the default generator moves on
+        chain = sampler(x, cond=state, return_chain=True, num_steps=3, t_start=torch.tensor([4, 3, 2]))
+        assert chain.shape == (4, 3, 6) and torch.equal(chain[0], x)
+        mid[2].register_forward_hook(lambda *args: None)
+        with pytest.raises(ValueError, match="forward hooks"):
+            sampler(x, cond=state)
+
+
+def test_fused_ddpm_sampler_is_a_diffusion_sampler():
+    """The time-column sampler kept for earlier code: a DiffusionSampler with the t/T column
+    as its time embedding, equal to the time-column reference loop."""
+    torch.manual_seed(torch.seed())
+    net = ddpm_ops.silu_mlp([5, 32, 32, 4])
+    c1, c2 = ddpm_ops.coefficient_tables(ddpm_ops.linear_betas(100))
+    sampler = ddpm_ops.FusedDDPMSampler(net, c1, c2, 16, 100)
+    assert isinstance(sampler, ddpm_ops.DiffusionSampler)
+    x, t = torch.randn(9, 4), torch.randint(20, 100, (9,))
+    with torch.no_grad():
+        out = sampler(x, t)
+        net64 = copy.deepcopy(net).double()
+        expected = x.double()
+        for k in range(16):
+            tk = t - k
+            e = net64(torch.cat([expected, (tk.double() / 100)[:, None]], dim=1))
+            expected = c1.double()[tk][:, None] * (expected - c2.double()[tk][:, None] * e)
+    assert relative_error(out, expected) <= 1e-5
+
+
+def test_rewrite_reads_activations_by_the_vocabulary():
+    """The rewrite's activation reader names what it reads from layers.VOCABULARY (each
+    function's one ATen call), never by a name of its own."""
+    from ddpm_ops.layers import VOCABULARY
+    from ddpm_ops.rewrite.activations import _aten_forms
+    assert sorted(_aten_forms().values()) == sorted(a.name for a in VOCABULARY if a.name != "identity")

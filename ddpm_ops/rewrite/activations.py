@@ -1,40 +1,76 @@
 """Reading the activation between two Linears, in each ATen form it lowers to.
 
-:func:`_activation` returns the op's name for it (``silu``, ``mish``,
-``relu``, ``gelu``, ``gelu_tanh``, ``tanh``), the activation's input and its
-nodes, or raises ``_NoMatch``. Post-grad, ``nn.Mish`` is decomposed to
-``z * tanh(softplus(z))`` with softplus's threshold of 20 written as
-``where(z > 20, z, log1p(exp(z)))``; SiLU is ``aten.silu``, ``z * sigmoid(z)`` or ``z / (1 + exp(-z))``.
+:func:`_activation` returns the op's name for it (a name of
+:data:`ddpm_ops.layers.VOCABULARY`), the activation's input and its nodes, or
+raises ``_NoMatch``. The names are not spelled here: each vocabulary entry's
+function is run once on a small tensor and the one ATen call it makes
+(``aten.mish``, ``aten.gelu`` with its ``approximate``...) is what a graph
+node must be to be that activation (:func:`_aten_forms`). The decomposed
+forms inductor and export write are read by their structure and named by the
+ATen call they stand for: post-grad, ``nn.Mish`` is ``z * tanh(softplus(z))``
+with softplus's threshold of 20 written as ``where(z > 20, z, log1p(exp(z)))``;
+SiLU is ``aten.silu``, ``z * sigmoid(z)`` or ``z / (1 + exp(-z))``; GELU in
+either form is its ``erf`` or ``tanh`` formula.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import torch
 from torch.fx import Node
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..layers import VOCABULARY
 from .nodes import _NoMatch, _is, _no_kwargs, aten
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, dict(kwargs or {})))
+        return func(*args, **(kwargs or {}))
+
+
+@functools.cache
+def _aten_forms() -> dict[tuple, str]:
+    """``{(ATen overload, approximate): name}`` for every vocabulary activation whose function
+    is one ATen call (all but the identity, which leaves no node to read)."""
+    forms = {}
+    for activation in VOCABULARY:
+        h = torch.zeros(4)
+        with torch.no_grad(), _Recorder() as recorder:
+            activation.function(h)
+        if len(recorder.calls) == 1:
+            func, kwargs = recorder.calls[0]
+            forms[(func, kwargs.get("approximate", "none") if func is aten.gelu.default else None)] = activation.name
+    return forms
+
+
+def _name(func, approximate: str | None = None) -> str:
+    return _aten_forms()[(func, approximate)]
 
 
 def _activation(node: Any) -> tuple[str, Node, list[Node]]:
     """``(name, z, nodes)`` for ``act(z)``; else raise ``_NoMatch``."""
-    if _is(node, aten.relu.default):
-        return "relu", node.args[0], [node]
-    if _is(node, aten.tanh.default):
-        return "tanh", node.args[0], [node]
-    if _is(node, aten.gelu.default):
-        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
-        if approximate in ("none", "tanh"):
-            return ("gelu" if approximate == "none" else "gelu_tanh"), node.args[0], [node]
-    if _is(node, aten.mish.default):
-        return "mish", node.args[0], [node]
+    if isinstance(node, Node) and node.op == "call_function" and node.args:
+        approximate = None
+        if node.target is aten.gelu.default:
+            approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        name = _aten_forms().get((node.target, approximate))
+        if name is not None:
+            return name, node.args[0], [node]
     found = _decomposed_mish(node)
     if found is not None:
-        return "mish", found[0], found[1]
+        return _name(aten.mish.default), found[0], found[1]
     found = _decomposed_gelu(node)
     if found is not None:
         return found
     z, nodes = _silu(node)
-    return "silu", z, nodes
+    return _name(aten.silu.default), z, nodes
 
 
 def _decomposed_mish(node: Any) -> tuple[Node, list[Node]] | None:
@@ -83,7 +119,7 @@ def _decomposed_gelu(node: Any) -> tuple[str, Node, list[Node]] | None:
         if z is None or inner is None:
             continue
         if _is(inner, aten.erf.default) and _times(inner.args[0], 0.7071067811865476) is z:
-            return "gelu", z, [node, half, rest, inner, inner.args[0]]
+            return _name(aten.gelu.default, "none"), z, [node, half, rest, inner, inner.args[0]]
         if _is(inner, aten.tanh.default):
             scaled = inner.args[0]
             s = _times(scaled, 0.7978845608028654)
@@ -91,7 +127,8 @@ def _decomposed_gelu(node: Any) -> tuple[str, Node, list[Node]] | None:
                 cube = _times(s.args[1], 0.044715)
                 if _is(cube, aten.mul.Tensor) and cube.args[1] is z and _is(cube.args[0], aten.mul.Tensor) \
                         and list(cube.args[0].args) == [z, z]:
-                    return "gelu_tanh", z, [node, half, rest, inner, scaled, s, s.args[1], cube, cube.args[0]]
+                    return (_name(aten.gelu.default, "tanh"), z,
+                            [node, half, rest, inner, scaled, s, s.args[1], cube, cube.args[0]])
     return None
 
 
