@@ -326,6 +326,11 @@ class FusedDDPMSampler(DiffusionSampler):
         self.num_steps = num_steps
         self.total_timesteps = total_timesteps
 
+    @property
+    def eps_net(self) -> nn.Module:
+        """The noise network (the sampler's ``mlp``), under its earlier name."""
+        return self.mlp
+
     def forward(self, x: torch.Tensor, t_start: torch.Tensor | int) -> torch.Tensor:
         return super().forward(x, num_steps=self.num_steps, t_start=t_start)
 
