@@ -244,6 +244,7 @@ def onnxruntime_contender(policy, state):
 def op_arguments(sampler, x, state):
     """The arguments ``sampler(x, cond=state)`` gives the op (taken from one call)."""
     import ddpm_ops.modules as modules
+    sampler(x, cond=state)  # the sampler's structure read (with the op itself)
     taken, rule = [], modules.RULE
     modules.RULE = lambda *args: taken.append(args) or rule(*args)
     try:

@@ -258,6 +258,7 @@ def test_direct_call_reads_the_parameters_of_every_call():
         lambda: setattr(mid[0].weight, "data", torch.randn(256, 39) / 6),      # new storage, first weight
         lambda: mid[0].weight[:, :6].mul_(-1),                                 # in place, the x columns
         lambda: mid.__setitem__(6, nn.Linear(256, 6)),                         # a replaced layer
+        lambda: nn.utils.parametrizations.weight_norm(mid[2]),                 # a parametrized one
         lambda: time_mlp.__setitem__(3, nn.Linear(32, 16)),                    # the time MLP's
         lambda: setattr(sampler, "rule", ddpm_ops.step_rules.ddpm(ddpm_ops.linear_betas(5, 1e-3, 0.2), clip=0.5)),
     ]
@@ -268,8 +269,8 @@ def test_direct_call_reads_the_parameters_of_every_call():
             out = sampler(x, cond=state, noise=noise)
             general = sampler._sample(x, state, None, noise, None, False, None)
             expected = _reference_loop(mid, time_mlp, sampler.rule, timesteps, x, state, noise)
-        assert torch.equal(out, general)
-        assert relative_error(out, expected) <= 1e-5
+        assert torch.equal(out, general), change
+        assert relative_error(out, expected) <= 1e-5, changes.index(change)
 
 
 def test_direct_call_draws_as_the_general_path_and_refuses_hooks():
