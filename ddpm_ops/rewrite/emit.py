@@ -181,7 +181,7 @@ def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, list, 
     if len(loop.pieces[0]) == 1:
         return list(net0.weights), list(net0.biases), None, None, [], []
     read = len(loop.pieces[0]) - len(net0.terms)  # pieces the first Linear reads; then its terms
-    time_pieces, cond_pieces, start, cols = [], [], 0, None
+    time_pieces, cond_pieces, start, cols, stacked_net = [], [], 0, None, None
     for p in range(len(loop.pieces[0])):
         piece = loop.pieces[0][p]
         if p < read:  # the piece's block of the first Linear's columns
@@ -196,9 +196,21 @@ def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, list, 
             cond_pieces.append((piece, w_cols))
         elif reemit is not None:
             time_pieces.append((piece, w_cols))
+        elif w_cols is not None and (net := _same_net_every_step([step[p] for step in loop.pieces])):
+            # Every step runs one MLP (a time MLP) on inputs of its own: the op runs the MLP,
+            # over the steps' first input rows stacked (constants where the inputs are).
+            stacked_net = (p, w_cols, [_stack_rows(em, [_first_row(em, step_net.inp) for step_net in net]),
+                                       [*net[0].weights, w_cols], list(net[0].biases),
+                                       [*net[0].activations, "identity"]])
         else:
             time_pieces.append((_stack_rows(em, [_first_row(em, step[p]) for step in loop.pieces]), w_cols))
-    if reemit is None:
+    if stacked_net is not None and time_pieces:  # not alone: its rows like the others'
+        p, w_cols, _ = stacked_net
+        time_pieces.append((_stack_rows(em, [_first_row(em, step[p]) for step in loop.pieces]), w_cols))
+        stacked_net = None
+    if stacked_net is not None:
+        time_bias, time_net, time_b = None, stacked_net[2], []
+    elif reemit is None:
         time_bias, time_net, time_b = _bias_net(em, time_pieces, lambda n: n, lambda n: False)
     else:
         time_bias, time_net, time_b = _bias_net(em, time_pieces, reemit.rows, reemit.depends)
@@ -237,6 +249,17 @@ def _bias_net(em: _Emitter, pieces: list, rows_of, varies) -> tuple[Node | None,
     parts = [rows_of(v) if w is None else em(aten.mm.default, rows_of(v), em(aten.permute.default, w, [1, 0]))
              for v, w in pieces if not any(v is t for t in taken)]
     return _sum(em, parts), args, first_biases
+
+
+def _same_net_every_step(values: list) -> list | None:
+    """The MLP application that makes each of ``values`` (one per step), where every step's is
+    the same MLP (the same weights, biases and activations) on 2-D inputs; else ``None``."""
+    nets = [_net_ending_at(v) for v in values]
+    if any(n is None for n in nets) or any(n.key != nets[0].key for n in nets):
+        return None
+    if not _fixed_net(nets[0], lambda n: False) or any(_val(n.inp).dim() != 2 for n in nets):
+        return None
+    return nets
 
 
 def _fixed_net(net, varies) -> bool:
