@@ -175,7 +175,10 @@ class DiffusionSampler(nn.Module):
         is which, the activations, the op's argument slots), rebuilt when a layer of the
         network or the time MLP is replaced; or ``False`` when the form is not the direct
         call's (a time embedding evaluated in Python)."""
-        structure = _children(self.mlp), _children(self.time_embedding)
+        modules = self._modules  # read directly: nn.Module.__getattr__ is a Python call per read
+        mlp, embedding = modules["mlp"], modules.get("time_embedding", self.__dict__.get("time_embedding"))
+        structure = (mlp, tuple(mlp._modules.values()), embedding,
+                     tuple(embedding._modules.values()) if isinstance(embedding, nn.Module) else ())
         if self._direct is not None and self._direct[0] == structure:  # module identity
             return self._direct[1]
         if self._time_mlp is not None and self._time_mlp[0] is not None:
@@ -184,9 +187,10 @@ class DiffusionSampler(nn.Module):
             self._time_mlp = None if split is None else (split[1], split[2])
         plan = False
         if self.time_embedding is None or self._time_mlp is not None:
-            modules = [self.mlp, *structure[0]]
+            children = _children(self.mlp)
+            modules = [self.mlp, *children]
             weights, _, activations = mlp_layers(self.mlp)
-            linears = [m for m in (structure[0] or (self.mlp,)) if isinstance(m, nn.Linear)]
+            linears = [m for m in (children or (self.mlp,)) if isinstance(m, nn.Linear)]
             time_linears, time_activations = [], []
             if self._time_mlp is not None and self._time_mlp[0] is not None:
                 mlp, last = self._time_mlp
@@ -252,9 +256,12 @@ class DiffusionSampler(nn.Module):
         args[slot["biases"]] = biases
         (args[slot["clip"]], args[slot["clip_bounds"]], args[slot["post_clip"]],
          args[slot["post_clip_bounds"]]) = cached[4]
-        args[slot["t_start"]] = self._t_start(x) if t_start is None else \
-            t_start if isinstance(t_start, torch.Tensor) else \
-            torch.full((x.shape[0],), t_start, dtype=torch.int64, device=device)
+        if t_start is None:
+            kept = self._t_start_cache
+            t_start = kept[1] if kept[0] == (x.shape[0], device, len(rule)) else self._t_start(x)
+        elif not isinstance(t_start, torch.Tensor):
+            t_start = torch.full((x.shape[0],), t_start, dtype=torch.int64, device=device)
+        args[slot["t_start"]] = t_start
         args[slot["step_tables"]] = cached[3]
         args[slot["num_steps"]] = steps
         args[slot["return_chain"]] = return_chain
