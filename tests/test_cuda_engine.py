@@ -170,7 +170,7 @@ def test_time_column_overload_through_the_engine(engine, capfd, kernel, batch, d
                                               ("rule", "rule")])
 def test_portable_path_runs_both_overloads(engine, capfd, capability, kernel, expected):
     """A plan for a GPU without clusters, wgmma or TMA: tf32x3_tiled in tiles of
-    one CTA (cp.async chunks), or fp32_rule where it is asked for (a Hopper
+    one CTA (a plain launch, "cluster size 0"; cp.async chunks), or fp32_rule where it is asked for (a Hopper
     kernel asked for leaves the call to fp32_rule)."""
     engine(kernel, capability)
     rule = make_rule_problem(70, 6, [256, 256, 256], 5, features=ALL_FEATURES, activation="mixed",
@@ -182,7 +182,7 @@ def test_portable_path_runs_both_overloads(engine, capfd, capability, kernel, ex
     lines = capfd.readouterr().err
     assert [line.split()[1] for line in lines.splitlines() if line.startswith("ddpm_ops ")] == [expected] * 2
     if expected == "tiled":
-        assert "cluster size 1" in lines and " tma" not in lines, lines
+        assert "cluster size 0" in lines and " tma" not in lines, lines
     assert relative_error(out_rule, rule.reference64()) <= TOLERANCE
     assert relative_error(out_seed, seed.reference64()) <= TOLERANCE
 

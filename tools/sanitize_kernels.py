@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
 import ddpm_ops  # noqa: E402
+import ddpm_ops.cuda_plan  # noqa: E402
 from problems import make_problem, make_rule_problem, relative_error  # noqa: E402
 
 TOLERANCE = 1e-5

@@ -188,8 +188,12 @@ __device__ __forceinline__ void load_chunk(const EngineArgs& a, const TilePlan& 
     const float* src = ws.src;
     float* dst = slot + ws.dst;
     if (ws.vec) {
+      // A group straddling the layer's inner width copies its columns below
+      // it alone (layer 0 of the time-column overload: the time column
+      // follows x in the row, and the activations past x are not zero).
+      const int bytes = static_cast<int>(sizeof(float)) * min(ws.k_left, 4);
       for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
-        cp_async16(dst, i < inside ? src : ws.safe, i < inside);
+        cp_async16_prefix(dst, i < inside ? src : ws.safe, i < inside ? bytes : 0);
     } else {
       for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
         cp_async4(dst, i < inside ? src : ws.safe, i < inside);
