@@ -166,12 +166,13 @@ def test_time_column_overload_through_the_engine(engine, capfd, kernel, batch, d
 
 
 @pytest.mark.parametrize("capability", ["8.0", "8.6", "8.7", "8.9"])
-@pytest.mark.parametrize("kernel, expected", [(None, "tiled"), ("tiled64", "tiled"), ("fp32_resident", "rule"),
-                                              ("rule", "rule")])
+@pytest.mark.parametrize("kernel, expected", [(None, "rule"), ("tiled16", "tiled"), ("tiled64", "tiled"),
+                                              ("fp32_resident", "rule"), ("rule", "rule")])
 def test_portable_path_runs_both_overloads(engine, capfd, capability, kernel, expected):
-    """A plan for a GPU without clusters, wgmma or TMA: tf32x3_tiled in tiles of
-    one CTA (a plain launch, "cluster size 0"; cp.async chunks), or fp32_rule where it is asked for (a Hopper
-    kernel asked for leaves the call to fp32_rule)."""
+    """A plan for a GPU without clusters, wgmma or TMA: below batch 768
+    fp32_rule, and tf32x3_tiled in tiles of one CTA (a plain launch, "cluster
+    size 0"; cp.async chunks) where asked for (a Hopper kernel asked for
+    leaves the call to fp32_rule)."""
     engine(kernel, capability)
     rule = make_rule_problem(70, 6, [256, 256, 256], 5, features=ALL_FEATURES, activation="mixed",
                              device="cuda")

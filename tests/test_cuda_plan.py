@@ -325,10 +325,12 @@ def test_op_checks_its_arguments():
 
 @pytest.mark.parametrize("batch", [1, 50, 120, 256, 4096])
 def test_general_step_plans_only_engine_kernels(batch):
-    """fused_sample.rule runs on fp32_resident where it fits, else tf32x3_tiled;
-    a kernel outside the engine, forced, leaves it to fp32_rule."""
+    """fused_sample.rule runs on fp32_resident where it fits, else tf32x3_tiled
+    from batch 768, else fp32_rule; a kernel outside the engine, forced, leaves
+    it to fp32_rule."""
     plan = plan_for(batch, 6, [256, 256, 256], 5, general_step=True)
-    assert plan["kernel"] == ("fp32_resident" if batch <= 120 else "tf32x3_tiled"), plan
+    expected = "fp32_resident" if batch <= 120 else ("tf32x3_tiled" if batch >= 768 else "fp32_rule")
+    assert plan["kernel"] == expected, plan
     for forced, expected in (("fp32_smem", "fp32_rule"), ("tiled16", "tf32x3_tiled"),
                              ("bf16x3_wgmma_m64", "fp32_rule"), ("rule", "fp32_rule")):
         p = plan_for(batch, 6, [256, 256], 5, general_step=True, overrides={"DDPM_OPS_CUDA_KERNEL": forced})
@@ -337,10 +339,13 @@ def test_general_step_plans_only_engine_kernels(batch):
 
 @pytest.mark.parametrize("capability", ["8.0", "8.6", "8.7", "8.9"])
 @pytest.mark.parametrize("general_step", [False, True])
-def test_a_capability_below_9_plans_the_portable_kernel(capability, general_step):
-    plan = plan_for(64, 64, [256, 256], 16, general_step=general_step,
+@pytest.mark.parametrize("batch, expected", [(64, "fp32_rule"), (1024, "tf32x3_tiled")])
+def test_a_capability_below_9_plans_the_portable_kernel(capability, general_step, batch, expected):
+    plan = plan_for(batch, 64, [256, 256], 16, general_step=general_step,
                     overrides={"DDPM_OPS_CUDA_CAPABILITY": capability})
-    assert plan["kernel"] == "tf32x3_tiled" and plan["cluster_size"] == 0, plan
+    assert plan["kernel"] == expected and plan["cluster_size"] == 0, plan
+    if expected == "fp32_rule":
+        return
     assert "cp.async" in plan["log"] and "tma" not in plan["log"].split("chunks by:")[1], plan
 
 
@@ -369,12 +374,14 @@ PORTABLE_IDS = ["A100", "RTX_4090", "L4", "JETSON_AGX_ORIN"]
 @pytest.mark.parametrize("batch", [1, 120, 300, 8192])
 def test_compute_capability_8_runs_the_portable_kernels(device, general_step, precision, kernel, batch):
     """The other kernels need 9.0 (clusters, wgmma): on 8.x both overloads run
-    tf32x3_tiled in tiles of one CTA where a tile fits (unless
-    DDPM_OPS_CUDA_KERNEL names another kernel), else fp32_rule."""
+    tf32x3_tiled in tiles of one CTA from batch 768 where a tile fits, or where
+    DDPM_OPS_CUDA_KERNEL names it, else fp32_rule (which a named Hopper kernel
+    leaves it to)."""
     p = plan(batch, precision=precision, device=device, overrides=forced(kernel), general_step=general_step)
     tiled_fits = plan(batch, device=device, general_step=general_step,
                       overrides=forced("tiled16"))["kernel"] == "tf32x3_tiled"
-    expected = "tf32x3_tiled" if tiled_fits and kernel in (None, "tiled16", "tiled64") else "fp32_rule"
+    asks_tiles = kernel in ("tiled16", "tiled64") or (kernel is None and batch >= 768)
+    expected = "tf32x3_tiled" if tiled_fits and asks_tiles else "fp32_rule"
     if kernel == "tiled64" and expected == "tf32x3_tiled":
         expected = plan(batch, device=device, general_step=general_step, overrides=forced("tiled64"))["kernel"]
     assert (p["kernel"], p["cluster_size"]) == (expected, 0), p
@@ -388,9 +395,9 @@ def test_compute_capability_8_runs_the_portable_kernels(device, general_step, pr
 def test_portable_tiles_of_the_seed_shape(device, fits):
     """A 16-row tile of the seed net needs about 100 KB: the 164 KB of an A100
     or an Orin hold it, the 99 KB of Ada GPUs do not (fp32_rule runs there)."""
-    p = plan(300, device=device, general_step=True)
+    p = plan(1024, device=device, general_step=True)
     assert p["kernel"] == ("tf32x3_tiled" if fits else "fp32_rule"), p
-    small = plan(300, dim=12, hidden=(128, 128), device=device, general_step=True)
+    small = plan(1024, dim=12, hidden=(128, 128), device=device, general_step=True)
     assert small["kernel"] == "tf32x3_tiled", small
 
 
@@ -412,8 +419,9 @@ def test_a_build_without_9_0_on_an_h200():
     device = dataclasses.replace(H200, sm90a_build=False)
     for batch in (1, 300, 8192):
         p = plan(batch, device=device)
-        assert p["kernel"] == "tf32x3_tiled" and p["cluster_size"] == 0, p
-        assert "tma" not in p["log"].split("chunks by:")[1], p
+        assert p["kernel"] == ("tf32x3_tiled" if batch >= 768 else "fp32_rule") and p["cluster_size"] == 0, p
+        if p["kernel"] == "tf32x3_tiled":
+            assert "tma" not in p["log"].split("chunks by:")[1], p
 
 
 @pytest.mark.parametrize("batch", [1, 100, 300, 5000])
@@ -421,9 +429,11 @@ def test_a_build_without_9_0_on_an_h200():
 def test_a_9_0_device_without_clusters(batch, precision):
     """No co-resident clusters of any size (what cudaOccupancyMaxActiveClusters
     reports where cluster launch is unavailable): bf16_wgmma, a plain launch,
-    still runs "bf16" from batch 265, tf32x3_tiled in tiles of one CTA the rest."""
+    still runs "bf16" from batch 265, tf32x3_tiled in tiles of one CTA from
+    batch 768, fp32_rule the rest."""
     device = dataclasses.replace(H200, max_clusters=NO_CLUSTERS)
-    expected = "bf16_wgmma" if precision == "bf16" and batch >= 265 else "tf32x3_tiled"
+    expected = "bf16_wgmma" if precision == "bf16" and batch >= 265 else \
+        ("tf32x3_tiled" if batch >= 768 else "fp32_rule")
     p = plan(batch, precision=precision, device=device)
     assert (p["kernel"], p["cluster_size"]) == (expected, 0), p
 

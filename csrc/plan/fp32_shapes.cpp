@@ -334,8 +334,7 @@ struct TiledShape {
 //     batch 8192, 128 tiles on 132: 793 us against 893 in 16-row tiles);
 //   - otherwise, from batch kTiledMinBatch, or from batch kStreamedMinBatch
 //     for a net whose weights fp32_smem cannot keep on chip (it would read
-//     them from L2 at CUDA-core speed), or at any batch where fp32_smem does
-//     not run the call (the general step, a GPU below 9.0): 16-row tiles,
+//     them from L2 at CUDA-core speed): 16-row tiles,
 //     each layer's columns split over the largest cluster (up to 16, any
 //     size) of which every tile's cluster is resident at once: a CTA's share
 //     of the weight stream, the bound at these sizes, shrinks with the
@@ -343,8 +342,14 @@ struct TiledShape {
 //     tiles against 32- and 64-row tiles: batch 1024 271 us in clusters of 2
 //     against 480 and 783, batch 6144 752 against 947 and 788.)
 //   - otherwise fp32_smem.
+// Where fp32_smem does not run the call (the general step, a GPU below 9.0)
+// fp32_rule takes its place below kTiledMinBatch (Diffusion-QL's net, batch
+// 256, graph-replayed through DiffusionSampler: 101 us on fp32_rule, 174 in
+// 16-row tiles; seed net, batch 4096: 624 in tiles, 1104 on fp32_rule), and
+// `any_batch` asks for tiles where fp32_rule does not fit.
 // DDPM_OPS_CUDA_CLUSTER_SIZE sets the cluster size (1 to 16).
-TiledShape tiled_shape_by_rule(const Problem& a, const Device& d, const Overrides& o, bool smem_runs_it) {
+TiledShape tiled_shape_by_rule(const Problem& a, const Device& d, const Overrides& o, bool smem_runs_it,
+                               bool any_batch) {
   auto fits = [&](int mt) {
     cuda_kernels::TilePlan plan;
     return plan_tiled(a, mt, 1, d, o, 0, &plan) <= static_cast<size_t>(d.max_smem);
@@ -353,7 +358,8 @@ TiledShape tiled_shape_by_rule(const Problem& a, const Device& d, const Override
   TiledShape shape;
   if (a.batch >= kTiledMinBatch && fits(4) && 8 * tiles(4) >= 7 * d.sm_count) shape.mt = 4;
   const bool streamed = a.batch >= kStreamedMinBatch && !smem_weights_on_chip(a, d);
-  if (shape.mt == 0 && (!smem_runs_it || streamed || a.batch >= kTiledMinBatch) && fits(1)) {
+  const bool streamed_here = smem_runs_it ? streamed : any_batch;
+  if (shape.mt == 0 && (streamed_here || a.batch >= kTiledMinBatch) && fits(1)) {
     shape.mt = 1;
     for (int size = kMaxClusterSize; size > 1; --size) {
       if (tiles(1) <= d.max_clusters[size]) {
@@ -385,16 +391,16 @@ Plan tiled_or_smem(const Problem& a, const Device& d, const Overrides& o) {
     if (mt > 0) return tiled_plan(a, d, o, mt, std::max(forced_cluster_size(d, o), 1));
     return fp32_smem_plan(a, d, o);
   }
-  const TiledShape shape = tiled_shape_by_rule(a, d, o, /*smem_runs_it=*/true);
+  const TiledShape shape = tiled_shape_by_rule(a, d, o, /*smem_runs_it=*/true, /*any_batch=*/false);
   if (shape.mt == 0) return fp32_smem_plan(a, d, o);
   return tiled_plan(a, d, o, shape.mt, shape.cs);
 }
 
-bool tf32x3_tiled_shape(const Problem& a, const Device& d, const Overrides& o, Plan* plan) {
+bool tf32x3_tiled_shape(const Problem& a, const Device& d, const Overrides& o, bool any_batch, Plan* plan) {
   if (d.sm_count <= 0 || d.max_smem <= 0) return false;
   int mt = forced_tile_height(a, d, o), cs = std::max(forced_cluster_size(d, o), 1);
   if (mt == 0) {
-    const TiledShape shape = tiled_shape_by_rule(a, d, o, /*smem_runs_it=*/false);
+    const TiledShape shape = tiled_shape_by_rule(a, d, o, /*smem_runs_it=*/false, any_batch);
     mt = shape.mt;
     cs = shape.cs;
   }

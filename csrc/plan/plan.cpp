@@ -201,18 +201,23 @@ Plan choose_plan(const Problem& problem, const Device& device, const Overrides& 
   // Then tf32x3_tiled: on Hopper the time-column overload's rule between it
   // and fp32_smem (cluster kernels), elsewhere the engine's tiles.
   const std::string why = problem.general_step ? "" : no_cluster_kernels(device);
-  if (!found && !problem.general_step && why.empty()) {
+  const bool cluster_kernels = !problem.general_step && why.empty();
+  if (!found && cluster_kernels) {
     plan = detail::tiled_or_smem(problem, device, overrides);
     found = plan.error.empty();
-  } else if (!found &&
-             (!overrides.kernel_set || (overrides.names_kernel && overrides.kernel == Kernel::kTf32x3Tiled))) {
-    found = detail::tf32x3_tiled_shape(problem, device, overrides, &plan);
   }
-  // fp32_rule runs wherever the others do not (the last resort on any GPU).
+  const bool tiled_allowed =
+      !overrides.kernel_set || (overrides.names_kernel && overrides.kernel == Kernel::kTf32x3Tiled);
+  if (!found && !cluster_kernels && tiled_allowed) {
+    found = detail::tf32x3_tiled_shape(problem, device, overrides, /*any_batch=*/false, &plan);
+  }
+  // fp32_rule runs wherever the others do not, and tiles where it does not
+  // fit either (the last resort on any GPU).
   if (!found) {
     const std::string error = plan.error;
     plan = Plan{};
-    if (!detail::fp32_rule_shape(problem, device, overrides, &plan)) {
+    if (!detail::fp32_rule_shape(problem, device, overrides, &plan) &&
+        !(tiled_allowed && detail::tf32x3_tiled_shape(problem, device, overrides, /*any_batch=*/true, &plan))) {
       plan = Plan{};
       plan.kernel = Kernel::kFp32Rule;
       plan.error = !error.empty() ? error

@@ -64,8 +64,10 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan
 Plan tiled_or_smem(const Problem& p, const Device& d, const Overrides& o);
 // tf32x3_tiled as an engine kernel, on any device: the general step where
 // fp32_resident does not fit, and both overloads below 9.0 (tiles of one
-// CTA, chunks by cp.async: the portable path).
-bool tf32x3_tiled_shape(const Problem& p, const Device& d, const Overrides& o, Plan* plan);
+// CTA, chunks by cp.async: the portable path); from kTiledMinBatch, or at
+// any batch where any_batch (fp32_rule does not fit) or
+// DDPM_OPS_CUDA_KERNEL=tiled16|32|64.
+bool tf32x3_tiled_shape(const Problem& p, const Device& d, const Overrides& o, bool any_batch, Plan* plan);
 
 }  // namespace detail
 }  // namespace plan
