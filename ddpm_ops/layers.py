@@ -1,7 +1,7 @@
 """The activations the op computes, written once, and the one reader of a network's layers.
 
 :data:`VOCABULARY` names each activation as the op takes it (the table in
-csrc/checks.cpp holds the same names; a test compares the two), with its
+csrc/op/checks.cpp holds the same names; a test compares the two), with its
 function and the ``nn.Module`` that computes it. :func:`mlp_layers` reads
 ``Linear (activation Linear)*`` off an ``nn.Sequential`` for
 :func:`ddpm_ops.sample`, :class:`ddpm_ops.DiffusionSampler` and

@@ -1,7 +1,7 @@
 """Typed Python entry points of ``torch.ops.ddpm.fused_sample``.
 
 The schema, the argument checks and the fake (Meta) kernel all live in C++
-(csrc/ops.cpp, csrc/checks.cpp), so eager calls, torch.compile, torch.export
+(csrc/op/ops.cpp, csrc/op/checks.cpp), so eager calls, torch.compile, torch.export
 and AOTInductor see one definition.
 """
 import operator

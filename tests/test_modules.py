@@ -176,7 +176,7 @@ def test_mlp_layers_reads_every_activation():
 
 
 def test_activation_vocabulary_is_the_ops():
-    """The op's table of activation names (csrc/checks.cpp) and the Python vocabulary agree."""
+    """The op's table of activation names (csrc/op/checks.cpp) and the Python vocabulary agree."""
     import pathlib
     import re
     from ddpm_ops.layers import ACTIVATIONS, VOCABULARY

@@ -21,7 +21,7 @@
 // and AVX-512 too (mlp_kernels_{default,avx2,avx512}.cpp; setup.py), and picked
 // at run time from what ATen itself uses on this CPU (ATEN_CPU_CAPABILITY
 // honoured), confirmed by cpuid.
-#include "../fused_sample.h"
+#include "../op/fused_sample.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

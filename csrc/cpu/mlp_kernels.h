@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "../activation.h"
+#include "../common/activation.h"
 
 namespace ddpm_ops {
 namespace cpu {

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "../seeded_noise.h"
+#include "../common/seeded_noise.h"
 #include "mlp_kernels.h"
 
 namespace ddpm_ops {

@@ -9,7 +9,7 @@
 // run the time-column overload alone take SampleArgs. What no kernel can run
 // (more layers than an argument block holds, sizes beyond int32, a net too
 // wide for a row in shared memory) runs the ATen loop of the rule.
-#include "../fused_sample.h"
+#include "../op/fused_sample.h"
 #include "../plan/plan.h"
 #include "launch.h"
 

@@ -2,14 +2,14 @@
 // no fused kernel for the general step (CUDA among them, for now). It keeps
 // the op's contract (one call, the same numbers as the reference, torch.compile,
 // export and AOTInductor capture the call), not its speed.
-#include "fused_sample.h"
+#include "../op/fused_sample.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <cmath>
 
-#include "seeded_noise.h"
+#include "../common/seeded_noise.h"
 
 namespace ddpm_ops {
 namespace {

@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "activation.h"
-#include "step_tables.h"
+#include "../common/activation.h"
+#include "../common/step_tables.h"
 
 namespace ddpm_ops {
 

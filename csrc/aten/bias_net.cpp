@@ -2,7 +2,7 @@
 // evaluated once per call by ATen ops before any step runs: their rows are
 // fixed over the loop, so every kernel adds them to layer 0 like time_bias and
 // cond_bias.
-#include "fused_sample.h"
+#include "../op/fused_sample.h"
 
 #include <ATen/ATen.h>
 
