@@ -118,7 +118,7 @@ class DiffusionSampler(nn.Module):
         first = mlp_layers(mlp)[0][0] if self._program is None else self._program.linears[0].weight
         if sum(n for _, n in layout) != first.shape[1]:
             raise ValueError(f"layout: expected columns summing to the first Linear's "
-                             f"in_features {weights[0].shape[1]}, got {list(layout)}")
+                             f"in_features {first.shape[1]}, got {list(layout)}")
         self.mlp = mlp
         self.rule = rule
         self.layout = tuple(layout)
