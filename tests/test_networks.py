@@ -290,3 +290,38 @@ def test_step_rule_noise_clip():
     for bad in (0, -1.0, float("inf"), True, "3"):
         with pytest.raises(ValueError, match="noise_clip: expected None or a finite number > 0"):
             ddpm_ops.StepRule(*rule.tables(), noise_clip=bad)
+
+
+PATHS_SCRIPT = textwrap.dedent("""
+    import torch
+    from network_problems import *
+    from problems import relative_error, make_rule
+    worst = 0.0
+    for batch in (1, 2, 5, 13, 40):
+        p = make_program_problem(batch, 6, idql_program(2), [32, 128, 32, 128, 32, 6], idql_rule(), time_rows=True,
+                                 cond_rows=True, random_t=True)
+        worst = max(worst, relative_error(p.call(), p.reference64()))
+        p = make_program_problem(batch, 7, ["input:time,x,cond", "layer_norm_affine:1e-05", "linear", "save", "relu",
+                                            "linear", "relu", "linear", "add", "linear"], [33, 33, 33, 7],
+                                 make_rule("ddim_eta", 6), in_width=7 + 3 + 5, time_rows=3, cond_rows=5, random_t=True,
+                                 num_steps=4, return_chain=True)
+        worst = max(worst, relative_error(p.call(), p.reference64()))
+    print(worst)
+""")
+
+PROGRAM_PATHS = {
+    "dot kernel on every tile": {"DDPM_OPS_CPU_PROGRAM_DOT_ROWS": "1000000", "DDPM_OPS_CPU_DOT_ROWS": "0"},
+    "register blocks on every tile": {"DDPM_OPS_CPU_PROGRAM_DOT_ROWS": "0", "DDPM_OPS_CPU_DOT_ROWS": "0",
+                                      "DDPM_OPS_CPU_SERIAL_BATCH": "0", "DDPM_OPS_CPU_VEC_TILE": "7"},
+    "default isa": {"ATEN_CPU_CAPABILITY": "default", "DDPM_OPS_CPU_VEC_TILE": "3"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "DDPM_OPS_CPU_PROGRAM_DOT_ROWS": "5"},
+}
+
+
+@pytest.mark.parametrize("path", sorted(PROGRAM_PATHS))
+def test_program_cpu_paths(path):
+    """Each CPU path a program can take (the ISA builds, the single- and multi-row dot kernels, register
+    blocks, the generic build whose large tiles would use BLAS without a program), forced in a fresh process."""
+    result = run_python(PATHS_SCRIPT, PROGRAM_PATHS[path])
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout.strip().splitlines()[-1]) <= TOLERANCE

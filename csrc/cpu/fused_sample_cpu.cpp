@@ -98,10 +98,15 @@ constexpr int64_t kSerialBatch = 4;
 // Tiles of at most this many rows use the dot-product kernel on the weights as
 // they are: packing them costs about 3-4 steps of a single row.
 constexpr int64_t kDotRows = 1;
+// A network program's tiles of at most this many rows use the multi-row
+// dot-product kernel on the weights as they are (dot_layer_rows): a program's
+// layers may be large (IDQL's LN-ResNet: 6 MB of weights), and packing them
+// cost more than the steps of a few rows.
+constexpr int64_t kProgramDotRows = 16;
 
 // Tuning and test knobs, read once per process (unset: the defaults above).
 // DDPM_OPS_CPU_VEC_TILE (max rows per vectorised tile), DDPM_OPS_CPU_BLAS_TILE,
-// DDPM_OPS_CPU_SERIAL_BATCH, DDPM_OPS_CPU_DOT_ROWS, and DDPM_OPS_CPU_BLAS=0/1
+// DDPM_OPS_CPU_SERIAL_BATCH, DDPM_OPS_CPU_DOT_ROWS, DDPM_OPS_CPU_PROGRAM_DOT_ROWS, and DDPM_OPS_CPU_BLAS=0/1
 // (let large tiles use BLAS; default on only for the generic build). They
 // exist so tests can force every path on any machine. DDPM_OPS_CPU_UNFUSED=1
 // runs the step-rule overload as the ATen loop other devices use, so that
@@ -112,7 +117,7 @@ int64_t env_int(const char* name, int64_t fallback) {
 }
 
 struct Tuning {
-  int64_t vec_rows, blas_rows, serial_batch, dot_rows;
+  int64_t vec_rows, blas_rows, serial_batch, dot_rows, program_dot_rows;
   bool allow_blas, unfused;
 };
 
@@ -123,6 +128,7 @@ const Tuning& tuning() {
       std::max<int64_t>(1, env_int("DDPM_OPS_CPU_BLAS_TILE", kBlasTileRows)),
       env_int("DDPM_OPS_CPU_SERIAL_BATCH", kSerialBatch),
       env_int("DDPM_OPS_CPU_DOT_ROWS", kDotRows),
+      env_int("DDPM_OPS_CPU_PROGRAM_DOT_ROWS", kProgramDotRows),
       env_int("DDPM_OPS_CPU_BLAS", simd ? 0 : 1) != 0,
       env_int("DDPM_OPS_CPU_UNFUSED", 0) != 0};
   return t;
@@ -152,7 +158,8 @@ struct Tiling {
   int64_t tile_rows, num_tiles;
 };
 
-Tiling choose_tiling(int64_t batch, bool allow_blas) {
+Tiling choose_tiling(int64_t batch, bool program) {
+  const bool allow_blas = !program;
   const Tuning& tune = tuning();
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t per_thread = (batch + threads - 1) / threads;
@@ -163,19 +170,28 @@ Tiling choose_tiling(int64_t batch, bool allow_blas) {
                           : std::min(per_thread, use_vec ? tune.vec_rows : tune.blas_rows);
   const int64_t num_tiles = (batch + tile_rows - 1) / tile_rows;
   tile_rows = (batch + num_tiles - 1) / num_tiles;  // balance the tiles
-  return {use_vec, use_vec && tile_rows <= tune.dot_rows, tile_rows, num_tiles};
+  return {use_vec, use_vec && tile_rows <= (program ? tune.program_dot_rows : tune.dot_rows), tile_rows,
+          num_tiles};
 }
 
 // The vectorised kernels' (in, out_pad) weight panels and padded biases, all
 // layers in one buffer; the plan points into it.
-at::Tensor pack_weights(const Kernels& kern, MlpPlan& plan, std::vector<const float*>& packed_w,
-                        std::vector<const float*>& packed_b, const at::TensorOptions& options) {
+// The buffer is this thread's own, kept from call to call and grown when a
+// call needs more: a fresh allocation of a large network's panels (6 MB for
+// IDQL's LN-ResNet) cost more than packing them (page faults on every call;
+// IDQL at batch 2, one thread: 5.4 ms a call with one, 2.4 ms without).
+void pack_weights(const Kernels& kern, MlpPlan& plan, std::vector<const float*>& packed_w,
+                  std::vector<const float*>& packed_b) {
   int64_t total = 0;
   for (int64_t l = 0; l < plan.num_layers; ++l) {
     total += (plan.in_f[l] + 1) * round_up(plan.out_f[l], kPad);
   }
-  at::Tensor packed = at::empty({total}, options);
-  float* p = packed.data_ptr<float>();
+  thread_local std::vector<float> packed;
+  if (static_cast<int64_t>(packed.size()) < total) {
+    packed = std::vector<float>();  // free the old one first
+    packed.resize(total);
+  }
+  float* p = packed.data();
   for (int64_t l = 0; l < plan.num_layers; ++l) {
     const int64_t op = round_up(plan.out_f[l], kPad);
     packed_w[l] = p;
@@ -186,7 +202,6 @@ at::Tensor pack_weights(const Kernels& kern, MlpPlan& plan, std::vector<const fl
   }
   plan.packed_w = packed_w.data();
   plan.packed_b = packed_b.data();
-  return packed;
 }
 
 // All K steps of one tile with ATen's BLAS for the products (the generic
@@ -243,7 +258,7 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
   }
   const Kernels& kern = kernels();
   // A network program runs on the vectorised kernels only.
-  const Tiling tiling = choose_tiling(batch, /*allow_blas=*/plan.program == nullptr);
+  const Tiling tiling = choose_tiling(batch, /*program=*/plan.program != nullptr);
 
   // ---- Everything the step loop reads, prepared before it.
   std::vector<int64_t> in_f(num_layers), out_f(num_layers), weight_ld(num_layers);
@@ -289,10 +304,9 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
     // one shared copy ran 10-15% slower (two threads, Xeon, batch 2048), and
     // the packing runs in parallel this way.
     MlpPlan own = plan;
-    at::Tensor packed;
     std::vector<const float*> packed_w(num_layers), packed_b(num_layers);
     if (tiling.use_vec && !tiling.use_dot) {
-      packed = pack_weights(kern, own, packed_w, packed_b, x.options());
+      pack_weights(kern, own, packed_w, packed_b);
     }
     for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
       const int64_t row0 = tile * tiling.tile_rows;

@@ -265,6 +265,61 @@ void dot_layer_row(const float* x, int64_t in_f, const float* w, int64_t ld_w, c
   }
 }
 
+// ---- Dot-product path for a few rows (network programs' small tiles): the
+// nn.Linear weights as they are, like dot_layer_row, but kOuts outputs x kDotRows
+// rows at a time, so that each weight vector loaded serves kDotRows rows, and
+// every block of kOuts weight rows (16 KB at in_f 1024) stays in L1 while all
+// the tile's rows pass: the weights stream from memory once a step whatever
+// the rows, and no call packs them (packing IDQL's 6 MB of weights cost a
+// small batch's call more than its steps). The kV accumulators are reduced
+// jointly (reduce_lanes).
+constexpr int kOuts = 4;
+constexpr int kDotRows = kV / kOuts;
+
+// out[r, j] = bias[r * bias_ld + j] + sum_i in[r, i] w[j, i], j < out_f, r < rows
+// (no activation: the caller applies it).
+void dot_layer_rows(const float* in, int64_t ld_in, int64_t rows, int64_t in_f, const float* w,
+                    int64_t ld_w, const float* bias, int64_t bias_ld, int64_t out_f, float* out,
+                    int64_t ld_out) {
+  const int64_t in_full = in_f - in_f % kV;
+  const int64_t tail = in_f - in_full;
+  for (int64_t j0 = 0; j0 < out_f; j0 += kOuts) {
+    const int64_t nj = std::min<int64_t>(kOuts, out_f - j0);
+    const float* wr[kOuts];
+    for (int o = 0; o < kOuts; ++o) wr[o] = w + (j0 + (o < nj ? o : 0)) * ld_w;  // past out_f: row j0, discarded
+    for (int64_t r0 = 0; r0 < rows; r0 += kDotRows) {
+      const int64_t nr = std::min<int64_t>(kDotRows, rows - r0);
+      const float* xr[kDotRows];
+      for (int r = 0; r < kDotRows; ++r) xr[r] = in + (r0 + (r < nr ? r : 0)) * ld_in;
+      Vec acc[kV];
+      for (int a = 0; a < kV; ++a) acc[a] = Vec(0.f);
+      for (int64_t i = 0; i < in_full; i += kV) {
+        Vec wv[kOuts];
+        for (int o = 0; o < kOuts; ++o) wv[o] = Vec::loadu(wr[o] + i);
+        for (int r = 0; r < kDotRows; ++r) {
+          const Vec xv = Vec::loadu(xr[r] + i);
+          for (int o = 0; o < kOuts; ++o) acc[r * kOuts + o] = at::vec::fmadd(wv[o], xv, acc[r * kOuts + o]);
+        }
+      }
+      if (tail > 0) {
+        Vec wv[kOuts];
+        for (int o = 0; o < kOuts; ++o) wv[o] = Vec::loadu(wr[o] + in_full, tail);
+        for (int r = 0; r < kDotRows; ++r) {
+          const Vec xv = Vec::loadu(xr[r] + in_full, tail);
+          for (int o = 0; o < kOuts; ++o) acc[r * kOuts + o] = at::vec::fmadd(wv[o], xv, acc[r * kOuts + o]);
+        }
+      }
+      float sums[kV];
+      reduce_lanes(acc).store(sums);
+      for (int64_t r = 0; r < nr; ++r) {
+        for (int64_t o = 0; o < nj; ++o) {
+          out[(r0 + r) * ld_out + j0 + o] = sums[r * kOuts + o] + bias[(r0 + r) * bias_ld + j0 + o];
+        }
+      }
+    }
+  }
+}
+
 // Calls fn(offset, n) over [0, cols) in vectors of kV and one masked remainder.
 template <typename Fn>
 inline void for_vectors(int64_t cols, Fn&& fn) {
@@ -545,7 +600,11 @@ void linear_rows(const MlpPlan& p, int64_t l, const float* in, int64_t in_ld, in
                  int64_t ld, const float* row_bias, Activation act) {
   const bool own_rows = l == 0 && p.row_bias();
   const int64_t bias_ld = own_rows ? ld : 0;
-  if (p.packed_w == nullptr) {
+  if (p.packed_w == nullptr && rows > 1) {
+    dot_layer_rows(in, in_ld, rows, p.in_f[l], p.weight[l], p.weight_ld[l], own_rows ? row_bias : p.bias[l],
+                   bias_ld, p.out_f[l], out, ld);
+    if (act != Activation::kIdentity) activation_rows(out, ld, out, ld, rows, p.out_f[l], act);
+  } else if (p.packed_w == nullptr) {
     const float* bias = own_rows ? row_bias : p.bias[l];
     with_activation(act, [&](auto a) {
       for (int64_t r = 0; r < rows; ++r) {
