@@ -176,22 +176,14 @@ Tiling choose_tiling(int64_t batch, bool program) {
 
 // The vectorised kernels' (in, out_pad) weight panels and padded biases, all
 // layers in one buffer; the plan points into it.
-// The buffer is this thread's own, kept from call to call and grown when a
-// call needs more: a fresh allocation of a large network's panels (6 MB for
-// IDQL's LN-ResNet) cost more than packing them (page faults on every call;
-// IDQL at batch 2, one thread: 5.4 ms a call with one, 2.4 ms without).
-void pack_weights(const Kernels& kern, MlpPlan& plan, std::vector<const float*>& packed_w,
-                  std::vector<const float*>& packed_b) {
+at::Tensor pack_weights(const Kernels& kern, MlpPlan& plan, std::vector<const float*>& packed_w,
+                        std::vector<const float*>& packed_b, const at::TensorOptions& options) {
   int64_t total = 0;
   for (int64_t l = 0; l < plan.num_layers; ++l) {
     total += (plan.in_f[l] + 1) * round_up(plan.out_f[l], kPad);
   }
-  thread_local std::vector<float> packed;
-  if (static_cast<int64_t>(packed.size()) < total) {
-    packed = std::vector<float>();  // free the old one first
-    packed.resize(total);
-  }
-  float* p = packed.data();
+  at::Tensor packed = at::empty({total}, options);
+  float* p = packed.data_ptr<float>();
   for (int64_t l = 0; l < plan.num_layers; ++l) {
     const int64_t op = round_up(plan.out_f[l], kPad);
     packed_w[l] = p;
@@ -202,6 +194,7 @@ void pack_weights(const Kernels& kern, MlpPlan& plan, std::vector<const float*>&
   }
   plan.packed_w = packed_w.data();
   plan.packed_b = packed_b.data();
+  return packed;
 }
 
 // All K steps of one tile with ATen's BLAS for the products (the generic
@@ -304,9 +297,10 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
     // one shared copy ran 10-15% slower (two threads, Xeon, batch 2048), and
     // the packing runs in parallel this way.
     MlpPlan own = plan;
+    at::Tensor packed;
     std::vector<const float*> packed_w(num_layers), packed_b(num_layers);
     if (tiling.use_vec && !tiling.use_dot) {
-      pack_weights(kern, own, packed_w, packed_b);
+      packed = pack_weights(kern, own, packed_w, packed_b, x.options());
     }
     for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
       const int64_t row0 = tile * tiling.tile_rows;
