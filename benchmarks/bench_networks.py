@@ -19,6 +19,9 @@ Contenders (one process, the same inputs):
   sampler   ddpm_ops.DiffusionSampler on the project's own network modules
             (the noise drawn in the op)
   sampler-graph (CUDA) that call in one CUDA graph
+  op        the sampler's ddpm_ops.sample call alone, its arguments built once
+            (what the kernel costs, without the sampler's per-call Python: the
+            time embedding evaluated and projected, the parameters read)
 CPU: contenders alternate round after round, each reports its median wall
 time (bench_rule.py's method) at the thread count of --threads (default 2);
 --clock process --threads 1 reports CPU time instead.
@@ -168,7 +171,19 @@ def contenders(shape, batch, device, dppo_act):
 
     def through_sampler(s):
         return sampler(torch.randn(s.shape[0], *x_shape, device=s.device), cond=s)
-    out = {"eager": lambda: policy(state), "sampler": lambda: through_sampler(state)}
+    # The op alone: the sampler's ddpm_ops.sample call with its arguments as one call made them (no
+    # time embedding, parameter reading or argument building per call; the noise drawn in the op).
+    captured = {}
+    real_sample = ddpm_ops.modules.sample
+
+    def spy(*args, **kwargs):
+        captured.update(args=args, kwargs=kwargs)
+        return real_sample(*args, **kwargs)
+    ddpm_ops.modules.sample = spy
+    through_sampler(state)
+    ddpm_ops.modules.sample = real_sample
+    out = {"eager": lambda: policy(state), "sampler": lambda: through_sampler(state),
+           "op": lambda: real_sample(*captured["args"], **captured["kwargs"])}
     if device == "cuda":
         out["graph"] = graphed(policy, state)
         out["sampler-graph"] = graphed(through_sampler, state)
@@ -203,8 +218,8 @@ def main():
                 c = contenders(shape, batch, args.device, args.dppo_act)
                 times = cuda_gpu_us(c) if args.device == "cuda" else cpu_medians_us(c, args.rounds, args.budget, clock)
                 cells = "  ".join(f"{name} {us:9.1f}" for name, us in times.items())
-                best = min(us for name, us in times.items() if not name.startswith("sampler"))
-                cells += f"  | sampler {best / times['sampler']:.1f}x the best other"
+                best = min(us for name, us in times.items() if not name.startswith("sampler") and name != "op")
+                cells += f"  | sampler {best / times['sampler']:.1f}x, op {best / times['op']:.1f}x the best other"
                 print(f"  batch {batch:>5}: {cells}", flush=True)
 
 
