@@ -243,3 +243,58 @@ def test_read_network_programs():
     assert plain_norm.instructions == ("layer_norm:0.001", "linear", "gelu_tanh", "linear")
     weights, biases, _, _ = plain_norm.parameters()
     assert torch.equal(biases[0], torch.zeros(4))
+
+
+def test_program_sampler_compiles_and_exports():
+    """A sampler of DPPO's residual MLP and one of IDQL's MLP (LayerNorm over the whole input) survive
+    torch.compile and torch.export with eager's numbers (export: the same bits)."""
+    torch.manual_seed(11)
+    model = DiffusionMLP(3, 4, 11, mlp_dims=(64, 64, 64)).eval()
+    dppo = ddpm_ops.DiffusionSampler(model.mlp_mean, dppo_rule("ddpm"), torch.arange(20),
+                                     layout=(("x", 12), ("time", 16), ("cond", 11)), time_embedding=model.time_embedding)
+    idql = ddpm_ops.DiffusionSampler(IDQLMLP(6 + 17 + 128, (32, 32, 6), use_layer_norm=True).eval(), idql_rule(),
+                                     torch.arange(5.0), layout=(("x", 6), ("cond", 17), ("time", 128)),
+                                     time_embedding=idql_time_encoder())
+
+    class Policy(nn.Module):
+        def __init__(self, sampler):
+            super().__init__()
+            self.sampler = sampler
+
+        def forward(self, x, cond, noise):
+            return self.sampler(x, cond=cond, noise=noise, return_chain=True)
+
+    for sampler, x, cond, noise in ((dppo, torch.randn(3, 4, 3), torch.randn(3, 11), torch.randn(20, 3, 4, 3)),
+                                    (idql, torch.randn(5, 6), torch.randn(5, 17), torch.randn(5, 5, 6))):
+        with torch.no_grad():
+            eager = sampler(x, cond=cond, noise=noise, return_chain=True)
+            # Inductor computes the time embedding with its own kernels: float32 rounding apart.
+            assert relative_error(torch.compile(Policy(sampler))(x, cond, noise), eager) <= 1e-6
+            exported = torch.export.export(Policy(sampler), (x, cond, noise))
+            assert torch.equal(exported.module()(x, cond, noise), eager)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_project_networks_on_cuda():
+    """IDQL's LN-ResNet and DPPO's residual MLP through DiffusionSampler on CUDA against float64."""
+    torch.manual_seed(21)
+    reverse = MLPResNet(3, 6 + 17 + 128, 6, use_layer_norm=True, hidden_dim=256).eval()
+    time_encoder = idql_time_encoder()
+    rule = idql_rule()
+    sampler = ddpm_ops.DiffusionSampler(reverse, rule, torch.arange(5.0), layout=(("x", 6), ("cond", 17),
+                                        ("time", 128)), time_embedding=time_encoder)
+    state, x, noise = torch.randn(64, 17), torch.randn(64, 6), torch.randn(5, 64, 6)
+    expected = idql_loop(reverse, time_encoder, rule, state, x, noise)
+    with torch.no_grad():
+        out = sampler.cuda()(x.cuda(), cond=state.cuda(), noise=noise.cuda())
+    assert relative_error(out, expected) <= TOLERANCE
+    model = DiffusionMLP(3, 4, 11, mlp_dims=(512, 512, 512), activation_type="ReLU").eval()
+    betas = ddpm_ops.cosine_betas(20)
+    rule = ddpm_ops.step_rules.ddpm(betas, clip=1.0, min_std=1e-3, noise_clip=3.0)
+    state, x, noise = torch.randn(40, 11), torch.randn(40, 4, 3), 1.5 * torch.randn(20, 40, 4, 3)
+    expected = dppo_loop(model, betas, state, x, noise, min_std=1e-3, randn_clip=3.0, return_chain=True)
+    sampler = ddpm_ops.DiffusionSampler(model.mlp_mean, rule, torch.arange(20), layout=(("x", 12), ("time", 16),
+                                        ("cond", 11)), time_embedding=model.time_embedding).cuda()
+    with torch.no_grad():
+        chain = sampler(x.cuda(), cond=state.cuda(), noise=noise.cuda(), return_chain=True)
+    assert relative_error(chain, expected) <= TOLERANCE

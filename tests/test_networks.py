@@ -325,3 +325,39 @@ def test_program_cpu_paths(path):
     result = run_python(PATHS_SCRIPT, PROGRAM_PATHS[path])
     assert result.returncode == 0, result.stderr
     assert float(result.stdout.strip().splitlines()[-1]) <= TOLERANCE
+
+
+def _to(problem, device):
+    """The problem's tensors on ``device`` (the rule too)."""
+    def move(value):
+        if isinstance(value, torch.Tensor):
+            return value.to(device)
+        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            return [v.to(device) for v in value]
+        return value
+    problem.x, problem.t_start, problem.rule = problem.x.to(device), problem.t_start.to(device), problem.rule.to(device)
+    problem.kwargs = {k: move(v) for k, v in problem.kwargs.items()}
+    return problem
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", ["idql", "idql_mlp", "dppo_ddpm", "dppo_ddim"])
+@pytest.mark.parametrize("batch", [1, 40, 256])
+def test_programs_on_cuda(shape, batch):
+    """The shapes on CUDA (today the ATen loop inside the op: rule_kernel routes program calls there),
+    against float64, noise clipped, drawn noise too."""
+    if shape == "idql":
+        problem = idql_problem(batch)
+    elif shape == "idql_mlp":
+        problem = make_program_problem(batch, ACTION, idql_mlp_program(), [256, 256, 256, ACTION], idql_rule(),
+                                       in_width=ACTION + STATE + 128, time_rows=128, cond_rows=STATE, random_t=True)
+    else:
+        problem = make_program_problem(batch, 12, dppo_program("mish"), [512, 512, 512, 12], dppo_rule(shape[5:]),
+                                       time_rows=True, cond_rows=True, return_chain=True)
+        problem.kwargs["noise"] = 2 * problem.kwargs["noise"]
+    expected = problem.reference64()
+    out = _to(problem, "cuda").call()
+    assert relative_error(out, expected) <= TOLERANCE
+    del problem.kwargs["noise"]
+    drawn = problem.call(generator=torch.Generator("cuda").manual_seed(0))
+    assert torch.isfinite(drawn).all() and drawn.shape == out.shape
