@@ -1,4 +1,4 @@
-"""The activations the op computes, written once, and the one reader of a network's layers.
+"""The activations the op computes, written once, and the readers of a network's layers.
 
 :data:`VOCABULARY` names each activation as the op takes it (the table in
 csrc/checks.cpp holds the same names; a test compares the two), with its
@@ -6,6 +6,9 @@ function and the ``nn.Module`` that computes it. :func:`mlp_layers` reads
 ``Linear (activation Linear)*`` off an ``nn.Sequential`` for
 :func:`ddpm_ops.sample`, :class:`ddpm_ops.DiffusionSampler` and
 :func:`ddpm_ops.mlp_parameters` (the SiLU network of the time-column op).
+:func:`read_network` reads any chain of Linear, activation, LayerNorm, Dropout
+and residual blocks (traced with torch.fx) into the op's network program
+(:class:`Program`); :func:`run_program` is that program in plain PyTorch.
 """
 from __future__ import annotations
 
