@@ -74,7 +74,7 @@ def cpu_sources(machine: str) -> list[str]:
     """The C++ sources: csrc/, csrc/plan/ and the CPU kernel, whose AVX2 and
     AVX-512 files (built for those ISAs by target pragmas, picked at run time
     where the CPU has them) only on x86-64."""
-    sources = glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp") + glob.glob("csrc/plan/*.cpp")
+    sources = [path for part in ("op", "aten", "cpu", "plan") for path in glob.glob(f"csrc/{part}/*.cpp")]
     if not is_x86_64(machine):
         sources = [s for s in sources if os.path.basename(s) not in X86_ISA_SOURCES]
     return sorted(sources)

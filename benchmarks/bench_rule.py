@@ -8,6 +8,12 @@ Shapes:
   seed   the time-column seed net (dim 64, hidden 256, 3 layers, 16 steps)
          with Mish, an x0 clip and noise: the general step's cost against the
          time-column op on the same net (its row: "time-column op").
+  policy the same contenders on the policy net (dim 12, hidden 1024, 3
+         layers, 5 steps).
+On CUDA the seed and policy contenders are replayed from a CUDA graph each,
+so that the rows are the kernels' time, not Python's. --capability 8.0 plans
+every call of the op as for a GPU of that compute capability (the portable
+path, measured on this GPU).
 
 Contenders (one process, the same inputs):
   eager       the loop as the project writes it (noise drawn per step)
@@ -22,6 +28,8 @@ Contenders (one process, the same inputs):
               as a user would (its time MLP and condition columns run inside
               the op as bias networks)
   sampler-graph (CUDA) that call captured in one CUDA graph, replayed
+  op-graph    (CUDA) the sampler's call alone (x given: no randn, no final
+              clamp) in one CUDA graph: the op's kernel time
   (CPU) compile    torch.compile of the policy's loop, default mode, the rewrite off
   (CPU) rewritten  the same with the rewrite on (one ddpm::fused_sample.rule per call)
   (CPU) sampler-loop the sampler doing what the loop does: the first randn, the
@@ -45,6 +53,7 @@ events over back-to-back calls after warm-up, median of rounds.
 """
 import argparse
 import math
+import os
 import statistics
 import time
 
@@ -124,9 +133,9 @@ class DiffusionQLPolicy(nn.Module):
         return sampler, run
 
 
-def seed_rule_contenders(batch, device):
-    """The seed net: the time-column op, and the general step with Mish, clip and noise."""
-    dim, hidden, steps, total = 64, 256, 16, 1000
+def time_column_contenders(batch, device, dim, hidden, steps):
+    """A time-column net: the time-column op, and the general step with Mish, clip and noise."""
+    total = 1000
     net = ddpm_ops.silu_mlp([dim + 1, hidden, hidden, dim]).to(device)
     weights, biases = [w.detach() for w in ddpm_ops.mlp_parameters(net)[0]], \
         [b.detach() for b in ddpm_ops.mlp_parameters(net)[1]]
@@ -135,13 +144,16 @@ def seed_rule_contenders(batch, device):
     rule = ddpm_ops.step_rules.ddpm(ddpm_ops.linear_betas(total), clip=1.0).to(device)
     time_bias = (torch.arange(total, device=device)[:, None] / total) * weights[0][:, dim][None]
     w_x = weights[0][:, :dim]
-    return {
-        "time-column op": lambda: ddpm_ops.fused_sample(x, total - 1, weights, biases, c1, c2, steps, total),
-        "rule, silu": lambda: ddpm_ops.sample(x, total - 1, [w_x] + weights[1:], biases, rule, steps,
-                                              time_bias=time_bias),
-        "rule, mish+clip+noise": lambda: ddpm_ops.sample(x, total - 1, [w_x] + weights[1:], biases, rule,
-                                                         steps, activations="mish", time_bias=time_bias),
+    contenders = {
+        "time-column op": lambda _: ddpm_ops.fused_sample(x, total - 1, weights, biases, c1, c2, steps, total),
+        "rule, silu": lambda _: ddpm_ops.sample(x, total - 1, [w_x] + weights[1:], biases, rule, steps,
+                                                time_bias=time_bias),
+        "rule, mish+clip+noise": lambda _: ddpm_ops.sample(x, total - 1, [w_x] + weights[1:], biases, rule,
+                                                           steps, activations="mish", time_bias=time_bias),
     }
+    if device == "cuda":
+        return {name: graphed(fn, None) for name, fn in contenders.items()}
+    return {name: (lambda fn=fn: fn(None)) for name, fn in contenders.items()}
 
 
 def cpu_medians_us(contenders, rounds, budget_s, clock=time.perf_counter):
@@ -289,6 +301,8 @@ def dql_contenders(batch, device):
     if device == "cuda":
         contenders["graph"] = graphed(policy, state)
         contenders["sampler-graph"] = graphed(through_sampler, state)
+        x = torch.randn(batch, policy.action_dim, device=device)
+        contenders["op-graph"] = graphed(lambda s: sampler(x, cond=s), state)
         compiled = torch.compile(policy, mode="reduce-overhead")
         contenders["compile-ro"] = lambda: compiled(state)
         # Options unlike compile-ro's, so that the two do not share Dynamo's cached code.
@@ -305,7 +319,8 @@ def dql_contenders(batch, device):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
-    parser.add_argument("--shapes", nargs="+", default=["dql", "seed"], choices=["dql", "seed"])
+    parser.add_argument("--shapes", nargs="+", default=["dql", "seed", "policy"], choices=["dql", "seed", "policy"])
+    parser.add_argument("--capability", help="CUDA: plan the op as for this compute capability (e.g. 8.0)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--budget", type=float, default=0.05, help="CPU: seconds of calls per contender and round")
     parser.add_argument("--clock", choices=["wall", "process"], default="wall",
@@ -315,15 +330,21 @@ def main():
         torch.set_num_threads(1)
     clock = time.process_time if args.clock == "process" else time.perf_counter
     ddpm_ops.disable_auto_rewrite()  # the contenders are the loops as written
-    print(f"{machine.describe(args.device)}; {time.strftime('%Y-%m-%d')}")
-    batches = {"dql": [1, 50, 256], "seed": [1, 64, 4096] + ([32768] if args.device == "cuda" else [])}
+    if args.capability:
+        os.environ["DDPM_OPS_CUDA_CAPABILITY"] = args.capability
+    path = f"; the op planned as for compute capability {args.capability} (the portable path)" if args.capability \
+        else ""
+    print(f"{machine.describe(args.device)}; {time.strftime('%Y-%m-%d')}{path}")
+    batches = {"dql": [1, 50, 256], "seed": [1, 64, 4096] + ([32768] if args.device == "cuda" else []),
+               "policy": [1, 64, 256]}
+    shapes = {"seed": dict(dim=64, hidden=256, steps=16), "policy": dict(dim=12, hidden=1024, steps=5)}
     with torch.inference_mode():
         for shape in args.shapes:
             unit = "GPU" if args.device == "cuda" else ("CPU-time" if args.clock == "process" else "wall")
             print(f"\n[{shape}] {unit} us per call, median")
             for batch in batches[shape]:
-                make = dql_contenders if shape == "dql" else seed_rule_contenders
-                contenders = make(batch, args.device)
+                contenders = dql_contenders(batch, args.device) if shape == "dql" else \
+                    time_column_contenders(batch, args.device, **shapes[shape])
                 times = cuda_gpu_us(contenders) if args.device == "cuda" else \
                     cpu_medians_us(contenders, args.rounds, args.budget, clock)
                 cells = "  ".join(f"{name} {us:9.1f}" for name, us in times.items())
@@ -335,7 +356,7 @@ def main():
                     if "onnxruntime" in times:
                         cells += f", onnxruntime/sampler {times['onnxruntime'] / times['sampler']:.1f}x"
                 elif shape == "dql":
-                    ours = ("fused", "rewritten", "sampler", "sampler-graph")
+                    ours = ("fused", "rewritten", "sampler", "sampler-graph", "op-graph")
                     best = min(us for name, us in times.items() if name not in ours)
                     cells += f"  | fused {best / times['fused']:.1f}x the best other"
                     cells += f", sampler {best / times['sampler']:.1f}x"

@@ -6,10 +6,15 @@
 #   bash benchmarks/gpu_session.sh bench          # build + full benchmark
 #   bash benchmarks/gpu_session.sh rule           # build + the step rule's CUDA tests + bench_rule.py
 #   bash benchmarks/gpu_session.sh engine         # build + the engine's and the kernels' CUDA tests + bench_rule.py
+#   bash benchmarks/gpu_session.sh portable       # a build of compute_80 PTX alone (JIT-compiled by the driver):
+#                                                 # the portable path's CUDA tests, compute-sanitizer, bench_rule.py
 set -uo pipefail
 mode=${1:-full}
 out=${OUT:-gpu-logs}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
+# The portable path on a Hopper GPU: no 9.0 code at all, so the driver runs
+# the compute_80 PTX and the plan takes the kernels of 8.x GPUs.
+[ "$mode" = portable ] && export TORCH_CUDA_ARCH_LIST=8.0+PTX
 # expecttest is not on that machine's image: install the carried wheel.
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -29,7 +34,21 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ "$mode" = engine ]; then
   python3 -m pytest -q -n "${PYTEST_WORKERS:-8}" -rfEs tests/test_cuda_engine.py tests/test_cuda_rule_kernel.py \
     tests/test_cuda_kernel.py tests/test_cuda_plan.py tests/test_sample.py ${PYTEST_ARGS:-} 2>&1 | tee "$out/tests_engine.log" | tail -40
+  compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_kernels.py > "$out/sanitize_memcheck.log" 2>&1
+  echo "compute-sanitizer memcheck: exit $? $(grep 'ERROR SUMMARY' "$out/sanitize_memcheck.log" | tail -1)"
   python3 benchmarks/bench_rule.py --device cuda 2>&1 | tee "$out/bench_rule.log"
+  exit 0
+fi
+if [ "$mode" = portable ]; then
+  # The Hopper-only kernels' tests force kernels this build does not hold.
+  python3 -m pytest -q -n "${PYTEST_WORKERS:-8}" -rfEs tests/test_cuda_engine.py tests/test_sample.py \
+    tests/test_modules.py tests/test_threads.py -k "not resident and not tiled16@ and not kernels_per_call" \
+    ${PYTEST_ARGS:-} 2>&1 | tee "$out/tests_portable.log" | tail -30
+  for tool in memcheck racecheck synccheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_kernels.py --kernels tiled16 tiled64 rule > "$out/sanitize_$tool.log" 2>&1
+    echo "compute-sanitizer $tool: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
+  done
+  python3 benchmarks/bench_rule.py --device cuda --capability 8.0 2>&1 | tee "$out/bench_portable.log"
   exit 0
 fi
 if [ "$mode" = rule ]; then

@@ -90,7 +90,7 @@ def plan_for(batch: int, dim: int, hidden: list[int], num_steps: int, precision:
 
     general_step: plan a call of ``fused_sample.rule`` instead (layer 0 of
     width ``dim``, the bias rows added to its output): only the engine's
-    kernels (``fp32_resident``, ``fp32_rule``) run it.
+    kernels (``fp32_resident``, ``tf32x3_tiled``, ``fp32_rule``) run it.
 
     aligned: per layer, whether its weight starts on a 16-byte boundary
     (default: all, as torch allocates them). overrides: DDPM_OPS_CUDA_*

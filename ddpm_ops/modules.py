@@ -7,7 +7,7 @@ from torch.nn.utils import parametrize
 
 from .calls import RULE, arg_slots
 from .conditioning import BiasNet, cond_bias, time_bias_from_module
-from .layers import VOCABULARY, mlp_layers
+from .layers import VOCABULARY, Program, mlp_layers, read_network
 from .ops import PRECISIONS, _as_int, _clamp_args, _default_generator, mlp_parameters, sample
 from .step_rules import StepRule
 
@@ -39,6 +39,17 @@ def _split_time_embedding(time_embedding) -> tuple[nn.Module, nn.Sequential, str
     return nn.Sequential(*layers[:first]), mlp, last
 
 
+def _read_network(mlp: nn.Module) -> Program | None:
+    """None for ``Linear (act Linear)*`` (the op's plain network), else ``mlp`` read as a
+    network program (LayerNorm, residual blocks, Dropout: :func:`read_network`, whose
+    ValueError names the module it cannot read and why)."""
+    try:
+        mlp_layers(mlp)
+        return None
+    except ValueError:
+        return read_network(mlp, name="mlp")
+
+
 class DiffusionSampler(nn.Module):
     """A full sampling run of a user's MLP under a step rule, as one fused op.
 
@@ -54,8 +65,15 @@ class DiffusionSampler(nn.Module):
     Any other time embedding is evaluated at every call into ``time_bias``.
 
     Args:
-        mlp: ``Linear (act Linear)*`` (see :func:`mlp_layers`); its last Linear
-            outputs what the rule expects (epsilon, x0 or v).
+        mlp: ``Linear (act Linear)*`` (see :func:`mlp_layers`), or any network
+            of Linear, activation, LayerNorm, Dropout and residual-block
+            modules as projects write them (IDQL's LN-ResNet and its MLP with a
+            LayerNorm over the whole input, CleanDiffuser's ``IDQLMlp`` layers,
+            DPPO's residual MLP: see :func:`ddpm_ops.layers.read_network`),
+            read once here, its parameters at every call; its output is what
+            the rule expects (epsilon, x0 or v). A network whose first layer
+            is not a Linear gets the time embedding's output and the condition
+            themselves (the op's ``"input:"`` instruction).
         rule: the :class:`~ddpm_ops.StepRule` of the sampler (DDPM, DDIM,
             flow-matching Euler, DPM-Solver++: see :mod:`ddpm_ops.step_rules`).
         timesteps: ``(len(rule),)``: the training timestep of each step index,
@@ -97,10 +115,12 @@ class DiffusionSampler(nn.Module):
                              f"{None if timesteps is None else len(timesteps)}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
-        weights, _, _ = mlp_layers(mlp)  # fail at construction, not at the first call
-        if sum(n for _, n in layout) != weights[0].shape[1]:
+        # Read once: fail at construction, not at the first call.
+        self._program = _read_network(mlp)
+        first = mlp_layers(mlp)[0][0] if self._program is None else self._program.linears[0].weight
+        if sum(n for _, n in layout) != first.shape[1]:
             raise ValueError(f"layout: expected columns summing to the first Linear's "
-                             f"in_features {weights[0].shape[1]}, got {list(layout)}")
+                             f"in_features {first.shape[1]}, got {list(layout)}")
         self.mlp = mlp
         self.rule = rule
         self.layout = tuple(layout)
@@ -114,6 +134,8 @@ class DiffusionSampler(nn.Module):
             # Features alone (the t/T column, a sinusoidal map): computed once, here; the op
             # multiplies them by the first Linear's time columns (a bias network of one layer).
             split = (time_embedding, None, None)
+        if self._program is not None and not self._program.first_is_linear:
+            split = None  # the op reads the embedding's output itself
         self._time_mlp = None if split is None else (split[1], split[2])
         features = None
         if split is not None:
@@ -186,7 +208,9 @@ class DiffusionSampler(nn.Module):
             split = _split_time_embedding(self.time_embedding)
             self._time_mlp = None if split is None else (split[1], split[2])
         plan = False
-        if self.time_embedding is None or self._time_mlp is not None:
+        if self._program is None and (self.time_embedding is None or self._time_mlp is not None):
+            # A network program (LayerNorm, residual blocks) goes through sample() (its arguments
+            # read by Program.parameters()).
             children = _children(self.mlp)
             modules = [self.mlp, *children]
             weights, _, activations = mlp_layers(self.mlp)
@@ -287,11 +311,22 @@ class DiffusionSampler(nn.Module):
 
     def _sample(self, x, cond, num_steps, noise, generator, return_chain, t_start):
         """The call through :func:`ddpm_ops.sample`, everything read from the modules."""
-        weights, biases, activations = mlp_layers(self.mlp)
         names = [name for name, _ in self.layout]
         if ("cond" in names) != (cond is not None):
             raise ValueError(f"cond: expected {'a tensor' if 'cond' in names else 'None'} for "
                              f"layout {names}, got {'None' if cond is None else 'a tensor'}")
+        if self._program is None:
+            weights, biases, activations = mlp_layers(self.mlp)
+            program = {}
+        else:
+            weights, biases, norm_weights, norm_biases = self._program.parameters()
+            activations = "silu"
+            program = dict(network=list(self._program.instructions), norm_weights=norm_weights,
+                           norm_biases=norm_biases)
+            if not self._program.first_is_linear:
+                return self._sample_whole_input(x, cond, weights, biases, program, num_steps=num_steps,
+                                                noise=noise, generator=generator, return_chain=return_chain,
+                                                t_start=t_start)
         columns = dict(zip(names, weights[0].detach().split([n for _, n in self.layout], dim=1)))
         time = time_net = None
         if self._time_mlp is not None and self._time_mlp[0] is None:
@@ -313,7 +348,25 @@ class DiffusionSampler(nn.Module):
         return sample(x, t_start, [columns["x"]] + weights[1:], biases, self._rule_on(x.device), steps,
                       activations=activations, time_bias=time, cond_bias=conditioning, noise=noise,
                       generator=generator, return_chain=return_chain, precision=self.precision,
-                      time_net=time_net, cond_net=cond_net)
+                      time_net=time_net, cond_net=cond_net, **program)
+
+    def _sample_whole_input(self, x, cond, weights, biases, program, **options) -> torch.Tensor:
+        """A network whose first layer is not a Linear: the op concatenates x, the condition and
+        the time embedding's output (at every step index, evaluated here) in the layout's order."""
+        names = [name for name, _ in self.layout]
+        time_input = None
+        if self.time_embedding is not None:
+            with torch.no_grad():
+                time_input = self.time_embedding(self.timesteps.to(device=x.device, dtype=torch.float32))
+            time_input = time_input.to(torch.float32)
+        program["network"] = [f"input:{','.join(names)}", *program["network"]]
+        num_steps, t_start = options.pop("num_steps"), options.pop("t_start")
+        steps = len(self.rule) if num_steps is None else num_steps
+        t_start = self._t_start(x) if t_start is None else t_start
+        return sample(x, t_start, weights, biases, self._rule_on(x.device), steps,
+                      precision=self.precision, time_input=time_input,
+                      cond_input=None if cond is None else cond.reshape(-1, dict(self.layout)["cond"]),
+                      **options, **program)
 
 
 class FusedDDPMSampler(DiffusionSampler):

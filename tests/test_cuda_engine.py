@@ -1,5 +1,6 @@
 """The engine on CUDA: every kernel that runs the general step (fp32_resident,
-fp32_rule), forced through DDPM_OPS_CUDA_KERNEL and checked by its launch line,
+tf32x3_tiled in each tile height and in clusters, fp32_rule), forced through
+DDPM_OPS_CUDA_KERNEL (and DDPM_OPS_CUDA_CLUSTER_SIZE) and checked by its launch line,
 with every feature of the rule against float64; the time-column overload
 through the engine's adapter; the portable path (a plan for compute
 capability 8.x, DDPM_OPS_CUDA_CAPABILITY) for both overloads; and the kernels
@@ -15,8 +16,14 @@ from test_sample import ALL_FEATURES, FEATURES, TOLERANCE, poisoned_call
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-ENGINE_KERNELS = ("fp32_resident", "fp32_rule")
-LOG_NAMES = {"fp32_resident": "resident", "fp32_rule": "rule"}
+# A kernel's DDPM_OPS_CUDA_KERNEL name, with "@n" for DDPM_OPS_CUDA_CLUSTER_SIZE=n.
+TILED_KERNELS = ("tiled16", "tiled32", "tiled64", "tiled16@4", "tiled16@16")
+ENGINE_KERNELS = ("fp32_resident", *TILED_KERNELS, "fp32_rule")
+
+
+def log_name(kernel):
+    """The name a kernel's DDPM_OPS_CUDA_LOG line gives."""
+    return "tiled" if kernel.startswith("tiled") else {"fp32_resident": "resident", "fp32_rule": "rule"}[kernel]
 
 
 def launched(capfd):
@@ -28,7 +35,12 @@ def launched(capfd):
 def engine(monkeypatch):
     def force(kernel, capability=None):
         monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
-        monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", kernel)
+        name, _, cluster_size = (kernel or "").partition("@")
+        for variable, value in (("DDPM_OPS_CUDA_KERNEL", name), ("DDPM_OPS_CUDA_CLUSTER_SIZE", cluster_size)):
+            if value:
+                monkeypatch.setenv(variable, value)
+            else:
+                monkeypatch.delenv(variable, raising=False)
         if capability:
             monkeypatch.setenv("DDPM_OPS_CUDA_CAPABILITY", capability)
         else:
@@ -60,7 +72,7 @@ def test_every_engine_kernel_every_feature(engine, capfd, kernel, batch, dim, hi
                                 rule="ddim_strided" if "chain" in features else "ddpm_epsilon", device="cuda")
     capfd.readouterr()
     out = poisoned_call(problem)
-    assert launched(capfd) == [LOG_NAMES[kernel]]
+    assert launched(capfd) == [log_name(kernel)]
     assert relative_error(out, problem.reference64()) <= TOLERANCE
 
 
@@ -88,7 +100,7 @@ def test_odd_layouts(engine, capfd, kernel):
     problem.biases[1] = torch.cat([torch.zeros(1, device="cuda"), problem.biases[1]])[1:]
     capfd.readouterr()
     assert relative_error(poisoned_call(problem), expected) <= TOLERANCE
-    assert launched(capfd) == [LOG_NAMES[kernel]]
+    assert launched(capfd) == [log_name(kernel)]
 
 
 @pytest.mark.parametrize("kernel", ENGINE_KERNELS)
@@ -110,7 +122,35 @@ def test_seeded_noise_is_the_same_on_every_kernel(engine):
                                     device="cuda", generator=torch.Generator().manual_seed(11))
         outs.append(poisoned_call(problem))
         assert relative_error(outs[-1], problem.reference64()) <= TOLERANCE
-    assert relative_error(outs[0], outs[1].cpu().double()) <= TOLERANCE
+    for out in outs[1:]:
+        assert relative_error(outs[0], out.cpu().double()) <= TOLERANCE
+
+
+# tf32x3_tiled at its envelope's edges: a tile exactly full and one row over,
+# 64-row tiles, dim 1 and dim beyond fp32_resident's 64, widths off every
+# multiple of 8 and 32, a 1024-wide policy net, five layers, one hidden layer.
+TILED_SHAPES = [
+    (16, 6, [256, 256, 256], 5),
+    (17, 1, [200, 72], 3),
+    (65, 100, [256, 256], 4),
+    (300, 12, [1024, 1024, 1024], 5),
+    (130, 11, [96, 96, 96, 96], 6),
+    (5, 3, [40], 7),
+]
+
+
+@pytest.mark.parametrize("kernel", TILED_KERNELS)
+@pytest.mark.parametrize("batch, dim, hidden, num_steps", TILED_SHAPES)
+@pytest.mark.parametrize("features", [ALL_FEATURES, ("seeded", "previous", "clip_bounds", "time_net", "cond_net"),
+                                      ("row_seeds", "post_clip_bounds", "chain", "time", "cond")])
+def test_tiled_shapes_every_feature(engine, capfd, kernel, batch, dim, hidden, num_steps, features):
+    engine(kernel)
+    problem = make_rule_problem(batch, dim, hidden, num_steps, features=features, activation="mixed",
+                                rule="ddim_strided" if "chain" in features else "ddpm_epsilon", device="cuda")
+    capfd.readouterr()
+    out = poisoned_call(problem)
+    assert launched(capfd) == ["tiled"]
+    assert relative_error(out, problem.reference64()) <= TOLERANCE
 
 
 @pytest.mark.parametrize("kernel", ENGINE_KERNELS)
@@ -121,21 +161,29 @@ def test_time_column_overload_through_the_engine(engine, capfd, kernel, batch, d
     problem = make_problem(batch, dim, hidden, num_steps, device="cuda")
     capfd.readouterr()
     out = torch.ops.ddpm.fused_sample(*problem.args())
-    assert launched(capfd) == [LOG_NAMES[kernel]]
+    assert launched(capfd) == [log_name(kernel)]
     assert relative_error(out, problem.reference64()) <= TOLERANCE
 
 
 @pytest.mark.parametrize("capability", ["8.0", "8.6", "8.7", "8.9"])
-def test_portable_path_runs_both_overloads(engine, capfd, capability):
-    """A plan for a GPU without clusters, wgmma or TMA: fp32_rule, whatever is asked."""
-    engine("fp32_resident", capability)
+@pytest.mark.parametrize("kernel, expected", [(None, "rule"), ("tiled16", "tiled"), ("tiled64", "tiled"),
+                                              ("fp32_resident", "rule"), ("rule", "rule")])
+def test_portable_path_runs_both_overloads(engine, capfd, capability, kernel, expected):
+    """A plan for a GPU without clusters, wgmma or TMA: below batch 768
+    fp32_rule, and tf32x3_tiled in tiles of one CTA (a plain launch, "cluster
+    size 0"; cp.async chunks) where asked for (a Hopper kernel asked for
+    leaves the call to fp32_rule)."""
+    engine(kernel, capability)
     rule = make_rule_problem(70, 6, [256, 256, 256], 5, features=ALL_FEATURES, activation="mixed",
                              device="cuda")
     seed = make_problem(30, 64, [256, 256, 256], 16, device="cuda")
     capfd.readouterr()
     out_rule = poisoned_call(rule)
     out_seed = torch.ops.ddpm.fused_sample(*seed.args())
-    assert launched(capfd) == ["rule", "rule"]
+    lines = capfd.readouterr().err
+    assert [line.split()[1] for line in lines.splitlines() if line.startswith("ddpm_ops ")] == [expected] * 2
+    if expected == "tiled":
+        assert "cluster size 0" in lines and " tma" not in lines, lines
     assert relative_error(out_rule, rule.reference64()) <= TOLERANCE
     assert relative_error(out_seed, seed.reference64()) <= TOLERANCE
 

@@ -325,22 +325,28 @@ def test_op_checks_its_arguments():
 
 @pytest.mark.parametrize("batch", [1, 50, 120, 256, 4096])
 def test_general_step_plans_only_engine_kernels(batch):
-    """fused_sample.rule runs on fp32_resident where it fits, else fp32_rule."""
+    """fused_sample.rule runs on fp32_resident where it fits, else tf32x3_tiled
+    from batch 768, else fp32_rule; a kernel outside the engine, forced, leaves
+    it to fp32_rule."""
     plan = plan_for(batch, 6, [256, 256, 256], 5, general_step=True)
-    assert plan["kernel"] in ("fp32_resident", "fp32_rule")
-    if batch <= 50:
-        assert plan["kernel"] == "fp32_resident"
-    for forced in ("fp32_smem", "tiled16", "bf16x3_wgmma_m64"):
-        assert plan_for(batch, 6, [256, 256], 5, general_step=True,
-                        overrides={"DDPM_OPS_CUDA_KERNEL": forced})["kernel"] in ("fp32_resident", "fp32_rule")
+    expected = "fp32_resident" if batch <= 120 else ("tf32x3_tiled" if batch >= 768 else "fp32_rule")
+    assert plan["kernel"] == expected, plan
+    for forced, expected in (("fp32_smem", "fp32_rule"), ("tiled16", "tf32x3_tiled"),
+                             ("bf16x3_wgmma_m64", "fp32_rule"), ("rule", "fp32_rule")):
+        p = plan_for(batch, 6, [256, 256], 5, general_step=True, overrides={"DDPM_OPS_CUDA_KERNEL": forced})
+        assert p["kernel"] == expected, (forced, p)
 
 
 @pytest.mark.parametrize("capability", ["8.0", "8.6", "8.7", "8.9"])
 @pytest.mark.parametrize("general_step", [False, True])
-def test_a_capability_below_9_plans_the_portable_kernel(capability, general_step):
-    plan = plan_for(64, 64, [256, 256], 16, general_step=general_step,
+@pytest.mark.parametrize("batch, expected", [(64, "fp32_rule"), (1024, "tf32x3_tiled")])
+def test_a_capability_below_9_plans_the_portable_kernel(capability, general_step, batch, expected):
+    plan = plan_for(batch, 64, [256, 256], 16, general_step=general_step,
                     overrides={"DDPM_OPS_CUDA_CAPABILITY": capability})
-    assert plan["kernel"] == "fp32_rule" and plan["cluster_size"] == 0
+    assert plan["kernel"] == expected and plan["cluster_size"] == 0, plan
+    if expected == "fp32_rule":
+        return
+    assert "cp.async" in plan["log"] and "tma" not in plan["log"].split("chunks by:")[1], plan
 
 
 KERNELS = ("fp32_resident", "fp32_smem", "tf32x3_tiled", "bf16_wgmma", "bf16x3_wgmma_m64", "bf16x3_wgmma_swapab",
@@ -366,12 +372,33 @@ PORTABLE_IDS = ["A100", "RTX_4090", "L4", "JETSON_AGX_ORIN"]
 @pytest.mark.parametrize("kernel", [None, "resident", "cluster", "tiled16", "tiled64", "wgmma", "split", "narrow",
                                     "rule"])
 @pytest.mark.parametrize("batch", [1, 120, 300, 8192])
-def test_compute_capability_8_runs_fp32_rule(device, general_step, precision, kernel, batch):
-    """Every kernel but fp32_rule needs 9.0 (clusters, TMA, wgmma): on 8.x both
-    overloads run fp32_rule, whatever DDPM_OPS_CUDA_KERNEL names."""
+def test_compute_capability_8_runs_the_portable_kernels(device, general_step, precision, kernel, batch):
+    """The other kernels need 9.0 (clusters, wgmma): on 8.x both overloads run
+    tf32x3_tiled in tiles of one CTA from batch 768 where a tile fits, or where
+    DDPM_OPS_CUDA_KERNEL names it, else fp32_rule (which a named Hopper kernel
+    leaves it to)."""
     p = plan(batch, precision=precision, device=device, overrides=forced(kernel), general_step=general_step)
-    assert (p["kernel"], p["cluster_size"]) == ("fp32_rule", 0), p
+    tiled_fits = plan(batch, device=device, general_step=general_step,
+                      overrides=forced("tiled16"))["kernel"] == "tf32x3_tiled"
+    asks_tiles = kernel in ("tiled16", "tiled64") or (kernel is None and batch >= 768)
+    expected = "tf32x3_tiled" if tiled_fits and asks_tiles else "fp32_rule"
+    if kernel == "tiled64" and expected == "tf32x3_tiled":
+        expected = plan(batch, device=device, general_step=general_step, overrides=forced("tiled64"))["kernel"]
+    assert (p["kernel"], p["cluster_size"]) == (expected, 0), p
     assert p["tiles"] == p["grid"] == -(-batch // p["rows"]) and 0 < p["smem"] <= device.max_smem, p
+    if p["kernel"] == "tf32x3_tiled":
+        assert "tma" not in p["log"].split("chunks by:")[1], p
+
+
+@pytest.mark.parametrize("device, fits", [(A100, True), (JETSON_AGX_ORIN, True), (RTX_4090, False), (L4, False)],
+                         ids=["A100", "JETSON_AGX_ORIN", "RTX_4090", "L4"])
+def test_portable_tiles_of_the_seed_shape(device, fits):
+    """A 16-row tile of the seed net needs about 100 KB: the 164 KB of an A100
+    or an Orin hold it, the 99 KB of Ada GPUs do not (fp32_rule runs there)."""
+    p = plan(1024, device=device, general_step=True)
+    assert p["kernel"] == ("tf32x3_tiled" if fits else "fp32_rule"), p
+    small = plan(1024, dim=12, hidden=(128, 128), device=device, general_step=True)
+    assert small["kernel"] == "tf32x3_tiled", small
 
 
 @pytest.mark.parametrize("device", PORTABLE_GPUS, ids=PORTABLE_IDS)
@@ -381,15 +408,20 @@ def test_clusters_described_on_compute_capability_8_are_not_used(device, batch):
     reports that) still plans no Hopper kernel: their 8.x code is a trap."""
     claimed = dataclasses.replace(device, max_clusters=H200.max_clusters, sm90a_build=True)
     for precision in ("fp32", "bf16"):
-        assert plan(batch, precision=precision, device=claimed)["kernel"] == "fp32_rule"
+        p = plan(batch, precision=precision, device=claimed)
+        assert p["kernel"] in ("tf32x3_tiled", "fp32_rule") and p["cluster_size"] == 0, p
 
 
 def test_a_build_without_9_0_on_an_h200():
     """An extension built without 9.0 runs compute_8x PTX on a 9.0 GPU, in which
-    the Hopper kernels are traps: fp32_rule alone is planned."""
+    the Hopper kernels are traps: the portable path alone is planned (tiles of
+    one CTA, plain launches, chunks by cp.async)."""
     device = dataclasses.replace(H200, sm90a_build=False)
     for batch in (1, 300, 8192):
-        assert plan(batch, device=device)["kernel"] == "fp32_rule"
+        p = plan(batch, device=device)
+        assert p["kernel"] == ("tf32x3_tiled" if batch >= 768 else "fp32_rule") and p["cluster_size"] == 0, p
+        if p["kernel"] == "tf32x3_tiled":
+            assert "tma" not in p["log"].split("chunks by:")[1], p
 
 
 @pytest.mark.parametrize("batch", [1, 100, 300, 5000])
@@ -397,9 +429,11 @@ def test_a_build_without_9_0_on_an_h200():
 def test_a_9_0_device_without_clusters(batch, precision):
     """No co-resident clusters of any size (what cudaOccupancyMaxActiveClusters
     reports where cluster launch is unavailable): bf16_wgmma, a plain launch,
-    still runs "bf16" from batch 265, fp32_rule the rest."""
+    still runs "bf16" from batch 265, tf32x3_tiled in tiles of one CTA from
+    batch 768, fp32_rule the rest."""
     device = dataclasses.replace(H200, max_clusters=NO_CLUSTERS)
-    expected = "bf16_wgmma" if precision == "bf16" and batch >= 265 else "fp32_rule"
+    expected = "bf16_wgmma" if precision == "bf16" and batch >= 265 else \
+        ("tf32x3_tiled" if batch >= 768 else "fp32_rule")
     p = plan(batch, precision=precision, device=device)
     assert (p["kernel"], p["cluster_size"]) == (expected, 0), p
 
@@ -409,8 +443,8 @@ def test_a_9_0_device_without_clusters(batch, precision):
     (dataclasses.replace(H200, sm90a_build=False), "the extension was built without 9.0 in TORCH_CUDA_ARCH_LIST"),
     (dataclasses.replace(H200, max_clusters=NO_CLUSTERS), "this GPU launches no thread-block clusters")])
 def test_a_net_too_wide_for_fp32_rule_names_why_nothing_else_runs(device, reason):
-    with pytest.raises(RuntimeError, match=rf"ddpm::fused_sample: {reason}, and fp32_rule, the kernel that runs "
-                                           r"here, does not hold a row of this net in shared memory"):
+    with pytest.raises(RuntimeError, match=rf"ddpm::fused_sample: {reason}, and no kernel that runs here holds a "
+                                           r"row of this net in shared memory"):
         plan(1, 30000, [30000], device=device)
 
 
@@ -491,7 +525,8 @@ def sweep(seed: int, count: int) -> None:
         described = call["overrides"].get("DDPM_OPS_CUDA_CAPABILITY", "").split(".")
         if len(described) == 2 and all(f.isdigit() for f in described) and int(described[0]) > 0:
             capability = (int(described[0]), int(described[1]))  # planned as for that GPU
-        assert p["kernel"] == "fp32_rule" or (capability == (9, 0) and device.sm90a_build), p
+        portable = p["kernel"] == "fp32_rule" or (p["kernel"] == "tf32x3_tiled" and p["cluster_size"] == 0)
+        assert portable or (capability == (9, 0) and device.sm90a_build), p
         assert p["cluster_size"] == 0 or device.max_clusters[p["cluster_size"]] > 0, p
         assert 1 <= p["grid"] and p["tiles"] * p["rows"] >= call["batch"], p
         assert 0 < p["smem"] <= device.max_smem, p

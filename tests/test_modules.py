@@ -176,11 +176,11 @@ def test_mlp_layers_reads_every_activation():
 
 
 def test_activation_vocabulary_is_the_ops():
-    """The op's table of activation names (csrc/checks.cpp) and the Python vocabulary agree."""
+    """The op's table of activation names (csrc/op/checks.cpp) and the Python vocabulary agree."""
     import pathlib
     import re
     from ddpm_ops.layers import ACTIVATIONS, VOCABULARY
-    source = (pathlib.Path(__file__).parents[1] / "csrc" / "checks.cpp").read_text()
+    source = (pathlib.Path(__file__).parents[1] / "csrc" / "op" / "checks.cpp").read_text()
     table = re.search(r"\{\s*(\{\"\w+\", Activation::k\w+\},?\s*)+\}", source).group(0)
     assert re.findall(r"\{\"(\w+)\", Activation::", table) == [a.name for a in VOCABULARY]
     assert list(ACTIVATIONS) == [a.name for a in VOCABULARY]

@@ -2,14 +2,14 @@
 // the kernels take them, the device's description, the plan (csrc/plan:
 // which kernel, in which shape) and its launch (launch.h, kernels/<name>.cu).
 //
-// The engine's kernels (fp32_resident, fp32_rule) take one EngineArgs, the
-// general step: fused_sample.rule fills it from its arguments, and the
+// The engine's kernels (fp32_resident, tf32x3_tiled, fp32_rule) take one
+// EngineArgs, the general step: fused_sample.rule fills it from its arguments, and the
 // time-column overload is an adapter onto it (layer 0's last weight column as
 // the t / T bias row, its two tables as the rule's B and C). The kernels that
 // run the time-column overload alone take SampleArgs. What no kernel can run
 // (more layers than an argument block holds, sizes beyond int32, a net too
 // wide for a row in shared memory) runs the ATen loop of the rule.
-#include "../fused_sample.h"
+#include "../op/fused_sample.h"
 #include "../plan/plan.h"
 #include "launch.h"
 
@@ -59,7 +59,8 @@ static_assert(static_cast<int>(Precision::kFloat32) == static_cast<int>(plan::Pr
               "the same precisions");
 
 bool is_engine_kernel(plan::Kernel kernel) {
-  return kernel == plan::Kernel::kFp32Resident || kernel == plan::Kernel::kFp32Rule;
+  return kernel == plan::Kernel::kFp32Resident || kernel == plan::Kernel::kTf32x3Tiled ||
+         kernel == plan::Kernel::kFp32Rule;
 }
 
 // Whether a call's sizes fit the kernels' int32 indexing and argument block.
@@ -166,6 +167,7 @@ cuda_kernels::GeneratorArgs generator_args(const at::Generator& generator, int d
 
 void launch_engine(const plan::Plan& plan, const EngineArgs& a, const LaunchContext& ctx) {
   if (plan.kernel == plan::Kernel::kFp32Resident) return launch_fp32_resident(plan, a, ctx);
+  if (plan.kernel == plan::Kernel::kTf32x3Tiled) return launch_tf32x3_tiled(plan, a, ctx);
   launch_fp32_rule(plan, a, ctx);
 }
 
@@ -173,8 +175,6 @@ void launch_time_column(const plan::Plan& plan, const SampleArgs& a, const Launc
   switch (plan.kernel) {
     case plan::Kernel::kFp32Smem:
       return launch_fp32_smem(plan, a, ctx);
-    case plan::Kernel::kTf32x3Tiled:
-      return launch_tf32x3_tiled(plan, a, ctx);
     case plan::Kernel::kBf16Wgmma:
       return launch_bf16_wgmma(plan, a, ctx);
     case plan::Kernel::kBf16x3WgmmaM64:
@@ -182,6 +182,7 @@ void launch_time_column(const plan::Plan& plan, const SampleArgs& a, const Launc
     case plan::Kernel::kBf16x3WgmmaSwapab:
       return launch_bf16x3_wgmma_swapab(plan, a, ctx);
     case plan::Kernel::kFp32Resident:
+    case plan::Kernel::kTf32x3Tiled:
     case plan::Kernel::kFp32Rule:
       break;
   }
@@ -238,6 +239,7 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   ops.problem.time_net = kernel_evaluates(time_net);
   ops.problem.cond_net = kernel_evaluates(cond_net);
   ops.problem.bias_net_hidden = std::max(widest_hidden_of(time_net), widest_hidden_of(cond_net));
+  ops.problem.previous_x0 = step_tables.size(0) == kStepTablesWithPrevious;
   EngineArgs a = {};
   ops.layers(weights, biases, dim, /*strided_first=*/true, a.layers);
   a.num_layers = ops.problem.num_layers;

@@ -70,9 +70,9 @@ void with_bf16x3_shape(const plan::Plan& plan, Launch&& launch) {
 // The engine's kernels: the general step of both overloads.
 void launch_fp32_resident(const plan::Plan& plan, const cuda_kernels::EngineArgs& a, const LaunchContext& ctx);
 void launch_fp32_rule(const plan::Plan& plan, const cuda_kernels::EngineArgs& a, const LaunchContext& ctx);
+void launch_tf32x3_tiled(const plan::Plan& plan, const cuda_kernels::EngineArgs& a, const LaunchContext& ctx);
 // The kernels of the time-column overload alone.
 void launch_fp32_smem(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);
-void launch_tf32x3_tiled(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);
 void launch_bf16_wgmma(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);
 void launch_bf16x3_wgmma_m64(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);
 void launch_bf16x3_wgmma_swapab(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);

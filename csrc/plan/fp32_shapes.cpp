@@ -32,9 +32,10 @@ constexpr int kResidentManySteps = 8;
 // tf32x3_tiled's plan for 16 * mt rows in clusters of cs CTAs: how the CTAs
 // share each layer's work and the shared-memory layout, with the last layer
 // split over its inner dimension (TilePlan::partial_last) if try_partial and
-// the shape allows, and chunks by TMA for the layers it can address if
-// tma_chunks. Returns the shared memory the plan needs.
-size_t plan_tiled_layout(const Problem& a, int mt, int cs, bool try_partial, bool tma_chunks,
+// the shape allows, chunks by TMA for the layers it can address if
+// tma_chunks, and the bias networks' rows of `window` steps (none for 0).
+// Returns the shared memory the plan needs.
+size_t plan_tiled_layout(const Problem& a, int mt, int cs, bool try_partial, bool tma_chunks, int window,
                          cuda_kernels::TilePlan* plan) {
   using cuda_kernels::kTileKChunk;
   using cuda_kernels::kTileMaxWarpTiles;
@@ -90,24 +91,34 @@ size_t plan_tiled_layout(const Problem& a, int mt, int cs, bool try_partial, boo
                    static_cast<int>(cuda_kernels::kTileSwizzleBytes / sizeof(float));
   plan->valid_offset = plan->t_offset + rows;
   plan->coef_offset = plan->valid_offset + rows;
-  plan->barrier_offset = round_up(plan->coef_offset + 2 * rows, 4);
-  const int end = plan->barrier_offset + 2 * (2 + cuda_kernels::kTileMaxSlots);  // 8-byte mbarriers
-  if (!partial) return static_cast<size_t>(end) * sizeof(float);
-  plan->partial_offset = end;  // 16-byte aligned for the stores
-  plan->partial_ld = partial_ld;
-  return (plan->partial_offset + partial_floats) * sizeof(float);
+  const int coef_end = plan->coef_offset + kStepTablesWithPrevious * rows;
+  plan->x0_prev_offset = a.previous_x0 ? coef_end : -1;
+  plan->barrier_offset = round_up(coef_end + (a.previous_x0 ? rows * a.dim : 0), 4);
+  int end = plan->barrier_offset + 2 * (2 + cuda_kernels::kTileMaxSlots);  // 8-byte mbarriers
+  if (partial) {
+    plan->partial_offset = end;  // 16-byte aligned for the stores
+    plan->partial_ld = partial_ld;
+    end += static_cast<int>(partial_floats);
+  }
+  const int nets = window == 0 ? 0
+                               : cuda_kernels::bias_net_floats(rows, plan->cta_cols[0], window, a.time_net,
+                                                               a.cond_net, a.bias_net_hidden);
+  plan->bias_net_offset = nets > 0 ? end : -1;
+  return static_cast<size_t>(end + nets) * sizeof(float);
 }
 
 // plan_tiled_layout, with the partial last layer only where it fits in
 // max_smem.
-size_t plan_tiled(const Problem& a, int mt, int cs, const Device& d, const Overrides& o,
+size_t plan_tiled(const Problem& a, int mt, int cs, const Device& d, const Overrides& o, int window,
                   cuda_kernels::TilePlan* plan) {
   // TMA is 5-12% faster than cp.async at every tile height (H200,
   // BENCHMARKS.md): fewer instructions per chunk, none on the compute warps.
-  const bool tma = d.tma_encoder && o.tma;
-  const size_t smem = plan_tiled_layout(a, mt, cs, true, tma, plan);
-  return smem <= static_cast<size_t>(d.max_smem) || !plan->partial_last ? smem
-                                                                         : plan_tiled_layout(a, mt, cs, false, tma, plan);
+  // Below 9.0 there is none, whatever the driver's encoder.
+  const bool tma = d.hopper() && d.tma_encoder && o.tma;
+  const size_t smem = plan_tiled_layout(a, mt, cs, true, tma, window, plan);
+  return smem <= static_cast<size_t>(d.max_smem) || !plan->partial_last
+             ? smem
+             : plan_tiled_layout(a, mt, cs, false, tma, window, plan);
 }
 
 // Shared memory (floats) for layer l's weight slice on one CTA of a cluster of
@@ -290,12 +301,18 @@ Plan fp32_smem_plan(const Problem& a, const Device& d, const Overrides& o) {
   return plan;
 }
 
+// The bias networks' rows in the largest window that fits beside the tile.
 Plan tiled_plan(const Problem& a, const Device& d, const Overrides& o, int mt, int cs) {
   Plan plan;
   plan.kernel = Kernel::kTf32x3Tiled;
-  plan.smem = static_cast<int>(plan_tiled(a, mt, cs, d, o, &plan.tile_plan));
+  plan.bias_window = bias_window(a, [&](int w) {
+    cuda_kernels::TilePlan tile;
+    return plan_tiled(a, mt, cs, d, o, w, &tile) <= static_cast<size_t>(d.max_smem);
+  });
+  plan.smem = static_cast<int>(plan_tiled(a, mt, cs, d, o, plan.bias_window, &plan.tile_plan));
   plan.threads = cuda_kernels::kTileThreads;
-  plan.cluster_size = cs;
+  // Where clusters do not launch (below 9.0), a tile is one CTA of a plain launch.
+  plan.cluster_size = d.hopper() && d.max_clusters[1] > 0 ? cs : 0;
   plan.co_resident = d.max_clusters[cs];
   plan.rows = 16 * mt;
   plan.tiles = ceil_div(a.batch, 16 * mt);
@@ -304,7 +321,11 @@ Plan tiled_plan(const Problem& a, const Device& d, const Overrides& o, int mt, i
   return plan;
 }
 
-}  // namespace
+// tf32x3_tiled's tile height (16 * mt rows) and cluster size by the rule
+// below, or mt = 0 where the rule leaves the call to fp32_smem.
+struct TiledShape {
+  int mt = 0, cs = 1;
+};
 
 // The rule, read off every variant forced on the H200 (bench.py --variants,
 // BENCHMARKS.md):
@@ -313,44 +334,79 @@ Plan tiled_plan(const Problem& a, const Device& d, const Overrides& o, int mt, i
 //     batch 8192, 128 tiles on 132: 793 us against 893 in 16-row tiles);
 //   - otherwise, from batch kTiledMinBatch, or from batch kStreamedMinBatch
 //     for a net whose weights fp32_smem cannot keep on chip (it would read
-//     them from L2 at CUDA-core speed): 16-row tiles, each layer's columns
-//     split over the largest cluster (up to 16, any size) of which every
-//     tile's cluster is resident at once: a CTA's share of the weight stream,
-//     the bound at these sizes, shrinks with the cluster, and a second wave
-//     would double the time. (Seed shape, 16-row tiles against 32- and
-//     64-row tiles: batch 1024 271 us in clusters of 2 against 480 and 783,
-//     batch 6144 752 against 947 and 788.)
+//     them from L2 at CUDA-core speed): 16-row tiles,
+//     each layer's columns split over the largest cluster (up to 16, any
+//     size) of which every tile's cluster is resident at once: a CTA's share
+//     of the weight stream, the bound at these sizes, shrinks with the
+//     cluster, and a second wave would double the time. (Seed shape, 16-row
+//     tiles against 32- and 64-row tiles: batch 1024 271 us in clusters of 2
+//     against 480 and 783, batch 6144 752 against 947 and 788.)
 //   - otherwise fp32_smem.
-// DDPM_OPS_CUDA_KERNEL=cluster forces fp32_smem, tiled16|32|64 a tile height
-// (fp32_smem where that tile does not fit), any other value leaves this rule
-// as it is; DDPM_OPS_CUDA_CLUSTER_SIZE the cluster size (1 to 16).
-Plan tiled_or_smem(const Problem& a, const Device& d, const Overrides& o) {
-  const int forced_cs = forced_cluster_size(d, o);
+// Where fp32_smem does not run the call (the general step, a GPU below 9.0)
+// fp32_rule takes its place below kTiledMinBatch (Diffusion-QL's net, batch
+// 256, graph-replayed through DiffusionSampler: 101 us on fp32_rule, 174 in
+// 16-row tiles; seed net, batch 4096: 624 in tiles, 1104 on fp32_rule), and
+// `any_batch` asks for tiles where fp32_rule does not fit.
+// DDPM_OPS_CUDA_CLUSTER_SIZE sets the cluster size (1 to 16).
+TiledShape tiled_shape_by_rule(const Problem& a, const Device& d, const Overrides& o, bool smem_runs_it,
+                               bool any_batch) {
   auto fits = [&](int mt) {
     cuda_kernels::TilePlan plan;
-    return plan_tiled(a, mt, 1, d, o, &plan) <= static_cast<size_t>(d.max_smem);
+    return plan_tiled(a, mt, 1, d, o, 0, &plan) <= static_cast<size_t>(d.max_smem);
   };
   auto tiles = [&](int mt) { return ceil_div(a.batch, 16 * mt); };
-  const bool forced = o.names_kernel && (o.kernel == Kernel::kFp32Smem || o.kernel == Kernel::kTf32x3Tiled);
-  if (forced) {
-    const int mt = o.tiled_rows / 16;
-    if (o.kernel == Kernel::kTf32x3Tiled && fits(mt)) return tiled_plan(a, d, o, mt, std::max(forced_cs, 1));
-    return fp32_smem_plan(a, d, o);
-  }
-  int mt = 0, cs = 1;
-  if (a.batch >= kTiledMinBatch && fits(4) && 8 * tiles(4) >= 7 * d.sm_count) mt = 4;
+  TiledShape shape;
+  if (a.batch >= kTiledMinBatch && fits(4) && 8 * tiles(4) >= 7 * d.sm_count) shape.mt = 4;
   const bool streamed = a.batch >= kStreamedMinBatch && !smem_weights_on_chip(a, d);
-  if (mt == 0 && (streamed || a.batch >= kTiledMinBatch) && fits(1)) {
-    mt = 1;
+  const bool streamed_here = smem_runs_it ? streamed : any_batch;
+  if (shape.mt == 0 && (streamed_here || a.batch >= kTiledMinBatch) && fits(1)) {
+    shape.mt = 1;
     for (int size = kMaxClusterSize; size > 1; --size) {
       if (tiles(1) <= d.max_clusters[size]) {
-        cs = size;
+        shape.cs = size;
         break;
       }
     }
   }
-  if (mt == 0) return fp32_smem_plan(a, d, o);
-  return tiled_plan(a, d, o, mt, forced_cs > 0 ? forced_cs : cs);
+  if (const int forced_cs = forced_cluster_size(d, o)) shape.cs = forced_cs;
+  return shape;
+}
+
+// DDPM_OPS_CUDA_KERNEL=tiled16|32|64: that tile height, where it fits.
+int forced_tile_height(const Problem& a, const Device& d, const Overrides& o) {
+  if (!(o.names_kernel && o.kernel == Kernel::kTf32x3Tiled)) return 0;
+  cuda_kernels::TilePlan plan;
+  const int mt = o.tiled_rows / 16;
+  return plan_tiled(a, mt, 1, d, o, 0, &plan) <= static_cast<size_t>(d.max_smem) ? mt : 0;
+}
+
+}  // namespace
+
+// DDPM_OPS_CUDA_KERNEL=cluster forces fp32_smem, tiled16|32|64 a tile height
+// (fp32_smem where that tile does not fit), any other value leaves the rule
+// (tiled_shape_by_rule) as it is.
+Plan tiled_or_smem(const Problem& a, const Device& d, const Overrides& o) {
+  if (o.names_kernel && (o.kernel == Kernel::kFp32Smem || o.kernel == Kernel::kTf32x3Tiled)) {
+    const int mt = forced_tile_height(a, d, o);
+    if (mt > 0) return tiled_plan(a, d, o, mt, std::max(forced_cluster_size(d, o), 1));
+    return fp32_smem_plan(a, d, o);
+  }
+  const TiledShape shape = tiled_shape_by_rule(a, d, o, /*smem_runs_it=*/true, /*any_batch=*/false);
+  if (shape.mt == 0) return fp32_smem_plan(a, d, o);
+  return tiled_plan(a, d, o, shape.mt, shape.cs);
+}
+
+bool tf32x3_tiled_shape(const Problem& a, const Device& d, const Overrides& o, bool any_batch, Plan* plan) {
+  if (d.sm_count <= 0 || d.max_smem <= 0) return false;
+  int mt = forced_tile_height(a, d, o), cs = std::max(forced_cluster_size(d, o), 1);
+  if (mt == 0) {
+    const TiledShape shape = tiled_shape_by_rule(a, d, o, /*smem_runs_it=*/false, any_batch);
+    mt = shape.mt;
+    cs = shape.cs;
+  }
+  if (mt == 0) return false;
+  *plan = tiled_plan(a, d, o, mt, cs);
+  return true;
 }
 
 // fp32_resident's shape (fp32_resident.cuh): kOpw outputs of every hidden

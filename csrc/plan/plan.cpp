@@ -198,26 +198,32 @@ Plan choose_plan(const Problem& problem, const Device& device, const Overrides& 
       break;
     }
   }
-  // tiled_or_smem's kernels are Hopper kernels that launch clusters.
-  if (!found && !problem.general_step) {
-    const std::string why = no_cluster_kernels(device);
-    if (why.empty()) {
-      plan = detail::tiled_or_smem(problem, device, overrides);
-    } else {
-      plan.error = "ddpm::fused_sample: " + why + ", and fp32_rule, the kernel that runs here, does not hold a "
-                   "row of this net in shared memory";
-    }
+  // Then tf32x3_tiled: on Hopper the time-column overload's rule between it
+  // and fp32_smem (cluster kernels), elsewhere the engine's tiles.
+  const std::string why = problem.general_step ? "" : no_cluster_kernels(device);
+  const bool cluster_kernels = !problem.general_step && why.empty();
+  if (!found && cluster_kernels) {
+    plan = detail::tiled_or_smem(problem, device, overrides);
+    found = plan.error.empty();
   }
-  // fp32_rule runs wherever the others do not (the general step's last
-  // resort, and a device without clusters).
-  if (problem.general_step ? !found : !plan.error.empty()) {
-    Plan rule;
-    if (detail::fp32_rule_shape(problem, device, overrides, &rule)) {
-      plan = rule;
-    } else if (problem.general_step) {
+  const bool tiled_allowed =
+      !overrides.kernel_set || (overrides.names_kernel && overrides.kernel == Kernel::kTf32x3Tiled);
+  if (!found && !cluster_kernels && tiled_allowed) {
+    found = detail::tf32x3_tiled_shape(problem, device, overrides, /*any_batch=*/false, &plan);
+  }
+  // fp32_rule runs wherever the others do not, and tiles where it does not
+  // fit either (the last resort on any GPU).
+  if (!found) {
+    const std::string error = plan.error;
+    plan = Plan{};
+    if (!detail::fp32_rule_shape(problem, device, overrides, &plan) &&
+        !(tiled_allowed && detail::tf32x3_tiled_shape(problem, device, overrides, /*any_batch=*/true, &plan))) {
       plan = Plan{};
       plan.kernel = Kernel::kFp32Rule;
-      plan.error = "ddpm::fused_sample: no CUDA kernel holds a row of this net in shared memory";
+      plan.error = !error.empty() ? error
+                   : why.empty()    ? "ddpm::fused_sample: no CUDA kernel holds a row of this net in shared memory"
+                                    : "ddpm::fused_sample: " + why +
+                                       ", and no kernel that runs here holds a row of this net in shared memory";
     }
   }
   plan.num_layers = problem.num_layers;

@@ -23,8 +23,8 @@ constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
 enum class Precision { kFloat32, kTF32, kBFloat16 };
 
 // The kernels, each in csrc/cuda/kernels/<name>.cuh (kernel_name()). The
-// engine's (fp32_resident, fp32_rule) run the general step of both
-// overloads; the others the time-column overload alone.
+// engine's (fp32_resident, tf32x3_tiled, fp32_rule) run the general step of
+// both overloads; the others the time-column overload alone.
 enum class Kernel {
   kFp32Resident,
   kFp32Smem,
@@ -57,6 +57,8 @@ struct Problem {
   bool time_net = false;
   bool cond_net = false;
   int bias_net_hidden = 0;
+  // The rule has a P table: kernels keep each row's previous x0.
+  bool previous_x0 = false;
 };
 
 // What the plan needs of the GPU and of the build. The CUDA side fills it

@@ -55,12 +55,19 @@ bool bf16x3_wgmma_swapab_shape(const Problem& p, const Device& d, const Override
 // fp32_rule: plain blocks on any GPU, wherever a block's rows fit shared memory.
 bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan* plan);
 
-// The last resort, which always has an answer: tf32x3_tiled where its rule
-// or DDPM_OPS_CUDA_KERNEL asks for it and a tile fits, else fp32_smem (whose
-// plan carries an error where not even one row fits). Only for a device
-// where d.hopper() and clusters of 1 launch: its clusters of 1 then launch,
-// and no count of co-resident clusters it divides by is 0.
+// The time-column overload's last resort on Hopper, which always has an
+// answer: tf32x3_tiled where its rule or DDPM_OPS_CUDA_KERNEL asks for it and
+// a tile fits, else fp32_smem (whose plan carries an error where not even one
+// row fits). Only for a device where d.hopper() and clusters of 1 launch: its
+// clusters of 1 then launch, and no count of co-resident clusters it divides
+// by is 0.
 Plan tiled_or_smem(const Problem& p, const Device& d, const Overrides& o);
+// tf32x3_tiled as an engine kernel, on any device: the general step where
+// fp32_resident does not fit, and both overloads below 9.0 (tiles of one
+// CTA, chunks by cp.async: the portable path); from kTiledMinBatch, or at
+// any batch where any_batch (fp32_rule does not fit) or
+// DDPM_OPS_CUDA_KERNEL=tiled16|32|64.
+bool tf32x3_tiled_shape(const Problem& p, const Device& d, const Overrides& o, bool any_batch, Plan* plan);
 
 }  // namespace detail
 }  // namespace plan

@@ -3,7 +3,7 @@
 // to float32 rounding).
 #pragma once
 
-#include "../../activation.h"
+#include "../../common/activation.h"
 #include "rows.cuh"
 
 namespace ddpm_ops {

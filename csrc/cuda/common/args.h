@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-#include "../../activation.h"
-#include "../../host_device.h"
-#include "../../step_tables.h"
+#include "../../common/activation.h"
+#include "../../common/host_device.h"
+#include "../../common/step_tables.h"
 
 namespace ddpm_ops {
 namespace cuda_kernels {

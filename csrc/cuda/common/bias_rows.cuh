@@ -116,5 +116,15 @@ struct BiasNetRows {
   }
 };
 
+// Everything layer 0 adds to its product at (the block's row r, batch row
+// `row`, column c) in step k, whose unclamped step index is t: the bias, the
+// condition row, the time row and time column, the networks' rows.
+__device__ __forceinline__ float first_layer_bias(const EngineArgs& a, const BiasNetRows& nets, int r, int row, int t,
+                                                  int k, int c) {
+  return fixed_bias_row(a, row, c) +
+         step_bias_row(a, time_column_weight(a.bias_rows, c), t, clamp_index(t, a.table_length), c) +
+         nets.at(r, k, c);
+}
+
 }  // namespace cuda_kernels
 }  // namespace ddpm_ops

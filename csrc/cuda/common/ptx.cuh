@@ -17,6 +17,16 @@
 #define DDPM_OPS_HOPPER_CODE 0
 #endif
 
+// An sm_90 instruction (clusters, TMA, the bulk-copy engine) in a helper that
+// portable kernels share too: those call it only on paths their plan never
+// takes below 9.0 (clusters of one CTA, cp.async chunks), so other
+// architectures' passes compile it to a trap.
+#if DDPM_OPS_HOPPER_CODE
+#define DDPM_OPS_SM90_ONLY(...) __VA_ARGS__
+#else
+#define DDPM_OPS_SM90_ONLY(...) __trap()
+#endif
+
 namespace ddpm_ops {
 namespace cuda_kernels {
 
@@ -28,6 +38,12 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src, bool pr
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(pred ? 16 : 0));
 }
+// The first `bytes` (0 to 16, a multiple of 4) of 16 from src, the rest of
+// dst zero: a row's last group of four columns where the row is narrower.
+__device__ __forceinline__ void cp_async16_prefix(float* dst, const float* src, int bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
@@ -37,9 +53,15 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 }
 // The shared-memory address `local` of this CTA, in CTA `rank` of the cluster.
 __device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  uint32_t remote = 0;
+  DDPM_OPS_SM90_ONLY(asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank)));
   return remote;
+}
+// This CTA's rank in its cluster.
+__device__ __forceinline__ int cluster_rank() {
+  uint32_t rank = 0;
+  DDPM_OPS_SM90_ONLY(asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank)));
+  return static_cast<int>(rank);
 }
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals)
@@ -50,13 +72,13 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
 // the other CTAs, or the cluster's st.async stores). CTA scope: only this CTA
 // waits on it.
 __device__ __forceinline__ void mbarrier_expect_local(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+  DDPM_OPS_SM90_ONLY(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory"));
 }
 __device__ __forceinline__ void st_async(uint32_t cluster_addr, float v, uint32_t cluster_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+  DDPM_OPS_SM90_ONLY(asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
                    cluster_addr),
                "r"(__float_as_uint(v)), "r"(cluster_bar)
-               : "memory");
+               : "memory"));
 }
 // dst (in the shared memory of a CTA of the cluster) <- `bytes` (a multiple
 // of 16) of this CTA's shared memory at src, by the bulk-copy engine; the
@@ -64,35 +86,35 @@ __device__ __forceinline__ void st_async(uint32_t cluster_addr, float v, uint32_
 // have been ordered before it with fence_proxy_async (and a CTA barrier).
 __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst, const void* src, uint32_t bytes,
                                                      uint32_t cluster_bar) {
-  asm volatile(
+  DDPM_OPS_SM90_ONLY(asm volatile(
       "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
       "r"(smem_address(src)), "r"(bytes), "r"(cluster_bar)
-      : "memory");
+      : "memory"));
 }
 // dst (this CTA's shared memory) <- the box of `map` at coordinates (k, n),
 // by the TMA unit; the bytes complete on this CTA's mbarrier at bar, which
 // must expect them (the whole box, zero-filled parts included).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int k, int n, uint32_t bar) {
-  asm volatile(
+  DDPM_OPS_SM90_ONLY(asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(n), "r"(bar)
-      : "memory");
+      : "memory"));
 }
 // Orders this thread's earlier shared-memory writes before later reads of
 // the asynchronous proxy (the bulk-copy engine).
 __device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  DDPM_OPS_SM90_ONLY(asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"));
 }
 // Plain stores into the shared memory of a CTA of the cluster (ordered by
 // the next cluster barrier's release).
 __device__ __forceinline__ void st_cluster(uint32_t cluster_addr, float v) {
-  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(cluster_addr), "f"(v) : "memory");
+  DDPM_OPS_SM90_ONLY(asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(cluster_addr), "f"(v) : "memory"));
 }
 __device__ __forceinline__ void st_cluster(uint32_t cluster_addr, float4 v) {
-  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(cluster_addr), "f"(v.x), "f"(v.y),
+  DDPM_OPS_SM90_ONLY(asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(cluster_addr), "f"(v.x), "f"(v.y),
                "f"(v.z), "f"(v.w)
-               : "memory");
+               : "memory"));
 }
 // Waits until the phase of `bar` with this parity has completed. CTA scope:
 // every phase waited for here completes by data landing in this CTA's shared
@@ -101,37 +123,37 @@ __device__ __forceinline__ void st_cluster(uint32_t cluster_addr, float4 v) {
 // invalidate the L1 cache (CCTL.IVALL) at every wait, for no data of ours.
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t addr = smem_address(bar);
-  uint32_t done;
+  uint32_t done = 0;
   do {
-    asm volatile(
+    DDPM_OPS_SM90_ONLY(asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         " selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(addr), "r"(parity)
-        : "memory");
+        : "memory"));
   } while (!done);
 }
 
 __device__ __forceinline__ void st_async(uint32_t cluster_addr, uint4 v, uint32_t cluster_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
+  DDPM_OPS_SM90_ONLY(asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
                    cluster_addr),
                "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(cluster_bar)
-               : "memory");
+               : "memory"));
 }
 
 // Makes this thread's mbarrier initializations visible to the cluster (the
 // bytes other CTAs send complete on them).
 __device__ __forceinline__ void fence_mbarrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  DDPM_OPS_SM90_ONLY(asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"));
 }
 
 // Cluster barrier, split: arrive releases this thread's earlier writes
 // (local and remote), wait acquires everyone's. All threads execute both.
 __device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  DDPM_OPS_SM90_ONLY(asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"));
 }
 __device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  DDPM_OPS_SM90_ONLY(asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"));
 }
 // Every CTA of a cluster of kCs has reached this point (a CTA barrier
 // without a cluster).

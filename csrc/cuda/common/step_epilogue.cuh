@@ -5,7 +5,7 @@
 // written once for the GPU.
 #pragma once
 
-#include "../../seeded_noise.h"
+#include "../../common/seeded_noise.h"
 #include "args.h"
 
 #include <cmath>

@@ -28,7 +28,6 @@ template <int R>
 struct RuleRows {
   int* t0;          // first step index (clamped, load_t_start)
   int* t;           // step index now, unclamped
-  int* step_index;  // step index now, clamped into the tables
   int* valid;
   float (*coef)[R];  // [kStepTablesWithPrevious][R]
 };
@@ -103,9 +102,7 @@ __device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const flo
     if (lane % kReplicas != 0 || c >= N) continue;
     float acc = v[0];
     if (l == 0) {
-      const int row = min(row0 + r, a.batch - 1);
-      acc += fixed_bias_row(a, row, c) +
-             step_bias_row(a, time_column_weight(a.bias_rows, c), rr.t[r], rr.step_index[r], c) + nets.at(r, k, c);
+      acc += first_layer_bias(a, nets, r, min(row0 + r, a.batch - 1), rr.t[r], k, c);
     } else {
       acc += __ldg(layer.bias + c);
     }
@@ -123,8 +120,7 @@ __global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const __grid
   RuleRows<R> rr;
   rr.t0 = reinterpret_cast<int*>(smem);
   rr.t = rr.t0 + R;
-  rr.step_index = rr.t + R;
-  rr.valid = rr.step_index + R;
+  rr.valid = rr.t + R;
   rr.coef = reinterpret_cast<float (*)[R]>(rr.valid + R);
   float* const xs = smem + rule_row_header_floats(R);  // (R, dim_ld): the samples
   float* const x0_prev = xs + R * dim_ld;                  // (R, dim_ld)
@@ -154,7 +150,6 @@ __global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const __grid
     if (static_cast<int>(threadIdx.x) < R) {
       const int t = rr.t0[threadIdx.x] - k, s = clamp_index(t, a.table_length);
       rr.t[threadIdx.x] = t;
-      rr.step_index[threadIdx.x] = s;
 #pragma unroll
       for (int q = 0; q < kStepTablesWithPrevious; ++q) rr.coef[q][threadIdx.x] = step_coefficient(a.step, q, s);
     }

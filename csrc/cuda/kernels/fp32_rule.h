@@ -24,13 +24,12 @@ DDPM_HD constexpr int rule_columns(int rows) { return rows == 1 ? 8 : (rows <= 8
 
 // A block's shared memory, all of it dynamic (prepare_kernel lets a kernel
 // ask for the device's whole opt-in size, which leaves no room for static
-// arrays): per row its first step index, its step index now (unclamped and
-// clamped), whether it is valid and its coefficients, rounded up to float4s;
-// then the samples and the
+// arrays): per row its first step index, its step index now, whether it is
+// valid and its coefficients, rounded up to float4s; then the samples and the
 // previous x0 (rows, dim_ld each), two activation buffers (rows, width) and
 // the bias networks' rows (bias_net_floats).
 DDPM_HD inline int rule_row_header_floats(int rows) {
-  return round_up4(static_cast<int>(4 + kStepTablesWithPrevious) * rows);
+  return round_up4(static_cast<int>(3 + kStepTablesWithPrevious) * rows);
 }
 DDPM_HD inline size_t rule_smem_bytes(int rows, int dim_ld, int width, int bias_floats = 0) {
   return sizeof(float) * (rule_row_header_floats(rows) + static_cast<size_t>(bias_floats) +

@@ -8,6 +8,7 @@
 namespace ddpm_ops {
 namespace {
 
+using cuda_kernels::EngineArgs;
 using cuda_kernels::TileMaps;
 using cuda_kernels::TilePlan;
 
@@ -30,13 +31,13 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 // TileMaps::weight[l] for every layer the plan copies by TMA; a layer whose
 // descriptor the driver refuses falls back to cp.async.
-void make_tile_maps(const SampleArgs& a, TilePlan* plan, TileMaps* maps) {
+void make_tile_maps(const EngineArgs& a, TilePlan* plan, TileMaps* maps) {
   *maps = {};
   for (int l = 0; l < a.num_layers; ++l) {
     if (!plan->tma[l]) continue;
     const cuda_kernels::LayerArgs& la = a.layers[l];
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(la.in), static_cast<cuuint64_t>(la.out)};
-    const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(la.in) * sizeof(float)};
+    const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(la.ld) * sizeof(float)};
     const cuuint32_t box[2] = {cuda_kernels::kTileKChunk,
                                static_cast<cuuint32_t>(cuda_kernels::tile_pass_cols(*plan, l))};
     const cuuint32_t element_strides[2] = {1, 1};
@@ -49,8 +50,8 @@ void make_tile_maps(const SampleArgs& a, TilePlan* plan, TileMaps* maps) {
 }
 
 template <int MT>
-void launch_rows(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx, const TileMaps& maps) {
-  void (*kernel)(SampleArgs, TilePlan, TileMaps) = plan.products == 3 ? cuda_kernels::tf32x3_tiled_kernel<MT, 3>
+void launch_rows(const plan::Plan& plan, const EngineArgs& a, const LaunchContext& ctx, const TileMaps& maps) {
+  void (*kernel)(EngineArgs, TilePlan, TileMaps) = plan.products == 3 ? cuda_kernels::tf32x3_tiled_kernel<MT, 3>
                                                                       : cuda_kernels::tf32x3_tiled_kernel<MT, 1>;
   launch_kernel(kernel, plan, ctx, a, plan.tile_plan, maps);
 }
@@ -59,7 +60,7 @@ void launch_rows(const plan::Plan& plan, const SampleArgs& a, const LaunchContex
 
 bool has_tensor_map_encoder() { return tensor_map_encoder() != nullptr; }
 
-void launch_tf32x3_tiled(const plan::Plan& planned, const SampleArgs& a, const LaunchContext& ctx) {
+void launch_tf32x3_tiled(const plan::Plan& planned, const EngineArgs& a, const LaunchContext& ctx) {
   plan::Plan plan = planned;
   TileMaps maps;
   make_tile_maps(a, &plan.tile_plan, &maps);

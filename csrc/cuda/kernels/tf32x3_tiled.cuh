@@ -1,28 +1,34 @@
-// The tf32x3_tiled kernel of ddpm::fused_sample (large batch, and medium
-// batch for nets too big for the fp32_smem kernel's shared memory).
+// The tf32x3_tiled kernel of the engine (large batches, medium batches of
+// nets too wide for fp32_resident, and every batch on GPUs below 9.0): the
+// general step of both overloads on tensor cores, exact in fp32.
 //
-// tf32x3_tiled_kernel: a row tile of 16*MT rows stays in shared memory for
-// all steps, weights stream from L2 through a ring of chunks (one TMA tensor
-// copy each, or cp.async where TMA cannot address the layer), and the
-// products run on tensor cores: mma.sync m16n8k8 tf32, three of them per
+// tf32x3_tiled_kernel, the mainloop: a row tile of 16*MT rows stays in shared
+// memory for all steps, weights stream from L2 through a ring of chunks (one
+// TMA tensor copy each, or cp.async where TMA cannot address the layer), and
+// the products run on tensor cores: mma.sync m16n8k8 tf32, three of them per
 // product (3xTF32: big*big + big*small + small*big) for fp32 accuracy, one
-// for the opt-in fast modes. A cluster of CTAs may share a row tile, each
-// computing a share of every layer's columns and sending it to all of them
-// with the bulk-copy engine (completing on mbarriers); the last layer is then
-// split over its inner dimension instead, so the layer before it is never
-// exchanged and only small partial sums are.
+// for the opt-in fast modes. On 9.0 a cluster of CTAs may share a row tile,
+// each computing a share of every layer's columns and sending it to all of
+// them with the bulk-copy engine (completing on mbarriers); the last layer is
+// then split over its inner dimension instead, so the layer before it is
+// never exchanged and only small partial sums are. Below 9.0 (the portable
+// path) a tile is one CTA and every chunk comes by cp.async: mma.sync,
+// ldmatrix and cp.async are sm_80 instructions.
+//
+// Layer 0's outputs add the prologue's rows (bias_rows.cuh: first_layer_bias,
+// the bias networks evaluated into shared memory), each hidden layer its
+// activation, and x moves by the epilogue's step (step_epilogue.cuh).
 #pragma once
 
+#include "../common/activation.cuh"
+#include "../common/bias_rows.cuh"
 #include "../common/ptx.cuh"
 #include "../common/rows.cuh"
+#include "../common/step_epilogue.cuh"
 #include "tf32x3_tiled.h"
-
-#include <cooperative_groups.h>
 
 namespace ddpm_ops {
 namespace cuda_kernels {
-
-namespace cg = cooperative_groups;
 
 // (TilePlan::tma): the weight matrix as a 2-D tensor (in, out), boxes of
 // kTileKChunk x the layer's pass width, zero-filled outside the matrix,
@@ -40,7 +46,7 @@ struct LayerShare {
   int k_begin, k_end;
   int chunks;
 };
-__device__ inline LayerShare layer_share(const SampleArgs& a, const TilePlan& p, int l, int rank) {
+__device__ inline LayerShare layer_share(const EngineArgs& a, const TilePlan& p, int l, int rank) {
   const LayerArgs& la = a.layers[l];
   LayerShare s;
   if (p.partial_last && l + 1 == a.num_layers) {
@@ -126,7 +132,7 @@ struct WeightStream {
 
 // Slot rows are the pass's output columns [n][k]: thread i copies one 16-byte
 // (or 4-byte) column group of every (threads / groups)-th row.
-__device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, WeightStream& ws) {
+__device__ void begin_pass(const EngineArgs& a, const TilePlan& p, int rank, WeightStream& ws) {
   const LayerArgs& la = a.layers[ws.layer];
   const LayerShare share = layer_share(a, p, ws.layer, rank);
   const int pass_cols = tile_pass_cols(p, ws.layer);
@@ -152,9 +158,9 @@ __device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, Wei
   ws.safe = la.weight;
   ws.k_left = share.k_end - share.k_begin - k;
   ws.src = ws.copies_inside > 0 && ws.k_left > 0
-               ? la.weight + static_cast<size_t>(n_base + n0) * la.in + share.k_begin + k
+               ? la.weight + static_cast<size_t>(n_base + n0) * la.ld + share.k_begin + k
                : la.weight;
-  ws.src_step = static_cast<size_t>(row_step) * la.in;
+  ws.src_step = static_cast<size_t>(row_step) * la.ld;
   // row_step is a multiple of 8, so every row this thread copies has the
   // same swizzle as its first.
   ws.dst = stage_index(n0, k);
@@ -166,7 +172,7 @@ __device__ void begin_pass(const SampleArgs& a, const TilePlan& p, int rank, Wei
 // the stream moves on. A TMA chunk is one copy issued by thread 0; every
 // thread still commits a (then empty) cp.async group, so that the groups
 // pending stay one per slot.
-__device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& p, const TileMaps& maps,
+__device__ __forceinline__ void load_chunk(const EngineArgs& a, const TilePlan& p, const TileMaps& maps,
                                            int rank, float* stages, uint64_t* slot_bars, WeightStream& ws) {
   float* slot = stages + ws.fill * p.slot_floats;
   if (ws.tma) {
@@ -182,8 +188,12 @@ __device__ __forceinline__ void load_chunk(const SampleArgs& a, const TilePlan& 
     const float* src = ws.src;
     float* dst = slot + ws.dst;
     if (ws.vec) {
+      // A group straddling the layer's inner width copies its columns below
+      // it alone (layer 0 of the time-column overload: the time column
+      // follows x in the row, and the activations past x are not zero).
+      const int bytes = static_cast<int>(sizeof(float)) * min(ws.k_left, 4);
       for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
-        cp_async16(dst, i < inside ? src : ws.safe, i < inside);
+        cp_async16_prefix(dst, i < inside ? src : ws.safe, i < inside ? bytes : 0);
     } else {
       for (int i = 0; i < ws.copies; ++i, src += ws.src_step, dst += ws.dst_step)
         cp_async4(dst, i < inside ? src : ws.safe, i < inside);
@@ -225,9 +235,10 @@ __device__ __forceinline__ void wait_for_chunk(int slots, uint64_t* slot_bars, W
 
 // What one layer's passes share.
 struct TilePass {
-  const SampleArgs& a;
+  const EngineArgs& a;
   const TilePlan& p;
   const TileMaps& maps;
+  int layer;
   const LayerArgs& la;
   LayerShare share;
   const float* in;
@@ -240,6 +251,12 @@ struct TilePass {
   bool last;
   int destinations;    // CTAs the outputs are stored into: the cluster, or 1
   bool first_remote;   // the step's first stores into other CTAs
+  // Layer 0's prologue: the step, the tile's first row, its rows' first
+  // step indices and the bias networks' rows.
+  int k;
+  int row0;
+  const int* t0;
+  const BiasNetRows& nets;
 };
 
 // Sends this CTA's share of layer l's outputs (its columns of every row of
@@ -251,7 +268,7 @@ struct TilePass {
 // its share only after the next exchange, by which time every receiver has
 // waited for this one.
 template <int kRows>
-__device__ __forceinline__ void exchange_shares(const SampleArgs& a, const TilePlan& p, int l, int rank,
+__device__ __forceinline__ void exchange_shares(const EngineArgs& a, const TilePlan& p, int l, int rank,
                                                 float* buf, int ld, uint64_t* bar, uint32_t parity,
                                                 bool first_remote) {
   const int cs = p.cluster_size;
@@ -291,9 +308,20 @@ __device__ __forceinline__ void store_quad(const TilePass& t, int row, int col, 
   const int inside = col_end - col;
   if (inside <= 0) return;
   const int cs = t.destinations;
-  const uint32_t local = smem_address(t.out + row * t.out_ld + col);
+  float* const out = t.out + row * t.out_ld + col;
+  if (cs == 1) {  // plain stores: the portable path has no cluster addresses
+    if (inside >= 4) {
+      *reinterpret_cast<float4*>(out) = v;
+      return;
+    }
+    out[0] = v.x;
+    if (inside > 1) out[1] = v.y;
+    if (inside > 2) out[2] = v.z;
+    return;
+  }
+  const uint32_t local = smem_address(out);
   for (int d = 0; d < cs; ++d) {
-    const uint32_t at = cs == 1 ? local : cluster_address(local, d);
+    const uint32_t at = cluster_address(local, d);
     if (inside >= 4) {
       st_cluster(at, v);
       continue;
@@ -306,8 +334,9 @@ __device__ __forceinline__ void store_quad(const TilePass& t, int row, int col, 
 
 // One pass of a layer: this CTA's rows x (8 warps x NT tiles of 8 columns)
 // of its column share, accumulated over its inner range chunk by chunk, then
-// bias, SiLU and the stores: into this CTA (the caller exchanges the shares),
-// or, for the partial sums of a split last layer, into every CTA.
+// bias (layer 0: first_layer_bias), activation and the stores: into this CTA
+// (the caller exchanges the shares), or, for the partial sums of a split last
+// layer, into every CTA.
 // A warp with NT <= 2 tiles spreads consecutive k-steps over the spare
 // accumulators (4 / NT chains per tile), so that its products do not wait
 // on one another; the chains are summed at the end.
@@ -321,8 +350,8 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
   const int warp_n = t.share.col_begin + pass * (kTileWarps * 8 * NT) + warp * 8 * NT;
   const bool warp_active = warp_n < col_end;  // warp-uniform
   // The biases, loaded now so that their latency hides behind the products
-  // (partial sums: only CTA 0's include them).
-  const bool with_bias = !(t.p.partial_last && t.last) || t.rank == 0;
+  // (partial sums: only CTA 0's include them; layer 0's come with its rows).
+  const bool with_bias = (!(t.p.partial_last && t.last) || t.rank == 0) && t.layer != 0;
   float bias[NT][2];
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
@@ -437,7 +466,17 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         v[h] = make_float2(acc[m][n][2 * h] + bias[n][0], acc[m][n][2 * h + 1] + bias[n][1]);
-        if (!t.last) v[h] = make_float2(silu(v[h].x), silu(v[h].y));
+        if (t.layer == 0) {
+          // Rows past the batch compute on its last row's terms (never stored).
+          const int r = m * 16 + g + 8 * h, row = min(t.row0 + r, t.a.batch - 1), col = warp_n + n * 8 + 2 * t4;
+          const int step = t.t0[r] - t.k;
+          if (col < col_end) v[h].x += first_layer_bias(t.a, t.nets, r, row, step, t.k, col);
+          if (col + 1 < col_end) v[h].y += first_layer_bias(t.a, t.nets, r, row, step, t.k, col + 1);
+        }
+        if (!t.last) {
+          const Activation act = t.a.activations[t.layer];
+          v[h] = make_float2(activate(v[h].x, act), activate(v[h].y, act));
+        }
       }
       const float2 send = odd ? v[0] : v[1];
       const float2 got = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 1),
@@ -451,11 +490,16 @@ __device__ __forceinline__ void tile_pass(const TilePass& t, int pass, WeightStr
 
 // The exchange's and the slots' mbarriers, and the TMA descriptors
 // prefetched so that their first use finds them cached (thread 0).
+// Without a cluster or a TMA copy no mbarrier is waited on (the portable
+// path, whose architectures lack the cluster fence).
 __device__ __forceinline__ void init_barriers(const TilePlan& p, const TileMaps& maps, uint64_t* bars, int L) {
+  bool tma = false;
+  for (int l = 0; l < L; ++l) tma = tma || p.tma[l];
+  if (p.cluster_size == 1 && !tma) return;
   for (int b = 0; b < 2 + kTileMaxSlots; ++b) mbarrier_init(bars + b, 1);
   fence_mbarrier_init();
   for (int l = 0; l < L; ++l) {
-    if (p.tma[l]) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&maps.weight[l]) : "memory");
+    if (p.tma[l]) DDPM_OPS_SM90_ONLY(asm volatile("prefetch.tensormap [%0];\n" ::"l"(&maps.weight[l]) : "memory"));
   }
 }
 
@@ -476,15 +520,14 @@ __device__ __forceinline__ void drain_stream(const TilePlan& p, uint64_t* slot_b
 // kProducts = 3: 3xTF32 (fp32 accuracy); kProducts = 1: plain tf32.
 template <int MT, int kProducts>
 __global__ void __launch_bounds__(kTileThreads, 1)
-    tf32x3_tiled_kernel(const __grid_constant__ SampleArgs a, const __grid_constant__ TilePlan p,
+    tf32x3_tiled_kernel(const __grid_constant__ EngineArgs a, const __grid_constant__ TilePlan p,
                         const __grid_constant__ TileMaps maps) {
-#if DDPM_OPS_HOPPER_CODE
   constexpr int kRows = 16 * MT;
   extern __shared__ float4 smem_f4[];
   float* smem = reinterpret_cast<float*>(smem_f4);
   const int cs = p.cluster_size;
   const bool clustered = cs > 1;
-  const int rank = clustered ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
+  const int rank = clustered ? cluster_rank() : 0;
   const int row0 = static_cast<int>(blockIdx.x / cs) * kRows;
   const int rows = min(kRows, a.batch - row0);
   const int dim = a.dim;
@@ -499,11 +542,16 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   int* t0 = reinterpret_cast<int*>(smem + p.t_offset);
   int* valid = reinterpret_cast<int*>(smem + p.valid_offset);
   float* coef = smem + p.coef_offset;
+  float* x0_prev = p.x0_prev_offset >= 0 ? smem + p.x0_prev_offset : nullptr;
   float* partials = smem + p.partial_offset;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + p.barrier_offset);
   uint64_t* slot_bars = bars + 2;
   uint32_t parity = 0;  // bit b: parity of the next phase of bars[b] to complete
   const int L = a.num_layers;
+  // This CTA's columns of layer 0 (those its bias networks' rows cover).
+  const int c0 = rank * p.cta_cols[0];
+  BiasNetRows nets(a.bias_rows, smem + p.bias_net_offset, kRows, max(0, min(p.cta_cols[0], a.layers[0].out - c0)),
+                   c0);
   // With a split last layer, layer L - 2's outputs stay in their CTA, and the
   // step's first stores into other CTAs are those of layer 0 or, for L == 2,
   // the partial sums.
@@ -523,27 +571,41 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   // must be finite. Rows past the batch compute on zeros and are not stored.
   for (int i = threadIdx.x; i < kRows * ld; i += kTileThreads) act0[i] = act1[i] = 0.f;
   __syncthreads();
+  static_assert(kRows <= kTileThreads, "one thread per row");
   for (int r = threadIdx.x; r < kRows; r += kTileThreads) {
     bool ok = false;
     t0[r] = r < rows ? load_t_start(a, row0 + r, &ok) : 0;
     valid[r] = ok;
-    act0[r * ld + dim] = static_cast<float>(t0[r]) / a.total_timesteps;
   }
   for (int i = threadIdx.x; i < kRows * dim; i += kTileThreads) {
     const int r = i / dim, j = i - r * dim;
     const float v = r < rows ? __ldg(a.x + static_cast<size_t>(row0) * dim + i) : 0.f;
     xcur[i] = v;
     act0[r * ld + j] = v;
+    if (x0_prev != nullptr) x0_prev[i] = 0.f;
   }
-  static_assert(kRows <= kTileThreads, "one thread per row");
-  CoefPrefetch coefs(a, t0, kRows);
+  __syncthreads();  // t0 and valid
+  // Every CTA of a cluster holds every row; they share the writing by row.
+  auto owns = [&](int r) { return r < rows && r % cs == rank; };
+  for (int i = threadIdx.x; i < kRows * dim; i += kTileThreads) {
+    const int r = i / dim;
+    if (owns(r)) store_sample(a, 0, row0 + r, i - r * dim, xcur[i], valid[r]);
+  }
+  nets.evaluate_cond(a, row0);
   // (the first barrier of the chunk loop publishes the setup; in a cluster,
   // the wait before the first remote store matches this arrival: every CTA
   // has zeroed its buffers before anyone stores into them)
   if (clustered) cluster_arrive();
 
   for (int k = 0; k < a.num_steps; ++k) {
-    coefs.publish(a, t0, coef, k);  // read in the update, past a CTA barrier
+    // Read in the update, past a CTA barrier; the last step's update read
+    // them before the barrier that ended it.
+    for (int r = threadIdx.x; r < kRows; r += kTileThreads) {
+      const int s = clamp_index(t0[r] - k, a.table_length);
+#pragma unroll
+      for (int q = 0; q < kStepTablesWithPrevious; ++q) coef[q * kRows + r] = step_coefficient(a.step, q, s);
+    }
+    if (nets.time_window_starts(k)) nets.evaluate_time(a, k, [&](int r) { return t0[r]; });
     for (int l = 0; l < L; ++l) {
       const bool last = l + 1 == L;
       const bool partial = p.partial_last && last;
@@ -551,6 +613,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
       const TilePass tp{a,
                         p,
                         maps,
+                        l,
                         a.layers[l],
                         layer_share(a, p, l, rank),
                         (l & 1) ? act1 : act0,
@@ -562,7 +625,11 @@ __global__ void __launch_bounds__(kTileThreads, 1)
                         rank,
                         last,
                         partial ? cs : 1,
-                        clustered && l == first_remote_layer};
+                        clustered && l == first_remote_layer,
+                        k,
+                        row0,
+                        t0,
+                        nets};
       for (int pass = 0; pass < tile_passes(p, l); ++pass) {
         switch (p.warp_tiles[l]) {
           case 1:
@@ -604,28 +671,19 @@ __global__ void __launch_bounds__(kTileThreads, 1)
       } else {
         e = eps[r * ld + j];
       }
-      const float v = coef[2 * r] * (xcur[i] - coef[2 * r + 1] * e);
+      const auto coefficient = [&](int q) { return coef[q * kRows + r]; };
+      float unused_x0 = 0.f;  // (x0_prev is null only without a P table)
+      const float v = step_update(a, coefficient, xcur[i], e, x0_prev != nullptr ? x0_prev + i : &unused_x0, k,
+                                  min(row0 + r, a.batch - 1), j);
       xcur[i] = v;
       act0[r * ld + j] = v;
+      if (owns(r)) store_sample(a, k + 1, row0 + r, j, v, valid[r]);
     }
-    for (int r = threadIdx.x; r < kRows; r += kTileThreads)
-      act0[r * ld + dim] = static_cast<float>(t0[r] - (k + 1)) / a.total_timesteps;
     __syncthreads();
     if (clustered) cluster_arrive();  // this CTA's update has read eps
   }
   if (clustered) cluster_wait();  // matches the last arrival
   drain_stream(p, slot_bars, stream);
-
-  // Every CTA of a cluster holds the result; they share the writing by row.
-  const float nan = __int_as_float(0x7fc00000);
-  for (int i = threadIdx.x; i < rows * dim; i += kTileThreads) {
-    const int r = i / dim;
-    if (r % cs != rank) continue;
-    a.out[static_cast<size_t>(row0) * dim + i] = valid[r] ? xcur[i] : nan;
-  }
-#else
-  __trap();
-#endif
 }
 
 }  // namespace cuda_kernels

@@ -41,7 +41,9 @@ struct TilePlan {
   int slot_floats;     // the widest pass x kTileStageLd
   int t_offset;
   int valid_offset;
-  int coef_offset;     // rows x 2: this step's (c1, c2)
+  int coef_offset;     // kStepTablesWithPrevious x rows: this step's coefficients
+  int x0_prev_offset;  // rows x dim: the previous step's x0 (a P table's term), or -1 without one
+  int bias_net_offset; // the bias networks' rows (bias_net_floats of rows and cta_cols[0]), or -1
   int barrier_offset;  // 2 + kTileMaxSlots mbarriers: in a cluster, one per activation
                        // buffer; then one per slot, completed by its TMA copy
   bool vec4[kMaxLayers];  // weight rows 16-byte aligned: copy with 16-byte cp.async
