@@ -180,7 +180,7 @@ def test_activation_vocabulary_is_the_ops():
     import pathlib
     import re
     from ddpm_ops.layers import ACTIVATIONS, VOCABULARY
-    source = (pathlib.Path(__file__).parents[1] / "csrc" / "checks.cpp").read_text()
+    source = (pathlib.Path(__file__).parents[1] / "csrc" / "op" / "checks.cpp").read_text()
     table = re.search(r"\{\s*(\{\"\w+\", Activation::k\w+\},?\s*)+\}", source).group(0)
     assert re.findall(r"\{\"(\w+)\", Activation::", table) == [a.name for a in VOCABULARY]
     assert list(ACTIVATIONS) == [a.name for a in VOCABULARY]
