@@ -183,11 +183,17 @@ def _ancestors_within(node: Node, region: set) -> set:
     return out
 
 
-def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node, set]:
-    """``(x_{k+1}, update nodes)`` of step ``k``; raise :class:`_StepNoMatch` if something
+def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node, set, Node | None]:
+    """``(x_{k+1}, update nodes, carry)`` of step ``k``; raise :class:`_StepNoMatch` if something
     inside the step is used outside it. Where the loop's last step has no known end
     (``loop.next_x``), ``choose(ends, region)`` picks it among the possible ends (the first by
-    default)."""
+    default).
+
+    ``carry`` is the one value of the step (a node of the update, or the network's output)
+    that is also read outside it, where a later step of the loop may read it: a multistep
+    solver's x0 prediction, kept in a Python variable for the next step. Its readers outside
+    the step are left out of the step's region; :mod:`.plan` proves that the next step's update
+    reads it and nothing else does (else the step is named as here). ``None`` when there is none."""
     net, x = loop.nets[k], loop.x(k)
     excluded = net.nodes | {net.inp}
     end = loop.x(k + 1) if k + 1 < len(loop.nets) else loop.next_x
@@ -204,6 +210,12 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
         ends = _step_ends(region, net.out)
         end = choose(ends, set(region)) if choose is not None else ends[0]
     inside = _ancestors_within(end, set(region)) | {end}
+    carry = None
+    if k + 1 < len(loop.nets):
+        carry, readers = _carried(net, x, end, inside, excluded)
+        if carry is not None:
+            excluded |= readers
+            region = _descendants([x, net.out], end, excluded)
     # The loop's own input stays in the graph; a later step's sample is replaced by the op.
     outside = [u for u in x.users if u is not net.inp and u not in inside and u not in net.nodes] if k else []
     if outside:
@@ -218,7 +230,21 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
     if leaked:
         raise _StepNoMatch(f"the network's intermediate {leaked[0].name} is used outside the step "
                            f"(by {[u.name for u in leaked[0].users if u not in net.nodes]})", k)
-    return end, inside
+    return end, inside, carry
+
+
+def _carried(net: _Net, x: Node, end: Node, inside: set, excluded: set) -> tuple[Node | None, set]:
+    """The one value of a step read outside it besides its result (``end``) and sample, and
+    those readers: ``(None, set())`` unless exactly one value is."""
+    found = []
+    for n in (net.out, *inside):
+        if n is end:
+            continue
+        readers = {u for u in n.users if u not in inside and u not in net.nodes and u not in excluded
+                   and u is not net.inp and not _is(u, _ASSERT_METADATA)}
+        if readers:
+            found.append((n, readers))
+    return found[0] if len(found) == 1 else (None, set())
 
 
 def _step_ends(region: list[Node], e: Node) -> list[Node]:
