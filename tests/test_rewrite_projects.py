@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch import nn
 from torch._inductor.utils import run_and_get_code
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import ddpm_ops  # noqa: F401  (installs the rewrite)
+import ddpm_ops  # (installs the rewrite)
 from ddpm_ops import graph_pass
 from loops import dpm_solver, dppo, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
@@ -264,19 +265,98 @@ def test_action_chunk_loop_is_left_alone_and_says_why(caplog):
     assert_general_reason(caplog, "")
 
 
-def test_multistep_loop_is_left_alone_and_says_why(caplog):
-    """DPM-Solver++ 2M with the previous x0 kept in a Python variable: a step's update reads the
-    step before's network output besides its sample, which the reader does not carry (the op's
-    P table does, through ddpm_ops.step_rules.dpm_solver_pp). Left alone with eager's numbers."""
-    torch.manual_seed(0)
-    model = dpm_solver.DPMSolver2M()
-    obs, x = torch.randn(16, 11), torch.randn(16, 3)
-    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
-        out, code = compile_run(model, obs, x)
+DPM_2M = ["cleandiffuser_dpmsolver++_2M_eps_clip", "cleandiffuser_dpmsolver++_2M_x0", "diffusers_dpmsolver++_2M_eps",
+          "diffusers_dpmsolver++_2M_v_sigma_min", "dpm_solver_2M_named_previous_clip"]
+
+
+@pytest.mark.parametrize("name", DPM_2M)
+def test_multistep_loop_has_the_float64_loops_numbers(name):
+    """A DPM-Solver++ 2M loop keeping the previous x0 in a Python variable, fused into one call
+    (test_loop_fuses_with_eager_numbers: against eager float32, no matmul left), against the
+    same loop run in float64 on fresh inputs (an ODE sampler: nothing drawn after x_T)."""
+    model, args, _ = CASES[name]()
+    args = tuple(torch.randn_like(a) for a in args)
+    out, code = compile_run(model, *args)
+    assert len(RULE_CALL.findall(code)) == 1, code
     with torch.no_grad():
-        assert relative_error(out, model(obs, x)) < 1e-5
+        ref64 = model.double()(*[a.double() for a in args])
+    assert relative_error(out, ref64) < 1e-5
+
+
+class _RecordRule(TorchDispatchMode):
+    """The arguments of every ``ddpm::fused_sample.rule`` call run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.ddpm.fused_sample.rule:
+            self.calls.append(args)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("prediction,final,lower_order_final", [
+    ("epsilon", "zero", True), ("sample", "sigma_min", True), ("v_prediction", "sigma_min", False)])
+def test_multistep_loop_reads_dpm_solver_pps_tables(prediction, final, lower_order_final):
+    """The diffusers-style 2M loop's fused call holds the tables ddpm_ops.step_rules.dpm_solver_pp
+    builds for the same schedule: a 7th row P, the previous x0's coefficient, zero at the call's
+    first step (s = K - 1, first order) and where diffusers steps first order at the end. A step
+    whose x0 the next step reads has the rule's A, B and C too (that x0 is the one the op keeps);
+    another step's x0 is folded into D and E."""
+    torch.manual_seed(0)
+    model = dpm_solver.DiffusersStyle2M(prediction_type=prediction, final_sigmas_type=final,
+                                        lower_order_final=lower_order_final).eval()
+    args = (torch.randn(8, 3), torch.randn(8, model.dim))
+    with torch.no_grad():
+        fused = ddpm_ops.fuse_exported_program(torch.export.export(model, args))
+        record = _RecordRule()
+        with record:
+            out = fused.module()(*args)
+        assert relative_error(out, model(*args)) < 1e-5
+    assert len(record.calls) == 1
+    tables = record.calls[0][4]
+    K = len(model.timesteps)
+    rule = ddpm_ops.step_rules.dpm_solver_pp(model.alphas_cumprod, sorted(model.timesteps), order=2,
+                                             prediction=prediction, final_sigmas_type=final,
+                                             lower_order_final=lower_order_final)
+    expected = torch.stack([rule.A, rule.B, rule.C, rule.D, rule.E, rule.S, rule.P])
+    assert tables.shape == (7, K)
+    assert tables[6, K - 1] == 0 and rule.P[K - 1] == 0
+    assert bool((rule.P[1:K - 1] != 0).all())  # the row matters: every middle step is second order
+    torch.testing.assert_close(tables[6], expected[6], rtol=1e-4, atol=1e-6)
+    kept = [s for s in range(1, K) if rule.P[s - 1] != 0]  # steps whose x0 the next one reads
+    assert kept == list(range(2 if lower_order_final else 1, K))
+    torch.testing.assert_close(tables[:, kept], expected[:, kept], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind,reasons", [
+    # DPM-Solver++ 3M's data: the x0 of two steps back. Each step is cut where its x0 goes further
+    # than the next step, and what is left reads an x0 from before its first step.
+    ("ThirdOrder3M", ["the op gives a step's x0 to the next step only",
+                      "a step before the loop's first: the op gives a call's first step no previous x0"]),
+    ("PreviousBeforeClip", ["the next step reads div, an x0 of this step other than the one it clamps"]),
+    ("PerSample2M", ["a step reads the previous step's x0 (a multistep solver), which is read with "
+                     "timesteps shared by the batch only"]),
+])
+def test_multistep_loop_the_op_cannot_run_is_left_alone_and_says_why(kind, reasons, caplog):
+    """Multistep loops whose previous-x0 term is not the op's (one x0, the clamped one, from the
+    step before, with timesteps shared by the batch): left alone with eager's numbers, and the
+    DEBUG line names why."""
+    torch.manual_seed(0)
+    model = getattr(dpm_solver, kind)()
+    args = (torch.randn(16, 11), torch.randn(16, 3))
+    if kind == "PerSample2M":
+        args = (*args, torch.randint(model.num_steps - 1, model.T, (16,)))
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, *args)
+    with torch.no_grad():
+        assert relative_error(out, model(*args)) < 1e-5
     assert not RULE_CALL.search(code)
-    assert_general_reason(caplog, "not one noise draw of the sample's shape")
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    for reason in reasons[:-1]:
+        assert any(" cut at its step " in m and reason in m for m in lines), lines
+    assert_general_reason(caplog, reasons[-1])
 
 
 def test_float64_loop_is_left_alone(caplog):

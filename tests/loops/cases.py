@@ -1,8 +1,8 @@
 """Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
 import torch
 
-from . import cleandiffuser, diffusers_style, diffusion_ql, flow_policy, idql, readme, scheduler_step, \
-    tabddpm, tiny_diffusion, v1_variants
+from . import cleandiffuser, diffusers_style, diffusion_ql, dpm_solver, flow_policy, idql, readme, \
+    scheduler_step, tabddpm, tiny_diffusion, v1_variants
 
 
 def _dql():
@@ -80,6 +80,17 @@ def _flow(**kw):
     return make
 
 
+def _dpm(kind, **kw):
+    """A DPM-Solver++ 2M loop of tests/loops/dpm_solver.py: an ODE sampler, no noise after x_T."""
+    def make():
+        torch.manual_seed(0)
+        m = getattr(dpm_solver, kind)(**kw)
+        batch, obs_dim = (8, 3) if kind == "DiffusersStyle2M" else (16, 11)
+        dim = 4 if kind == "DiffusersStyle2M" else 3
+        return m, (torch.randn(batch, obs_dim), torch.randn(batch, dim)), None
+    return make
+
+
 CASES = {
     "diffusion_ql": _dql,
     "cleandiffuser_dql_ddpm": _cd("dql", "ddpm"),
@@ -108,4 +119,15 @@ CASES = {
     "idql": _idql,
     "flow_policy_euler": _flow(),
     "flow_policy_euler_fourier_time": _flow(time_embedding=True),
+    "cleandiffuser_dpmsolver++_2M_eps": _dpm("CleanDiffuser2M"),
+    "cleandiffuser_dpmsolver++_2M_eps_clip": _dpm("CleanDiffuser2M", x_max=1.0),
+    "cleandiffuser_dpmsolver++_2M_x0": _dpm("CleanDiffuser2M", predict_noise=False),
+    "cleandiffuser_dpmsolver++_2M_x0_clip": _dpm("CleanDiffuser2M", predict_noise=False, x_max=0.5),
+    "diffusers_dpmsolver++_2M_eps": _dpm("DiffusersStyle2M"),
+    "diffusers_dpmsolver++_2M_eps_clip": _dpm("DiffusersStyle2M", clip=1.0),
+    "diffusers_dpmsolver++_2M_sample_clip": _dpm("DiffusersStyle2M", prediction_type="sample", clip=1.0),
+    "diffusers_dpmsolver++_2M_v_sigma_min": _dpm("DiffusersStyle2M", prediction_type="v_prediction",
+                                                 final_sigmas_type="sigma_min"),
+    "dpm_solver_2M_named_previous": _dpm("NamedPrevious2M", clip=None),
+    "dpm_solver_2M_named_previous_clip": _dpm("NamedPrevious2M"),
 }

@@ -13,9 +13,12 @@ Python variable (a list, or one name), the first step first order.
   step, the ``sigmas`` of ``final_sigmas_type``; epsilon, sample or v prediction.
 - :class:`NamedPrevious2M`: the previous x0 in one variable (``x0_prev = None`` before the
   loop), the last step returning the clipped x0 itself.
-- :class:`ThirdOrder3M`, :class:`PreviousBeforeClip`: multistep loops the op cannot run (the x0
-  of two steps back; the previous x0 taken before its clip while the update uses the clipped one).
+- :class:`ThirdOrder3M`, :class:`PreviousBeforeClip`, :class:`PerSample2M`: multistep loops the
+  rewrite leaves alone (the x0 of two steps back; the previous x0 taken before its clip while the
+  update uses the clipped one; per-sample timesteps).
 """
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -107,6 +110,7 @@ class DiffusersStyle2M(nn.Module):
         sigmas = np.interp(timesteps, np.arange(len(sigmas)), sigmas.numpy())
         sigma_last = 0.0 if final_sigmas_type == "zero" else float(((1 - alphas_cumprod[0]) / alphas_cumprod[0]) ** 0.5)
         self.register_buffer("sigmas", torch.from_numpy(np.concatenate([sigmas, [sigma_last]])).float())
+        self.alphas_cumprod = alphas_cumprod  # for tests: the schedule step_rules.dpm_solver_pp reads
         self.timesteps = [int(t) for t in timesteps]
         self.prediction_type, self.final_sigmas_type = prediction_type, final_sigmas_type
         self.lower_order_final, self.clip, self.dim = lower_order_final, clip, dim
@@ -249,4 +253,41 @@ class PreviousBeforeClip(NamedPrevious2M):
             d = x0 if x0_prev is None else 1.5 * x0 - 0.5 * x0_prev
             x = self.sigma[i + 1] / self.sigma[i] * x - self.alpha[i + 1] * torch.expm1(-h) * d
             x0_prev = raw
+        return x
+
+
+class PerSample2M(nn.Module):
+    """2M from tables a user precomputed per training timestep, read at per-sample timesteps
+    ``t_start - k``: the op's P table is read for timesteps shared by the batch only."""
+
+    def __init__(self, obs_dim=11, action_dim=3, hidden=64, num_steps=5, T=20):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(action_dim + 1 + obs_dim, hidden), nn.Mish(),
+                                 nn.Linear(hidden, hidden), nn.Mish(), nn.Linear(hidden, action_dim))
+        abar = torch.cumprod(1 - torch.linspace(1e-4, 0.2, T, dtype=torch.float64), 0)
+        alpha, sigma = abar.sqrt(), (1 - abar).sqrt()
+        lam = (alpha / sigma).log()
+        alpha_next, sigma_next = torch.cat([alpha.new_ones(1), alpha[:-1]]), torch.cat([sigma.new_zeros(1), sigma[:-1]])
+        h = torch.cat([lam.new_full((1,), math.inf), lam[:-1]]) - lam
+        h_prev = torch.cat([lam[:-1] - lam[1:], lam.new_ones(1)])
+        half_inv_r = h / (2 * h_prev)
+        half_inv_r[0] = 0.0  # the last step, to sigma 0: first order
+        first = -alpha_next * torch.expm1(-h)
+        self.register_buffer("a", (1 / alpha).float())
+        self.register_buffer("b", (sigma / alpha).float())
+        self.register_buffer("d", (sigma_next / sigma).float())
+        self.register_buffer("c", (first * (1 + half_inv_r)).float())
+        self.register_buffer("p", (-first * half_inv_r).float())
+        self.num_steps, self.T = num_steps, T
+
+    def forward(self, obs, x, t_start):
+        x0_prev = None
+        for k in range(self.num_steps):
+            t = t_start - k
+            eps = self.net(torch.cat([x, (t.float() / self.T)[:, None], obs], dim=-1))
+            x0 = self.a[t][:, None] * x - self.b[t][:, None] * eps
+            x = self.d[t][:, None] * x + self.c[t][:, None] * x0
+            if x0_prev is not None:
+                x = x + self.p[t][:, None] * x0_prev
+            x0_prev = x0
         return x
