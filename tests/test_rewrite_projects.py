@@ -265,15 +265,18 @@ def test_action_chunk_loop_is_left_alone_and_says_why(caplog):
     assert_general_reason(caplog, "")
 
 
-DPM_2M = ["cleandiffuser_dpmsolver++_2M_eps_clip", "cleandiffuser_dpmsolver++_2M_x0", "diffusers_dpmsolver++_2M_eps",
-          "diffusers_dpmsolver++_2M_v_sigma_min", "dpm_solver_2M_named_previous_clip"]
+ODE_LOOPS = ["cleandiffuser_dpmsolver++_2M_eps_clip", "cleandiffuser_dpmsolver++_2M_x0",
+             "diffusers_dpmsolver++_2M_eps", "diffusers_dpmsolver++_2M_v_sigma_min",
+             "dpm_solver_2M_named_previous_clip", "flow_policy_euler_float_time",
+             "flow_policy_euler_linspace_expand_fourier"]
 
 
-@pytest.mark.parametrize("name", DPM_2M)
-def test_multistep_loop_has_the_float64_loops_numbers(name):
-    """A DPM-Solver++ 2M loop keeping the previous x0 in a Python variable, fused into one call
-    (test_loop_fuses_with_eager_numbers: against eager float32, no matmul left), against the
-    same loop run in float64 on fresh inputs (an ODE sampler: nothing drawn after x_T)."""
+@pytest.mark.parametrize("name", ODE_LOOPS)
+def test_ode_loop_has_the_float64_loops_numbers(name):
+    """A DPM-Solver++ 2M loop keeping the previous x0 in a Python variable, or a flow policy's
+    Euler loop, fused into one call (test_loop_fuses_with_eager_numbers: against eager float32,
+    no matmul left), against the same loop run in float64 on fresh inputs (ODE samplers: nothing
+    drawn after x_T)."""
     model, args, _ = CASES[name]()
     args = tuple(torch.randn_like(a) for a in args)
     out, code = compile_run(model, *args)

@@ -188,6 +188,14 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
     if _is(node, aten.cat.default):
         dim = node.args[1] if len(node.args) > 1 else 0
         return dim != 0 and all(_uniform(a, batch, memo) for a in node.args[0])
+    if _is(node, aten.repeat.default):  # flow policies' ts[i].repeat(B, 1)
+        src, repeats = node.args[0], list(node.args[1])
+        sv = _val(src)
+        if sv is None:
+            return False
+        if len(repeats) > sv.dim() or _known_eq(sv.shape[0], 1):
+            return True  # every row is the whole source, or copies of its one row
+        return repeats[0] == 1 and _uniform(src, batch, memo)
     if _is(node, *_ROW_OPS):
         src = node.args[0]
         sv, v = _val(src), _val(node)

@@ -80,6 +80,13 @@ def _flow(**kw):
     return make
 
 
+def _flow_spelling(spelling, **kw):
+    def make():
+        torch.manual_seed(0)
+        return flow_policy.FlowSpellings(spelling, **kw), (torch.randn(16, 11), torch.randn(16, 3)), None
+    return make
+
+
 def _dpm(kind, **kw):
     """A DPM-Solver++ 2M loop of tests/loops/dpm_solver.py: an ODE sampler, no noise after x_T."""
     def make():
@@ -119,6 +126,15 @@ CASES = {
     "idql": _idql,
     "flow_policy_euler": _flow(),
     "flow_policy_euler_fourier_time": _flow(time_embedding=True),
+    "flow_policy_euler_ones_time": _flow_spelling("ones"),
+    "flow_policy_euler_float_time": _flow_spelling("float_arg"),
+    "flow_policy_euler_float_time_fourier": _flow_spelling("float_arg", fourier_time=True),
+    "flow_policy_euler_linspace_expand": _flow_spelling("linspace"),
+    "flow_policy_euler_linspace_expand_fourier": _flow_spelling("linspace", fourier_time=True),
+    "flow_policy_euler_linspace_repeat_fourier": _flow_spelling("repeat", fourier_time=True),
+    "flow_policy_euler_linspace_loop_fourier": _flow_spelling("tensor_loop", fourier_time=True),
+    "flow_policy_euler_inplace": _flow_spelling("inplace"),
+    "flow_policy_euler_sinusoidal_time": _flow_spelling("sinusoidal"),
     "cleandiffuser_dpmsolver++_2M_eps": _dpm("CleanDiffuser2M"),
     "cleandiffuser_dpmsolver++_2M_eps_clip": _dpm("CleanDiffuser2M", x_max=1.0),
     "cleandiffuser_dpmsolver++_2M_x0": _dpm("CleanDiffuser2M", predict_noise=False),
