@@ -97,7 +97,8 @@ def test_loop_fuses_on_cuda_with_eager_numbers(name):
         assert assert_fuses_with_eager_numbers(name).is_cuda
 
 
-@pytest.mark.parametrize("name", ["diffusion_ql", "tabddpm", "tiny_diffusion", "v1_full_noise_clamps"])
+@pytest.mark.parametrize("name", ["diffusion_ql", "tabddpm", "tiny_diffusion", "v1_full_noise_clamps",
+                                  "cleandiffuser_sde_dpmsolver++_2M_eps_clip"])
 def test_drawn_noise_keeps_its_distribution(name):
     model, args, _ = CASES[name]()
     if name == "tiny_diffusion":
@@ -301,7 +302,7 @@ class _RecordRule(TorchDispatchMode):
 
 @pytest.mark.parametrize("prediction,final,lower_order_final", [
     ("epsilon", "zero", True), ("sample", "sigma_min", True), ("v_prediction", "sigma_min", False)])
-def test_multistep_loop_reads_dpm_solver_pps_tables(prediction, final, lower_order_final):
+def test_multistep_loop_reads_dpm_solver_pps_tables(prediction, final, lower_order_final, caplog):
     """The diffusers-style 2M loop's fused call holds the tables ddpm_ops.step_rules.dpm_solver_pp
     builds for the same schedule: a 7th row P, the previous x0's coefficient, zero at the call's
     first step (s = K - 1, first order) and where diffusers steps first order at the end. A step
@@ -311,13 +312,15 @@ def test_multistep_loop_reads_dpm_solver_pps_tables(prediction, final, lower_ord
     model = dpm_solver.DiffusersStyle2M(prediction_type=prediction, final_sigmas_type=final,
                                         lower_order_final=lower_order_final).eval()
     args = (torch.randn(8, 3), torch.randn(8, model.dim))
-    with torch.no_grad():
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="ddpm_ops.rewrite"):
         fused = ddpm_ops.fuse_exported_program(torch.export.export(model, args))
         record = _RecordRule()
         with record:
             out = fused.module()(*args)
         assert relative_error(out, model(*args)) < 1e-5
     assert len(record.calls) == 1
+    infos = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite" and r.levelno == logging.INFO]
+    assert len(infos) == 1 and infos[0].endswith(", noise no, previous x0 yes)"), infos
     tables = record.calls[0][4]
     K = len(model.timesteps)
     rule = ddpm_ops.step_rules.dpm_solver_pp(model.alphas_cumprod, sorted(model.timesteps), order=2,

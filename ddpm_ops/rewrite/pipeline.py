@@ -149,10 +149,12 @@ def _left_alone(loop: _Loop, why) -> None:
 def _log(plan: _Plan) -> None:
     net, K = plan.loop.nets[0], len(plan.loop.nets)
     noise = "yes" if any(u.noise is not None for u in plan.updates) else "no"
+    # Said only where a step reads it (the lines of other loops stay as they were).
+    previous = ", previous x0 yes" if any("p" in u.post for u in plan.updates) else ""
     _report_fused(
         f"ddpm_ops: fused {K} step{'s' if K != 1 else ''} into one ddpm::fused_sample.rule (batch shape "
         f"{tuple(_val(plan.loop.x(0)).shape)}, {len(net.weights)} layers {net.activations}, clip "
-        f"{plan.clip}, post_clip {plan.post_clip}, noise {noise})")
+        f"{plan.clip}, post_clip {plan.post_clip}, noise {noise}{previous})")
 
 
 def looks_like_loop(graph: Graph) -> bool:

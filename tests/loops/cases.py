@@ -88,13 +88,15 @@ def _flow_spelling(spelling, **kw):
 
 
 def _dpm(kind, **kw):
-    """A DPM-Solver++ 2M loop of tests/loops/dpm_solver.py: an ODE sampler, no noise after x_T."""
+    """A DPM-Solver++ 2M loop of tests/loops/dpm_solver.py: an ODE sampler draws no noise after x_T,
+    the SDE one every step (given as a tensor)."""
     def make():
         torch.manual_seed(0)
         m = getattr(dpm_solver, kind)(**kw)
         batch, obs_dim = (8, 3) if kind == "DiffusersStyle2M" else (16, 11)
         dim = 4 if kind == "DiffusersStyle2M" else 3
-        return m, (torch.randn(batch, obs_dim), torch.randn(batch, dim)), None
+        noise = (m.sample_steps, batch, dim) if kw.get("solver", "").startswith("sde") else None
+        return m, (torch.randn(batch, obs_dim), torch.randn(batch, dim)), noise
     return make
 
 
@@ -139,6 +141,7 @@ CASES = {
     "cleandiffuser_dpmsolver++_2M_eps_clip": _dpm("CleanDiffuser2M", x_max=1.0),
     "cleandiffuser_dpmsolver++_2M_x0": _dpm("CleanDiffuser2M", predict_noise=False),
     "cleandiffuser_dpmsolver++_2M_x0_clip": _dpm("CleanDiffuser2M", predict_noise=False, x_max=0.5),
+    "cleandiffuser_sde_dpmsolver++_2M_eps_clip": _dpm("CleanDiffuser2M", x_max=1.0, solver="sde_dpmsolver++_2M"),
     "diffusers_dpmsolver++_2M_eps": _dpm("DiffusersStyle2M"),
     "diffusers_dpmsolver++_2M_eps_clip": _dpm("DiffusersStyle2M", clip=1.0),
     "diffusers_dpmsolver++_2M_sample_clip": _dpm("DiffusersStyle2M", prediction_type="sample", clip=1.0),

@@ -37,11 +37,14 @@ class FloatTimeMlp(DQLMlp):
 
 
 class CleanDiffuser2M(nn.Module):
-    """``forward(condition, xt)``: ``xt`` the prior noise (the sampler is an ODE: no other draw)."""
+    """``forward(condition, xt, noise=None)``: ``xt`` the prior noise. ``solver``:
+    ``"ode_dpmsolver++_2M"`` (no other draw) or ``"sde_dpmsolver++_2M"`` (a draw every step:
+    ``noise[k]`` for step k where given, else ``randn_like``)."""
 
     def __init__(self, obs_dim=11, x_dim=3, diffusion_steps=20, sample_steps=6, predict_noise=True,
-                 x_max=None):
+                 x_max=None, solver="ode_dpmsolver++_2M"):
         super().__init__()
+        self.solver = solver
         self.model = FloatTimeMlp(obs_dim, x_dim, hidden=64)
         self.predict_noise, self.x_max = predict_noise, x_max
         # CleanDiffuser's discretization and linear schedule: t in [epsilon, 1], VP alpha / sigma.
@@ -55,7 +58,7 @@ class CleanDiffuser2M(nn.Module):
         self.sample_step_schedule = torch.linspace(0, diffusion_steps - 1, sample_steps + 1).long().tolist()
         self.sample_steps = sample_steps
 
-    def forward(self, condition, xt):
+    def forward(self, condition, xt, noise=None):
         n_samples = xt.shape[0]
         sample_step_schedule = self.sample_step_schedule
         alphas = self.alpha[sample_step_schedule]
@@ -73,12 +76,17 @@ class CleanDiffuser2M(nn.Module):
             if self.predict_noise and self.x_max is not None:
                 x_theta = x_theta.clip(-self.x_max, self.x_max)
             buffer.append(x_theta)
+            D = x_theta
             if i < self.sample_steps:
                 r = hs[i + 1] / hs[i]
                 D = (1 + 0.5 / r) * buffer[-1] - 0.5 / r * buffer[-2]
+            if self.solver == "ode_dpmsolver++_2M":
                 xt = (sigmas[i - 1] / sigmas[i]) * xt - alphas[i - 1] * torch.expm1(-hs[i]) * D
             else:
-                xt = (sigmas[i - 1] / sigmas[i]) * xt - alphas[i - 1] * torch.expm1(-hs[i]) * x_theta
+                z = torch.randn_like(xt) if noise is None else noise[self.sample_steps - i]
+                xt = ((sigmas[i - 1] / sigmas[i]) * (-hs[i]).exp() * xt
+                      - alphas[i - 1] * torch.expm1(-2 * hs[i]) * D
+                      + sigmas[i - 1] * (-torch.expm1(-2 * hs[i])).sqrt() * z)
         return xt
 
 
