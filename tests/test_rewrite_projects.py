@@ -62,13 +62,14 @@ def pad_mm_on_cpu():
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "cleandiffuser_dql_ddpm", "diffusers_ddim_clip", "tabddpm",
-                                  "v1_obs", "v1_posterior"])
+                                  "v1_obs", "v1_posterior", "diffusers_dpmsolver++_2M_eps_clip"])
 def test_padded_matmuls_fuse_with_eager_numbers(name, pad_mm_on_cpu):
     assert_fuses_with_eager_numbers(name)
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "v1_full_noise_clamps", "v1_posterior", "cleandiffuser_dql_ddim",
-                                  "tabddpm"])
+                                  "tabddpm", "cleandiffuser_dpmsolver++_2M_eps_clip",
+                                  "flow_policy_euler_linspace_expand_fourier"])
 def test_dynamic_batch_fuses_with_eager_numbers(name):
     """A batch dimension compiled as a symbol: the op's sizes (its timesteps, the noise drawn)
     are read from the sample by ``sym_size`` nodes."""
