@@ -22,7 +22,8 @@ at::Tensor activate(const at::Tensor& h, Activation act) {
 }
 
 std::optional<at::Tensor> with_bias_net(const std::optional<at::Tensor>& bias, const BiasNet& net) {
-  if (!net.input.has_value()) {
+  // No input, or an input a network program reads as raw features (no weights).
+  if (!net.input.has_value() || !net.weights.has_value()) {
     return bias.has_value() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
   }
   const at::TensorList weights = *net.weights;

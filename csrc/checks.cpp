@@ -5,6 +5,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <iterator>
 #include <sstream>
 
@@ -99,8 +101,24 @@ void check_linear_chain(const at::Tensor& x, at::TensorList weights, at::TensorL
 // The network of the time_* or cond_* arguments (`prefix`): its input has
 // `rows` rows (`rows_note` says which) and its output layer 0's width.
 void check_bias_net(const at::Tensor& x, const BiasNet& net, const std::string& prefix,
-                    const c10::SymInt& rows, const char* rows_note, const c10::SymInt& hidden0) {
+                    const c10::SymInt& rows, const char* rows_note, const c10::SymInt& hidden0,
+                    bool raw_input) {
   const std::string input_name = prefix + "input";
+  if (raw_input) {
+    // The program's "input" instruction reads these rows as they are.
+    TORCH_CHECK(net.input.has_value(), "ddpm::fused_sample: network reads ", input_name, " (its \"input\" "
+                "instruction names \"", prefix.substr(0, prefix.size() - 1), "\"), but ", input_name, " is None");
+    TORCH_CHECK(!net.weights.has_value() && !net.biases.has_value() && !net.activations.has_value(),
+                "ddpm::fused_sample: ", input_name, " is read by the network's \"input\" instruction as "
+                "raw features: expected no ", prefix, "weights, ", prefix, "biases or ", prefix,
+                "activations, got ", net.weights.has_value() ? "weights" : net.biases.has_value() ? "biases" : "activations");
+    const at::Tensor& input = *net.input;
+    TORCH_CHECK(input.dim() == 2 && input.sym_size(0) == rows && input.sym_size(1) >= 1, "ddpm::fused_sample: ",
+                input_name, " must have shape (", rows_note, ", features) = (", rows, ", features), got shape ",
+                shape_of(input));
+    check_float32_on(input, input_name, x);
+    return;
+  }
   if (!net.input.has_value()) {
     TORCH_CHECK(!net.weights.has_value() && !net.biases.has_value() && !net.activations.has_value(),
                 "ddpm::fused_sample: ", prefix, "weights, ", prefix, "biases and ", prefix,
@@ -172,14 +190,81 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
   parse_precision(precision);
 }
 
-void check_sample_rule_args(const SampleRuleCall& call) {
+namespace {
+
+// The shapes of a network program's tensors, by walking it with h's width.
+void check_program_shapes(const SampleRuleCall& call, const SampleRuleExtras& extras,
+                          const NetworkProgram& program) {
+  const at::Tensor& x = call.x;
+  c10::SymInt width = 0;
+  std::string input_note;
+  for (InputPart part : program.input) {
+    const char* name = part == InputPart::kX ? "x" : part == InputPart::kCond ? "cond_input" : "time_input";
+    const std::optional<at::Tensor>& rows = part == InputPart::kCond ? call.cond_net.input : call.time_net.input;
+    width = width + (part == InputPart::kX ? x.sym_size(1) : rows->sym_size(1));
+    input_note += (input_note.empty() ? "" : " + ") + std::string(name) + "'s columns";
+  }
+  TORCH_CHECK(call.biases.size() == call.weights.size(), "ddpm::fused_sample: biases must hold one bias per "
+              "weight (", call.weights.size(), "), got ", call.biases.size());
+  const at::TensorList norm_weights = extras.norm_weights.value_or(at::TensorList());
+  const at::TensorList norm_biases = extras.norm_biases.value_or(at::TensorList());
+  std::vector<c10::SymInt> saved;
+  const std::vector<std::string>& network = *extras.network;
+  for (const NetworkOp& op : program.ops) {
+    const std::string where = "network[" + std::to_string(op.position) + "] \"" + network[op.position] + "\"";
+    if (op.kind == NetworkOp::Kind::kLinear) {
+      const std::string w_name = "weights[" + std::to_string(op.index) + "]";
+      const std::string b_name = "biases[" + std::to_string(op.index) + "]";
+      const at::Tensor& w = call.weights[op.index];
+      const at::Tensor& b = call.biases[op.index];
+      TORCH_CHECK(w.dim() == 2 && w.sym_size(1) == width && w.sym_size(0) >= 1, "ddpm::fused_sample: ", w_name,
+                  " (", where, ") must have the nn.Linear layout (out_features, ", width, ")",
+                  op.index == 0 && program.ops[0].kind == NetworkOp::Kind::kLinear ? " where in_features = " +
+                  (input_note.empty() ? std::string("dim") : input_note) : std::string(" (h's width there)"),
+                  ", got shape ", shape_of(w));
+      check_float32_on(w, w_name, x);
+      TORCH_CHECK(b.dim() == 1 && b.sym_size(0) == w.sym_size(0), "ddpm::fused_sample: ", b_name,
+                  " must have shape (", w.sym_size(0), ",) to match ", w_name, ", got shape ", shape_of(b));
+      check_float32_on(b, b_name, x);
+      width = w.sym_size(0);
+    } else if (op.kind == NetworkOp::Kind::kLayerNorm && op.index >= 0) {
+      for (const auto& [list, name] : {std::make_pair(norm_weights, "norm_weights"),
+                                       std::make_pair(norm_biases, "norm_biases")}) {
+        const std::string t_name = std::string(name) + "[" + std::to_string(op.index) + "]";
+        const at::Tensor& t = list[op.index];
+        TORCH_CHECK(t.dim() == 1 && t.sym_size(0) == width, "ddpm::fused_sample: ", t_name, " (", where,
+                    ") must have shape (", width, ",) (h's width there), got shape ", shape_of(t));
+        check_float32_on(t, t_name, x);
+      }
+    } else if (op.kind == NetworkOp::Kind::kSave) {
+      saved.push_back(width);
+    } else if (op.kind == NetworkOp::Kind::kAdd) {
+      TORCH_CHECK(saved.back() == width, "ddpm::fused_sample: ", where, " adds the saved h of ", saved.back(),
+                  " columns to h of ", width, " columns: expected equal widths");
+      saved.pop_back();
+    }
+  }
+  TORCH_CHECK(width == x.sym_size(1), "ddpm::fused_sample: network must end with h of dim = ", x.sym_size(1),
+              " columns (the network's output), got ", width);
+}
+
+}  // namespace
+
+void check_sample_rule_args(const SampleRuleCall& call, const SampleRuleExtras& extras) {
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
                clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
                cond_net, clip_bounds, post_clip_bounds, generator] = call;
   check_x_and_t_start(x, t_start);
-  check_linear_chain(x, weights, biases, {"", x.sym_size(1), " where in_features = dim (x alone)",
-                                          x.sym_size(1), "dim", /*last_has_bias=*/true});
-  parse_activations(activations, static_cast<int64_t>(weights.size()));
+  if (!extras.network.has_value()) {
+    check_linear_chain(x, weights, biases, {"", x.sym_size(1), " where in_features = dim (x alone)",
+                                            x.sym_size(1), "dim", /*last_has_bias=*/true});
+  }
+  const NetworkProgram program = parse_network(call, extras);
+  if (extras.noise_clip.has_value()) {
+    // !(c > 0) also refuses NaN.
+    TORCH_CHECK(*extras.noise_clip > 0, "ddpm::fused_sample: noise_clip must be > 0 (z is clamped to "
+                "[-noise_clip, noise_clip]), got ", *extras.noise_clip);
+  }
 
   TORCH_CHECK(step_tables.dim() == 2 &&
                   (step_tables.sym_size(0) == kStepTables ||
@@ -194,6 +279,8 @@ void check_sample_rule_args(const SampleRuleCall& call) {
   TORCH_CHECK(table_length >= num_steps, "ddpm::fused_sample: num_steps must be at most the "
               "length of the step tables (", table_length, "), got ", num_steps);
 
+  TORCH_CHECK(weights[0].dim() == 2, "ddpm::fused_sample: weights[0] must have the nn.Linear layout "
+              "(out_features, in_features), got shape ", shape_of(weights[0]));
   const c10::SymInt& hidden0 = weights[0].sym_size(0);
   if (time_bias.has_value()) {
     TORCH_CHECK(time_bias->dim() == 2 && time_bias->sym_size(0) == table_length &&
@@ -211,8 +298,9 @@ void check_sample_rule_args(const SampleRuleCall& call) {
                 shape_of(*cond_bias));
     check_float32_on(*cond_bias, "cond_bias", x);
   }
-  check_bias_net(x, time_net, "time_", table_length, "steps", hidden0);
-  check_bias_net(x, cond_net, "cond_", x.sym_size(0), "batch", hidden0);
+  check_bias_net(x, time_net, "time_", table_length, "steps", hidden0, program.reads(InputPart::kTime));
+  check_bias_net(x, cond_net, "cond_", x.sym_size(0), "batch", hidden0, program.reads(InputPart::kCond));
+  if (extras.network.has_value()) check_program_shapes(call, extras, program);
   check_clamp(x, clip, clip_bounds, "clip", "clip_bounds");
   check_clamp(x, post_clip, post_clip_bounds, "post_clip", "post_clip_bounds");
   if (noise.has_value()) {
@@ -250,25 +338,128 @@ void check_sample_rule_args(const SampleRuleCall& call) {
   parse_precision(precision);
 }
 
-std::vector<Activation> parse_activations(const std::vector<std::string>& names,
-                                          int64_t num_layers, const char* name) {
-  TORCH_CHECK(static_cast<int64_t>(names.size()) == num_layers - 1,
-              "ddpm::fused_sample: ", name, " must name one activation per hidden layer (",
-              num_layers - 1, " for ", num_layers, " weights), got ", names.size());
+namespace {
+
+// The activations by their names in the schema.
+std::optional<Activation> find_activation(const std::string& name) {
   static const std::pair<const char*, Activation> known[] = {
       {"silu", Activation::kSilu},       {"mish", Activation::kMish},
       {"relu", Activation::kRelu},       {"gelu", Activation::kGelu},
       {"gelu_tanh", Activation::kGeluTanh}, {"tanh", Activation::kTanh},
       {"identity", Activation::kIdentity}};
+  const auto* hit = std::find_if(std::begin(known), std::end(known),
+                                 [&](const auto& k) { return name == k.first; });
+  if (hit == std::end(known)) return std::nullopt;
+  return hit->second;
+}
+
+// "<prefix><decimal float>" -> the float, or nullopt.
+std::optional<double> parse_suffix_float(const std::string& text, const std::string& prefix) {
+  if (text.rfind(prefix, 0) != 0 || text.size() == prefix.size()) return std::nullopt;
+  const std::string number = text.substr(prefix.size());
+  char* end = nullptr;
+  const double value = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size()) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+std::vector<Activation> parse_activations(const std::vector<std::string>& names,
+                                          int64_t num_layers, const char* name) {
+  TORCH_CHECK(static_cast<int64_t>(names.size()) == num_layers - 1,
+              "ddpm::fused_sample: ", name, " must name one activation per hidden layer (",
+              num_layers - 1, " for ", num_layers, " weights), got ", names.size());
   std::vector<Activation> parsed;
   for (size_t l = 0; l < names.size(); ++l) {
-    const auto* hit = std::find_if(std::begin(known), std::end(known),
-                                   [&](const auto& k) { return names[l] == k.first; });
-    TORCH_CHECK(hit != std::end(known), "ddpm::fused_sample: ", name, "[", l, "] must be one of "
+    const std::optional<Activation> hit = find_activation(names[l]);
+    TORCH_CHECK(hit.has_value(), "ddpm::fused_sample: ", name, "[", l, "] must be one of "
                 "silu, mish, relu, gelu, gelu_tanh, tanh, identity, got \"", names[l], "\"");
-    parsed.push_back(hit->second);
+    parsed.push_back(*hit);
   }
   return parsed;
+}
+
+NetworkProgram parse_network(const SampleRuleCall& call, const SampleRuleExtras& extras) {
+  NetworkProgram program;
+  const int64_t num_weights = static_cast<int64_t>(call.weights.size());
+  if (!extras.network.has_value()) {
+    TORCH_CHECK(!extras.norm_weights.has_value() && !extras.norm_biases.has_value(),
+                "ddpm::fused_sample: norm_weights and norm_biases are the LayerNorms of a network program: "
+                "expected none of them without network, got ",
+                extras.norm_weights.has_value() ? "norm_weights" : "norm_biases");
+    const std::vector<Activation> acts = parse_activations(call.activations, num_weights);
+    for (int64_t l = 0; l < num_weights; ++l) {
+      if (l > 0) program.ops.push_back({NetworkOp::Kind::kActivation, acts[l - 1]});
+      program.ops.push_back({NetworkOp::Kind::kLinear, Activation::kIdentity, l});
+    }
+    return program;
+  }
+  const std::vector<std::string>& network = *extras.network;
+  TORCH_CHECK(call.activations.empty(), "ddpm::fused_sample: activations must be empty with a network "
+              "program (its instructions name the activations), got ", call.activations.size(), " names");
+  int64_t linears = 0, affine_norms = 0, depth = 0;
+  for (size_t i = 0; i < network.size(); ++i) {
+    const std::string& text = network[i];
+    const std::string where = "ddpm::fused_sample: network[" + std::to_string(i) + "] ";
+    if (text.rfind("input:", 0) == 0) {
+      TORCH_CHECK(i == 0, where, "\"", text, "\": the \"input\" instruction must be the first, got it at "
+                  "position ", i);
+      program.input.clear();
+      std::string rest = text.substr(6);
+      size_t start = 0;
+      while (true) {
+        const size_t comma = rest.find(',', start);
+        const std::string part = rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        const InputPart parsed = part == "x" ? InputPart::kX : part == "cond" ? InputPart::kCond
+                               : part == "time" ? InputPart::kTime : static_cast<InputPart>(-1);
+        TORCH_CHECK(static_cast<int>(parsed) >= 0, where, "\"", text, "\": the input's parts must be x, cond "
+                    "or time, comma-separated, got \"", part, "\"");
+        TORCH_CHECK(!program.reads(parsed) || program.input.empty(), where, "\"", text,
+                    "\": expected each part at most once, got \"", part, "\" twice");
+        program.input.push_back(parsed);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+      TORCH_CHECK(program.reads(InputPart::kX), where, "\"", text, "\": the input must contain x");
+      continue;
+    }
+    const size_t before = program.ops.size();
+    if (text == "linear") {
+      program.ops.push_back({NetworkOp::Kind::kLinear, Activation::kIdentity, linears++});
+    } else if (text == "save") {
+      program.ops.push_back({NetworkOp::Kind::kSave});
+      program.max_saved = std::max(program.max_saved, ++depth);
+    } else if (text == "add") {
+      TORCH_CHECK(depth > 0, where, "\"add\" needs a saved h (a \"save\" before it), got none left");
+      --depth;
+      program.ops.push_back({NetworkOp::Kind::kAdd});
+    } else if (const std::optional<Activation> act = find_activation(text)) {
+      program.ops.push_back({NetworkOp::Kind::kActivation, *act});
+    } else {
+      const bool affine = text.rfind("layer_norm_affine:", 0) == 0;
+      const std::optional<double> eps =
+          parse_suffix_float(text, affine ? "layer_norm_affine:" : "layer_norm:");
+      TORCH_CHECK(eps.has_value(), where, "must be \"linear\", an activation (silu, mish, relu, gelu, "
+                  "gelu_tanh, tanh, identity), \"layer_norm:<eps>\", \"layer_norm_affine:<eps>\", \"save\", "
+                  "\"add\" or (first) \"input:<parts>\", got \"", text, "\"");
+      TORCH_CHECK(std::isfinite(*eps) && *eps >= 0, where, "\"", text, "\": expected a finite eps >= 0, got ",
+                  *eps);
+      program.ops.push_back({NetworkOp::Kind::kLayerNorm, Activation::kIdentity,
+                             affine ? affine_norms++ : -1, *eps});
+    }
+    if (program.ops.size() > before) program.ops.back().position = static_cast<int64_t>(i);
+  }
+  TORCH_CHECK(depth == 0, "ddpm::fused_sample: network leaves ", depth, " saved h unused: expected an \"add\" "
+              "for every \"save\"");
+  TORCH_CHECK(linears >= 1 && linears == num_weights, "ddpm::fused_sample: network must have one \"linear\" "
+              "instruction per weight (", num_weights, ") and at least one, got ", linears);
+  const int64_t norm_weights = static_cast<int64_t>(extras.norm_weights.value_or(at::TensorList()).size());
+  const int64_t norm_biases = static_cast<int64_t>(extras.norm_biases.value_or(at::TensorList()).size());
+  TORCH_CHECK(norm_weights == affine_norms && norm_biases == affine_norms, "ddpm::fused_sample: norm_weights "
+              "and norm_biases must hold one tensor per \"layer_norm_affine\" instruction (", affine_norms,
+              "), got ", norm_weights, " and ", norm_biases);
+  return program;
 }
 
 std::optional<std::pair<float, float>> parse_clip(OptionalRange range,

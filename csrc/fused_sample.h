@@ -7,6 +7,7 @@
 #include <c10/util/string_view.h>
 
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,8 +76,64 @@ struct SampleRuleCall {
   const std::optional<at::Generator>& generator;
 };
 
+// The arguments the rule overload gained after `generator`: the network as a
+// program, its LayerNorms' parameters, and the noise clamp. Kept out of
+// SampleRuleCall so that kernels written against it keep compiling:
+// rule_kernel hands a kernel that takes only a SampleRuleCall the calls that
+// use none of these, and runs the others as the ATen loop.
+struct SampleRuleExtras {
+  // The network program (ops.cpp documents the instructions); absent: the
+  // plain chain of `weights` with `activations`.
+  const std::optional<std::vector<std::string>>& network;
+  // One (width,) weight and one bias per affine "layer_norm" instruction, in order.
+  std::optional<at::TensorList> norm_weights;
+  std::optional<at::TensorList> norm_biases;
+  // z clamped to [-noise_clip, noise_clip] before it is scaled by S[s].
+  std::optional<double> noise_clip;
+
+  bool any() const {
+    return network.has_value() || norm_weights.has_value() || norm_biases.has_value() ||
+           noise_clip.has_value();
+  }
+};
+
+// A call that uses none of the extras.
+inline const std::optional<std::vector<std::string>> kNoNetwork;
+inline const SampleRuleExtras kNoExtras{kNoNetwork, std::nullopt, std::nullopt, std::nullopt};
+
+// One instruction of a parsed network program (parse_network).
+struct NetworkOp {
+  enum class Kind { kLinear, kActivation, kLayerNorm, kSave, kAdd };
+  Kind kind;
+  Activation activation = Activation::kIdentity;  // kActivation
+  int64_t index = -1;  // kLinear: into weights / biases; kLayerNorm: into norm_weights / norm_biases, or -1
+  double eps = 0.0;    // kLayerNorm
+  int64_t position = -1;  // the instruction's index in `network` (for messages)
+};
+
+// Where the columns of a program's input come from: x, cond_input's row of the
+// sample, time_input's row of the step index.
+enum class InputPart { kX, kCond, kTime };
+
+// A network program, parsed and checked against its tensors (checks.cpp).
+struct NetworkProgram {
+  // The program's input in column order ("input" instruction); {kX} without one.
+  std::vector<InputPart> input{InputPart::kX};
+  std::vector<NetworkOp> ops;
+  int64_t max_saved = 0;  // the deepest the residual stack gets
+  bool reads(InputPart part) const {
+    for (InputPart p : input) if (p == part) return true;
+    return false;
+  }
+};
+
+// The program of a call: its `network` parsed (with only names and counts
+// checked; check_sample_rule_args checks the shapes), or the plain chain
+// Linear (act Linear)* that `weights` and `activations` describe.
+NetworkProgram parse_network(const SampleRuleCall& call, const SampleRuleExtras& extras);
+
 // The checks of the step-rule overload (fused_sample.rule), the same way.
-void check_sample_rule_args(const SampleRuleCall& call);
+void check_sample_rule_args(const SampleRuleCall& call, const SampleRuleExtras& extras = kNoExtras);
 
 // `bias` plus `net`'s output (either may be absent), contiguous: the rows the
 // kernels add to layer 0. Checked arguments only.
@@ -137,8 +194,15 @@ using FusedSampleKernel = at::Tensor(const at::Tensor& x, const at::Tensor& t_st
                                      const at::Tensor& coef_eps, int64_t num_steps,
                                      int64_t total_timesteps, bool validate,
                                      c10::string_view precision);
-// fused_sample.rule's signature, as the dispatcher calls its kernels.
-template <at::Tensor (*Kernel)(const SampleRuleCall&)>
+// The step-rule overload as a loop of ATen ops, for any device (the kernel of
+// devices without a fused one, and of calls a device's kernel does not take).
+at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call, const SampleRuleExtras& extras = kNoExtras);
+
+// fused_sample.rule's signature, as the dispatcher calls its kernels. Kernel
+// takes (const SampleRuleCall&, const SampleRuleExtras&), or only the call: a
+// kernel that does not know the extras gets the calls that use none of them,
+// and the ATen loop runs the others.
+template <auto Kernel>
 at::Tensor rule_kernel(const at::Tensor& x, const at::Tensor& t_start, at::TensorList weights,
                        at::TensorList biases, const at::Tensor& step_tables, int64_t num_steps,
                        const std::vector<std::string>& activations,
@@ -157,12 +221,23 @@ at::Tensor rule_kernel(const at::Tensor& x, const at::Tensor& t_start, at::Tenso
                        const std::optional<std::vector<std::string>>& cond_activations,
                        const std::optional<at::Tensor>& clip_bounds,
                        const std::optional<at::Tensor>& post_clip_bounds,
-                       const std::optional<at::Generator>& generator) {
-  return Kernel({x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
-                 cond_bias, clip, post_clip, noise, return_chain, validate, precision, noise_seed,
-                 {time_input, time_weights, time_biases, time_activations},
-                 {cond_input, cond_weights, cond_biases, cond_activations}, clip_bounds,
-                 post_clip_bounds, generator});
+                       const std::optional<at::Generator>& generator,
+                       const std::optional<std::vector<std::string>>& network,
+                       std::optional<at::TensorList> norm_weights,
+                       std::optional<at::TensorList> norm_biases,
+                       std::optional<double> noise_clip) {
+  const SampleRuleCall call{x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
+                            cond_bias, clip, post_clip, noise, return_chain, validate, precision, noise_seed,
+                            {time_input, time_weights, time_biases, time_activations},
+                            {cond_input, cond_weights, cond_biases, cond_activations}, clip_bounds,
+                            post_clip_bounds, generator};
+  const SampleRuleExtras extras{network, norm_weights, norm_biases, noise_clip};
+  if constexpr (std::is_invocable_v<decltype(Kernel), const SampleRuleCall&, const SampleRuleExtras&>) {
+    return Kernel(call, extras);
+  } else {
+    if (extras.any()) return fused_sample_rule_unfused(call, extras);
+    return Kernel(call);
+  }
 }
 
 // The signature's type, for typed calls of the dispatcher (ops.cpp).
@@ -172,11 +247,8 @@ using FusedSampleRuleKernel = decltype(rule_kernel<&sample_rule_signature_of>);
 FusedSampleKernel fused_sample_cpu;
 FusedSampleKernel fused_sample_cuda;
 // The step-rule overload's CPU kernel.
-at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call);
+at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call, const SampleRuleExtras& extras);
 // The step-rule overload's CUDA kernel (csrc/cuda/fused_sample_rule_cuda.cu).
 at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call);
-// The step-rule overload as a loop of ATen ops, for any device (the kernel of
-// devices without a fused one).
-at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call);
 
 }  // namespace ddpm_ops

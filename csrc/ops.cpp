@@ -9,7 +9,40 @@
 //                      (time_bias[s], cond_bias, and the time_* and cond_* bias
 //                      networks' outputs), an activation per layer, the
 //                      step rule's six or seven tables, clamps (two floats
-//                      or per-column bounds), noise, optionally the chain.
+//                      or per-column bounds), noise, optionally the chain;
+//                      or, with `network`, any network program below.
+//
+// fused_sample.rule's trailing arguments (after `generator`):
+//   str[]? network      the noise network as a program over one row vector h
+//                       (absent: Linear (activations[l] Linear)*, as before).
+//                       With it, `activations` must be empty. Instructions, run
+//                       in order; h starts as x's row (dim columns):
+//     "input:<parts>"   first instruction only: h = the concatenation of the
+//                       parts named, in order, from "x" (the current sample),
+//                       "cond" (cond_input's row of the sample) and "time"
+//                       (time_input's row of the step index s): the raw
+//                       features of a network whose first layer is not a
+//                       Linear (a LayerNorm over cat[x, cond, time]). An input
+//                       a part names comes without its *_weights.
+//     "linear"          h = h @ weights[i].T + biases[i], i counting the
+//                       "linear" instructions; the first also adds the bias
+//                       rows (time_bias[s], cond_bias, the time_* and cond_*
+//                       networks' outputs), as layer 0 does without a program.
+//     "silu", "mish", "relu", "gelu", "gelu_tanh", "tanh", "identity"
+//                       h = act(h).
+//     "layer_norm:<eps>"        h = (h - mean(h)) / sqrt(var(h) + eps), over
+//                               h's columns (biased variance), no affine part;
+//     "layer_norm_affine:<eps>" the same, then * norm_weights[j] + norm_biases[j],
+//                               j counting the affine LayerNorms. <eps> is a
+//                               decimal float (nn.LayerNorm's eps).
+//     "save"            push h on the residual stack.
+//     "add"             h = h + (the stack's top, popped): a residual block is
+//                       "save", the block's layers, "add".
+//                       The program ends with h of dim columns and an empty stack.
+//   Tensor[]? norm_weights, Tensor[]? norm_biases
+//                       the affine LayerNorms' (width,) parameters, in order.
+//   float? noise_clip   z (given or drawn) clamped to [-noise_clip, noise_clip]
+//                       before it is scaled by S[s]; noise_clip > 0.
 #include "fused_sample.h"
 
 #include <ATen/ATen.h>
@@ -76,8 +109,8 @@ at::Tensor fused_sample_autograd(const at::Tensor& x, const at::Tensor& t_start,
                  total_timesteps, validate, precision);
 }
 
-at::Tensor fused_sample_rule_meta(const SampleRuleCall& call) {
-  check_sample_rule_args(call);
+at::Tensor fused_sample_rule_meta(const SampleRuleCall& call, const SampleRuleExtras& extras) {
+  check_sample_rule_args(call, extras);
   const at::Tensor& x = call.x;
   if (call.return_chain) {
     return at::empty_symint({call.num_steps + 1, x.sym_size(0), x.sym_size(1)}, x.options());
@@ -91,7 +124,7 @@ void refuse_derivatives_of_net(const BiasNet& net, const std::string& prefix) {
   refuse_derivatives_of_each(net.biases.value_or(at::TensorList()), (prefix + "biases").c_str());
 }
 
-at::Tensor fused_sample_rule_autograd(const SampleRuleCall& c) {
+at::Tensor fused_sample_rule_autograd(const SampleRuleCall& c, const SampleRuleExtras& e) {
   refuse_derivatives(c.x, "x");
   refuse_derivatives_of_each(c.weights, "weights");
   refuse_derivatives_of_each(c.biases, "biases");
@@ -103,6 +136,8 @@ at::Tensor fused_sample_rule_autograd(const SampleRuleCall& c) {
   refuse_derivatives_if_given(c.post_clip_bounds, "post_clip_bounds");
   refuse_derivatives_of_net(c.time_net, "time_");
   refuse_derivatives_of_net(c.cond_net, "cond_");
+  refuse_derivatives_of_each(e.norm_weights.value_or(at::TensorList()), "norm_weights");
+  refuse_derivatives_of_each(e.norm_biases.value_or(at::TensorList()), "norm_biases");
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("ddpm::fused_sample", "rule")
                        .typed<FusedSampleRuleKernel>();
@@ -111,7 +146,8 @@ at::Tensor fused_sample_rule_autograd(const SampleRuleCall& c) {
   return op.call(c.x, c.t_start, c.weights, c.biases, c.step_tables, c.num_steps, c.activations,
                  c.time_bias, c.cond_bias, c.clip, c.post_clip, c.noise, c.return_chain, c.validate,
                  c.precision, c.noise_seed, t.input, t.weights, t.biases, t.activations, n.input,
-                 n.weights, n.biases, n.activations, c.clip_bounds, c.post_clip_bounds, c.generator);
+                 n.weights, n.biases, n.activations, c.clip_bounds, c.post_clip_bounds, c.generator,
+                 e.network, e.norm_weights, e.norm_biases, e.noise_clip);
 }
 
 }  // namespace
@@ -132,7 +168,8 @@ TORCH_LIBRARY(ddpm, m) {
       "Tensor[]? time_weights=None, Tensor[]? time_biases=None, str[]? time_activations=None, "
       "Tensor? cond_input=None, Tensor[]? cond_weights=None, Tensor[]? cond_biases=None, "
       "str[]? cond_activations=None, Tensor? clip_bounds=None, "
-      "Tensor? post_clip_bounds=None, Generator? generator=None) -> Tensor");
+      "Tensor? post_clip_bounds=None, Generator? generator=None, str[]? network=None, "
+      "Tensor[]? norm_weights=None, Tensor[]? norm_biases=None, float? noise_clip=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ddpm, Meta, m) {

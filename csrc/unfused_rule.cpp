@@ -66,10 +66,55 @@ at::Tensor seeded_noise_of(const at::Tensor& seed, int64_t num_steps, int64_t ba
   return (at::erfinv(v) * M_SQRT2).to(float_options.dtype()).view({num_steps, batch, dim});
 }
 
+// The network program on the rows `current` at step indices `s`: e.
+at::Tensor run_network(const NetworkProgram& program, const SampleRuleCall& call,
+                       const SampleRuleExtras& extras, const at::Tensor& current, const at::Tensor& s,
+                       const std::optional<at::Tensor>& time_rows, const std::optional<at::Tensor>& cond_rows) {
+  at::Tensor h = current;
+  if (program.input.size() > 1 || program.input[0] != InputPart::kX) {
+    std::vector<at::Tensor> parts;
+    for (InputPart part : program.input) {
+      parts.push_back(part == InputPart::kX      ? current
+                      : part == InputPart::kCond ? *call.cond_net.input
+                                                 : call.time_net.input->index_select(0, s));
+    }
+    h = at::cat(parts, 1);
+  }
+  std::vector<at::Tensor> saved;
+  for (const NetworkOp& op : program.ops) {
+    switch (op.kind) {
+      case NetworkOp::Kind::kLinear:
+        h = at::linear(h, call.weights[op.index], call.biases[op.index]);
+        if (op.index == 0 && time_rows.has_value()) h = h + time_rows->index_select(0, s);
+        if (op.index == 0 && cond_rows.has_value()) h = h + *cond_rows;
+        break;
+      case NetworkOp::Kind::kActivation:
+        h = activate(h, op.activation);
+        break;
+      case NetworkOp::Kind::kLayerNorm: {
+        const bool affine = op.index >= 0;
+        h = at::layer_norm(h, {h.size(1)},
+                           affine ? std::optional<at::Tensor>((*extras.norm_weights)[op.index]) : std::nullopt,
+                           affine ? std::optional<at::Tensor>((*extras.norm_biases)[op.index]) : std::nullopt,
+                           op.eps);
+        break;
+      }
+      case NetworkOp::Kind::kSave:
+        saved.push_back(h);
+        break;
+      case NetworkOp::Kind::kAdd:
+        h = h + saved.back();
+        saved.pop_back();
+        break;
+    }
+  }
+  return h;
+}
+
 }  // namespace
 
-at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call) {
-  check_sample_rule_args(call);
+at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call, const SampleRuleExtras& extras) {
+  check_sample_rule_args(call, extras);
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
                clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
                cond_net, clip_bounds, post_clip_bounds, generator] = call;
@@ -81,8 +126,7 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call) {
     if (clip_bounds.has_value()) check_bounds_ordered(*clip_bounds, "clip_bounds");
     if (post_clip_bounds.has_value()) check_bounds_ordered(*post_clip_bounds, "post_clip_bounds");
   }
-  const std::vector<Activation> acts =
-      parse_activations(activations, static_cast<int64_t>(weights.size()));
+  const NetworkProgram program = parse_network(call, extras);
   const auto x0_range = parse_clip(clip, "clip");
   const auto x_range = parse_clip(post_clip, "post_clip");
   // Either clamp of the step: to two floats, or to per-column bounds broadcast over the batch.
@@ -107,17 +151,16 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call) {
   std::vector<at::Tensor> chain{current};
   for (int64_t k = 0; k < num_steps; ++k) {
     const at::Tensor s = (t - k).clamp(0, table_length - 1);
-    at::Tensor h = at::linear(current, weights[0], biases[0]);
-    if (time_rows.has_value()) h = h + time_rows->index_select(0, s);
-    if (cond_rows.has_value()) h = h + *cond_rows;
-    for (size_t l = 1; l < weights.size(); ++l) {
-      h = at::linear(activate(h, acts[l - 1]), weights[l], biases[l]);
-    }
+    const at::Tensor h = run_network(program, call, extras, current, s, time_rows, cond_rows);
     const at::Tensor c = step_tables.index_select(1, s).unsqueeze(2);  // (6 or 7, batch, 1)
     const at::Tensor x0 = clamp_to(c[kA] * current - c[kB] * h, x0_range, clip_bounds);
     at::Tensor next = c[kC] * x0 + c[kD] * current + c[kE] * h;
     if (has_previous && k > 0) next = next + c[kP] * x0_prev;
-    if (z.has_value()) next = next + c[kS] * (*z)[k];
+    if (z.has_value()) {
+      const at::Tensor zk = extras.noise_clip.has_value()
+                                ? (*z)[k].clamp(-*extras.noise_clip, *extras.noise_clip) : (*z)[k];
+      next = next + c[kS] * zk;
+    }
     current = clamp_to(next, x_range, post_clip_bounds);
     if (has_previous) x0_prev = x0;
     if (return_chain) chain.push_back(current);

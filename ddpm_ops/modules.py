@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from .conditioning import BiasNet, cond_bias, time_bias_from_module
-from .layers import VOCABULARY, mlp_layers
+from .layers import VOCABULARY, Program, mlp_layers, read_network
 from .ops import PRECISIONS, sample
 from .step_rules import StepRule
 
@@ -37,6 +37,17 @@ def _split_time_embedding(time_embedding) -> tuple[nn.Module, nn.Sequential, str
     return nn.Sequential(*layers[:first]), mlp, last
 
 
+def _read_network(mlp: nn.Module) -> Program | None:
+    """None for ``Linear (act Linear)*`` (the op's plain network), else ``mlp`` read as a
+    network program (LayerNorm, residual blocks, Dropout: :func:`read_network`, whose
+    ValueError names the module it cannot read and why)."""
+    try:
+        mlp_layers(mlp)
+        return None
+    except ValueError:
+        return read_network(mlp, name="mlp")
+
+
 class DiffusionSampler(nn.Module):
     """A full sampling run of a user's MLP under a step rule, as one fused op.
 
@@ -52,8 +63,15 @@ class DiffusionSampler(nn.Module):
     Any other time embedding is evaluated at every call into ``time_bias``.
 
     Args:
-        mlp: ``Linear (act Linear)*`` (see :func:`mlp_layers`); its last Linear
-            outputs what the rule expects (epsilon, x0 or v).
+        mlp: ``Linear (act Linear)*`` (see :func:`mlp_layers`), or any network
+            of Linear, activation, LayerNorm, Dropout and residual-block
+            modules as projects write them (IDQL's LN-ResNet and its MLP with a
+            LayerNorm over the whole input, CleanDiffuser's ``IDQLMlp`` layers,
+            DPPO's residual MLP: see :func:`ddpm_ops.layers.read_network`),
+            read once here, its parameters at every call; its output is what
+            the rule expects (epsilon, x0 or v). A network whose first layer
+            is not a Linear gets the time embedding's output and the condition
+            themselves (the op's ``"input:"`` instruction).
         rule: the :class:`~ddpm_ops.StepRule` of the sampler (DDPM, DDIM,
             flow-matching Euler, DPM-Solver++: see :mod:`ddpm_ops.step_rules`).
         timesteps: ``(len(rule),)``: the training timestep of each step index,
@@ -95,10 +113,12 @@ class DiffusionSampler(nn.Module):
                              f"{None if timesteps is None else len(timesteps)}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
-        weights, _, _ = mlp_layers(mlp)  # fail at construction, not at the first call
-        if sum(n for _, n in layout) != weights[0].shape[1]:
+        # Read once: fail at construction, not at the first call.
+        self._program = _read_network(mlp)
+        first = mlp_layers(mlp)[0][0] if self._program is None else self._program.linears[0].weight
+        if sum(n for _, n in layout) != first.shape[1]:
             raise ValueError(f"layout: expected columns summing to the first Linear's "
-                             f"in_features {weights[0].shape[1]}, got {list(layout)}")
+                             f"in_features {first.shape[1]}, got {list(layout)}")
         self.mlp = mlp
         self.rule = rule
         self.layout = tuple(layout)
@@ -108,6 +128,8 @@ class DiffusionSampler(nn.Module):
         # A tuple, so that the time MLP's modules (the embedding's own) are
         # not registered twice.
         split = _split_time_embedding(time_embedding) if "time" in names else None
+        if self._program is not None and not self._program.first_is_linear:
+            split = None  # the op reads the embedding's output itself
         self._time_mlp = None if split is None else (split[1], split[2])
         features = None
         if split is not None:
@@ -143,11 +165,21 @@ class DiffusionSampler(nn.Module):
         """Sample from ``x`` at the rule's last step index, ``num_steps``
         steps (all of them by default); ``cond``: ``(batch, n)`` or ``(n,)``.
         ``noise``, ``generator`` and ``return_chain`` as :func:`ddpm_ops.sample`."""
-        weights, biases, activations = mlp_layers(self.mlp)
         names = [name for name, _ in self.layout]
         if ("cond" in names) != (cond is not None):
             raise ValueError(f"cond: expected {'a tensor' if 'cond' in names else 'None'} for "
                              f"layout {names}, got {'None' if cond is None else 'a tensor'}")
+        if self._program is None:
+            weights, biases, activations = mlp_layers(self.mlp)
+            program = {}
+        else:
+            weights, biases, norm_weights, norm_biases = self._program.parameters()
+            activations = "silu"
+            program = dict(network=list(self._program.instructions), norm_weights=norm_weights,
+                           norm_biases=norm_biases)
+            if not self._program.first_is_linear:
+                return self._sample_whole_input(x, cond, weights, biases, program, num_steps=num_steps,
+                                                noise=noise, generator=generator, return_chain=return_chain)
         columns = dict(zip(names, weights[0].detach().split([n for _, n in self.layout], dim=1)))
         time = time_net = None
         if self._time_mlp is not None:
@@ -166,4 +198,21 @@ class DiffusionSampler(nn.Module):
         return sample(x, self._t_start(x), [columns["x"]] + weights[1:], biases, self._rule_on(x.device), steps,
                       activations=activations, time_bias=time, cond_bias=conditioning, noise=noise,
                       generator=generator, return_chain=return_chain, precision=self.precision,
-                      time_net=time_net, cond_net=cond_net)
+                      time_net=time_net, cond_net=cond_net, **program)
+
+    def _sample_whole_input(self, x, cond, weights, biases, program, **options) -> torch.Tensor:
+        """A network whose first layer is not a Linear: the op concatenates x, the condition and
+        the time embedding's output (at every step index, evaluated here) in the layout's order."""
+        names = [name for name, _ in self.layout]
+        time_input = None
+        if self.time_embedding is not None:
+            with torch.no_grad():
+                time_input = self.time_embedding(self.timesteps.to(device=x.device, dtype=torch.float32))
+            time_input = time_input.to(torch.float32)
+        program["network"] = [f"input:{','.join(names)}", *program["network"]]
+        num_steps = options.pop("num_steps")
+        steps = len(self.rule) if num_steps is None else num_steps
+        return sample(x, self._t_start(x), weights, biases, self._rule_on(x.device), steps,
+                      precision=self.precision, time_input=time_input,
+                      cond_input=None if cond is None else cond.reshape(-1, dict(self.layout)["cond"]),
+                      **options, **program)

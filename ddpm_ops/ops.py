@@ -105,6 +105,11 @@ def sample(
     validate: bool = False,
     time_net: BiasNet | None = None,
     cond_net: BiasNet | None = None,
+    network: Sequence[str] | None = None,
+    norm_weights: Sequence[torch.Tensor] = (),
+    norm_biases: Sequence[torch.Tensor] = (),
+    time_input: torch.Tensor | None = None,
+    cond_input: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run ``num_steps`` steps of a diffusion sampler with an MLP network as one op.
 
@@ -177,6 +182,27 @@ def sample(
         cond_net: a ``BiasNet`` with one input row per sample (the
             observation and the first Linear's columns for it), added like
             ``cond_bias``.
+        network: the network as a program instead of ``Linear (activation
+            Linear)*`` (``activations`` is then not given): instructions
+            ``"linear"`` (the next of ``weights`` / ``biases``; the first
+            also adds the bias rows above), an activation name,
+            ``"layer_norm:<eps>"``, ``"layer_norm_affine:<eps>"`` (the next of
+            ``norm_weights`` / ``norm_biases``), ``"save"`` and ``"add"`` (a
+            residual block: ``h + block(h)``), and first, optionally,
+            ``"input:<parts>"``: the network's input is the concatenation of
+            ``x``, ``cond`` (``cond_input``) and ``time`` (``time_input[s]``)
+            in the order named, for a network whose first layer is not a
+            Linear (a LayerNorm over the whole input). See
+            :func:`ddpm_ops.layers.read_network` for reading one off a module.
+        norm_weights, norm_biases: the affine LayerNorms' ``(width,)``
+            parameters, one each per ``"layer_norm_affine"``.
+        time_input: ``(len(rule), n)``: the time features at every step index
+            an ``"input:"`` program's ``time`` part reads.
+        cond_input: ``(batch, n)`` or ``(n,)``: the condition an ``"input:"``
+            program's ``cond`` part reads.
+
+    The rule's ``noise_clip`` (:class:`~ddpm_ops.StepRule`) clamps the noise
+    before it is scaled.
 
     Every argument may be a DTensor (see :mod:`ddpm_ops.sharding`); with a
     DTensor ``x``, plain tensors among the others are taken as replicated,
@@ -219,14 +245,34 @@ def sample(
             draw_from = generator if generator is not None else _default_generator(x.device)
     clip, clip_bounds = _clamp_args("clip", rule.clip, x)
     post_clip, post_clip_bounds = _clamp_args("post_clip", rule.post_clip, x)
+    program = {}
+    if network is not None:
+        if activations != "silu":
+            raise ValueError("activations: expected none beside a network program (its instructions name the "
+                             f"activations), got {activations!r}")
+        if (time_input is not None and time_net is not None) or (cond_input is not None and cond_net is not None):
+            raise ValueError("time_input, cond_input: the raw features of a program's \"input:\" instruction, "
+                             "expected none beside a time_net / cond_net of the same input")
+        if cond_input is not None and cond_input.dim() == 1:
+            cond_input = cond_input.expand(batch, -1)
+        program = dict(network=list(network), **({"norm_weights": list(norm_weights),
+                                                  "norm_biases": list(norm_biases)} if len(norm_weights) else {}))
+        if time_input is not None:
+            program["time_input"] = time_input
+        if cond_input is not None:
+            program["cond_input"] = cond_input
+    elif len(norm_weights) or time_input is not None or cond_input is not None:
+        raise ValueError("norm_weights, norm_biases, time_input, cond_input: parts of a network program, "
+                         "expected none without network")
     tensors = dict(x=flat, t_start=_as_timesteps(t_start, x), weights=list(weights), biases=list(biases),
                    step_tables=rule.tables(), time_bias=time_bias, cond_bias=cond_bias, noise=noise,
                    noise_seed=noise_seed, clip_bounds=clip_bounds, post_clip_bounds=post_clip_bounds,
-                   **bias_net_args("time", time_net), **bias_net_args("cond", cond_net))
+                   **bias_net_args("time", time_net), **bias_net_args("cond", cond_net), **program)
     out = call(RULE, **_on_mesh_of(x, tensors), num_steps=num_steps,
-               activations=resolve_activations(activations, len(weights) - 1), clip=clip, post_clip=post_clip,
-               return_chain=return_chain, validate=validate, precision=precision,
-               **({} if draw_from is None else {"generator": draw_from}))
+               activations=[] if network is not None else resolve_activations(activations, len(weights) - 1),
+               clip=clip, post_clip=post_clip, return_chain=return_chain, validate=validate, precision=precision,
+               **({} if draw_from is None else {"generator": draw_from}),
+               **({} if rule.noise_clip is None else {"noise_clip": rule.noise_clip}))
     if x.dim() == 2:
         return out
     return out.reshape(num_steps + 1, *x.shape) if return_chain else out.reshape(x.shape)

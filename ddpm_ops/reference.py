@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .layers import ACTIVATIONS
+from .layers import ACTIVATIONS, run_program
 from .step_rules import StepRule
 
 def reference(
@@ -161,6 +161,11 @@ def reference_sample(
     return_chain: bool = False,
     time_net: "BiasNet | None" = None,
     cond_net: "BiasNet | None" = None,
+    network: Sequence[str] | None = None,
+    norm_weights: Sequence[torch.Tensor] = (),
+    norm_biases: Sequence[torch.Tensor] = (),
+    time_input: torch.Tensor | None = None,
+    cond_input: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run ``num_steps`` steps of ``rule`` with an MLP network, as plain PyTorch.
 
@@ -200,6 +205,12 @@ def reference_sample(
             ``None``: networks whose output rows are added like ``time_bias``
             (one input row per step index) and ``cond_bias`` (one per sample).
 
+        network, norm_weights, norm_biases, time_input, cond_input: a
+            network program instead of the chain of ``weights`` with
+            ``activations``, as :func:`ddpm_ops.sample` takes them
+            (:func:`ddpm_ops.layers.run_program`). The rule's ``noise_clip``
+            clamps the noise before it is scaled.
+
     Returns:
         ``(batch, dim)`` (or the chain) in the dtype of ``x``.
 
@@ -207,7 +218,7 @@ def reference_sample(
         ValueError: step indices outside the tables, a noise tensor of the
             wrong shape, or bad activations.
     """
-    names = resolve_activations(activations, len(weights) - 1)
+    names = resolve_activations(activations, len(weights) - 1) if network is None else []
     batch = x.shape[0]
     if num_steps < 0:
         raise ValueError(f"num_steps: expected an integer >= 0, got {num_steps}")
@@ -231,20 +242,39 @@ def reference_sample(
     time_bias = _plus_rows(time_bias, time_net, x)
     cond_bias = _plus_rows(cond_bias, cond_net, x)
     t_start = t_start.to(x.device)
+    norm_weights, norm_biases = [cast(w) for w in norm_weights], [cast(b) for b in norm_biases]
+    time_input, cond_input = cast(time_input), cast(cond_input)
+    if cond_input is not None and cond_input.dim() == 1:
+        cond_input = cond_input.expand(batch, -1)
+    parts = []
+    if network is not None and len(network) and network[0].startswith("input:"):
+        parts = network[0][len("input:"):].split(",")
+    if noise is not None and rule.noise_clip is not None:
+        noise = noise.clamp(-rule.noise_clip, rule.noise_clip)
 
     chain = [x]
     x_cur = x
     x0_prev = torch.zeros_like(x)
     for k in range(num_steps):
         s = t_start - k
-        h = F.linear(x_cur, weights[0], biases[0])
-        if time_bias is not None:
-            h = h + time_bias[s]
-        if cond_bias is not None:
-            h = h + cond_bias
-        for layer in range(1, len(weights)):
-            h = F.linear(ACTIVATIONS[names[layer - 1]](h), weights[layer], biases[layer])
-        e = h
+        if network is not None:
+            rows = None
+            if time_bias is not None:
+                rows = time_bias[s]
+            if cond_bias is not None:
+                rows = cond_bias if rows is None else rows + cond_bias
+            named = {"x": x_cur, "cond": cond_input, "time": None if time_input is None else time_input[s]}
+            h = torch.cat([named[p] for p in parts], dim=1) if parts else x_cur
+            e = run_program(network, h, weights, biases, norm_weights, norm_biases, first_rows=rows)
+        else:
+            h = F.linear(x_cur, weights[0], biases[0])
+            if time_bias is not None:
+                h = h + time_bias[s]
+            if cond_bias is not None:
+                h = h + cond_bias
+            for layer in range(1, len(weights)):
+                h = F.linear(ACTIVATIONS[names[layer - 1]](h), weights[layer], biases[layer])
+            e = h
 
         def col(table):
             return table[s].view(batch, 1)

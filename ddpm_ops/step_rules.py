@@ -51,6 +51,10 @@ class StepRule:
             ``(dim,)`` tensors of per-column bounds (a number beside a tensor
             is repeated), broadcast over the batch.
         post_clip: the same, for the new sample ``x``.
+        noise_clip: ``None`` or a number ``c > 0``: the noise ``z`` is clamped
+            to ``[-c, c]`` before it is scaled by ``S[s]`` (DPPO's
+            ``randn_clip_value``), a given noise tensor and noise the op draws
+            alike.
 
     A rule built while torch.compile or torch.export traces (inside a
     module's ``forward``, from its buffers) checks what does not need the
@@ -83,6 +87,7 @@ class StepRule:
     P: torch.Tensor | None = None
     clip: tuple[float, float] | torch.Tensor | None = None
     post_clip: tuple[float, float] | torch.Tensor | None = None
+    noise_clip: float | None = None
     adds_noise: bool = field(init=False)
     _tables: torch.Tensor = field(init=False)
 
@@ -108,6 +113,11 @@ class StepRule:
         object.__setattr__(self, "clip", _as_range("clip", self.clip, tables.device))
         object.__setattr__(self, "post_clip", _as_range("post_clip", self.post_clip, tables.device))
         object.__setattr__(self, "adds_noise", traced or bool((tables[5] != 0).any()))
+        if self.noise_clip is not None:
+            if isinstance(self.noise_clip, bool) or not isinstance(self.noise_clip, (int, float)) or \
+                    not (math.isfinite(self.noise_clip) and self.noise_clip > 0):
+                raise ValueError(f"noise_clip: expected None or a finite number > 0, got {self.noise_clip!r}")
+            object.__setattr__(self, "noise_clip", float(self.noise_clip))
 
     @classmethod
     def from_coefficients(cls, sqrt_recip_alphas: torch.Tensor, coef_eps: torch.Tensor) -> "StepRule":
@@ -158,13 +168,13 @@ class StepRule:
             A new :class:`StepRule`.
         """
         tables = self._tables.to(device)
-        return StepRule(*tables, clip=self.clip, post_clip=self.post_clip)
+        return StepRule(*tables, clip=self.clip, post_clip=self.post_clip, noise_clip=self.noise_clip)
 
     def __repr__(self) -> str:
         return (
             f"StepRule(len={len(self)}, adds_noise={self.adds_noise}, "
             f"previous_x0={self.P is not None}, clip={_describe_range(self.clip)}, "
-            f"post_clip={_describe_range(self.post_clip)}, device={self.device})"
+            f"post_clip={_describe_range(self.post_clip)}, noise_clip={self.noise_clip}, device={self.device})"
         )
 
 
@@ -175,6 +185,9 @@ def ddpm(
     clip: float | tuple[float, float] | None = None,
     variance: str = "fixed_small",
     noise: bool = True,
+    min_std: float | None = None,
+    final_noise: bool = False,
+    noise_clip: float | None = None,
 ) -> StepRule:
     """The DDPM posterior step (Ho et al., 2020) for all ``T`` timesteps.
 
@@ -193,17 +206,29 @@ def ddpm(
         clip: ``None``, ``(lo, hi)`` or ``c`` for ``(-c, c)``: the ``x0`` range.
         variance: one of ``VARIANCES``.
         noise: ``False`` gives ``S = 0`` everywhere (the posterior mean only).
+        min_std: ``None`` or a floor of ``S`` at every step index that adds
+            noise (DPPO clips ``exp(0.5 * logvar)`` below at 1e-3, and at
+            ``min_sampling_denoising_std`` when fine-tuning).
+        final_noise: add noise at step index 0 too (DPPO's fine-tuning
+            sampler, with ``min_std``): its ``S[0]`` is the variance's square
+            root (about 1e-10 for ``"fixed_small"``) or the floor.
+        noise_clip: ``None`` or ``c > 0``: the noise clamped to ``[-c, c]``
+            before it is scaled (:class:`StepRule`; DPPO's ``randn_clip_value``).
 
     Returns:
         A :class:`StepRule` of length ``T``.
 
     Raises:
-        ValueError: bad ``betas``, ``prediction``, ``variance`` or ``clip``.
+        ValueError: bad ``betas``, ``prediction``, ``variance``, ``clip``,
+            ``min_std`` or ``noise_clip``.
     """
     abar = torch.cumprod(1.0 - _check_betas(betas), 0)
     abar_prev = torch.cat([abar.new_ones(1), abar[:-1]])
     noise_mask = torch.arange(len(abar)) > 0 if noise else torch.zeros(len(abar), dtype=torch.bool)
-    return _rule(_ddpm_tables(abar, abar_prev, noise_mask, prediction, variance), clip)
+    if noise and final_noise:
+        noise_mask[0] = True
+    tables = _floored(_ddpm_tables(abar, abar_prev, noise_mask, prediction, variance), noise_mask, min_std)
+    return _rule(tables, clip, noise_clip)
 
 
 def ddim(
@@ -214,6 +239,8 @@ def ddim(
     prediction: str = "epsilon",
     clip: float | tuple[float, float] | None = None,
     use_clipped_model_output: bool = False,
+    min_std: float | None = None,
+    noise_clip: float | None = None,
 ) -> StepRule:
     """The strided DDIM step (Song et al., 2021) over ``timesteps``.
 
@@ -238,19 +265,25 @@ def ddim(
         prediction: one of ``PREDICTIONS``.
         clip: ``None``, ``(lo, hi)`` or ``c`` for ``(-c, c)``: the ``x0`` range.
         use_clipped_model_output: as the ``DDIMScheduler.step`` argument.
+        min_std: ``None`` or a floor of the noise scale ``S`` at every step
+            index (``sigma`` stays in the direction term): DPPO's fine-tuning
+            DDIM sampler draws ``mean + max(std, min_sampling_denoising_std) z``.
+        noise_clip: ``None`` or ``c > 0``: the noise clamped to ``[-c, c]``
+            before it is scaled.
 
     Returns:
         A :class:`StepRule` of length ``len(timesteps)``.
 
     Raises:
         ValueError: bad ``alphas_cumprod``, ``timesteps``, ``eta``,
-            ``prediction`` or ``clip``.
+            ``prediction``, ``clip``, ``min_std`` or ``noise_clip``.
     """
     abar_all = _check_alphas_cumprod(alphas_cumprod)
     steps = _check_timesteps(timesteps, len(abar_all))
     abar = abar_all[steps]
     abar_prev = torch.cat([abar.new_ones(1), abar[:-1]])
-    return _rule(_ddim_tables(abar, abar_prev, eta, prediction, use_clipped_model_output), clip)
+    tables = _ddim_tables(abar, abar_prev, eta, prediction, use_clipped_model_output)
+    return _rule(_floored(tables, torch.ones(len(abar), dtype=torch.bool), min_std), clip, noise_clip)
 
 
 def flow_euler(
@@ -579,14 +612,25 @@ def _ddim_tables(abar, abar_prev, eta, prediction, use_clipped_model_output):
     return a, b, c, direction * eps_x, direction * eps_e, sigma
 
 
-def _rule(tables, clip) -> StepRule:
+def _floored(tables, mask, min_std):
+    """``tables`` with ``S`` raised to ``min_std`` where ``mask`` holds (``min_std`` None: unchanged)."""
+    if min_std is None:
+        return tables
+    if isinstance(min_std, bool) or not isinstance(min_std, (int, float)) or \
+            not (math.isfinite(min_std) and min_std >= 0):
+        raise ValueError(f"min_std: expected None or a finite number >= 0, got {min_std!r}")
+    *rest, s = tables
+    return (*rest, torch.where(mask, s.clamp(min=float(min_std)), s))
+
+
+def _rule(tables, clip, noise_clip=None) -> StepRule:
     clip = _as_range("clip", clip)
     for name, table in zip(TABLE_NAMES + (PREVIOUS_TABLE,), tables):
         if not bool(torch.isfinite(table).all()):
             raise ValueError(
                 f"{name}: the schedule gives a non-finite coefficient (alphas_cumprod 0 with prediction='epsilon'?)"
             )
-    return StepRule(*tables, clip=clip)
+    return StepRule(*tables, clip=clip, noise_clip=noise_clip)
 
 
 def _check_table(name: str, table) -> torch.Tensor:

@@ -152,11 +152,12 @@ struct Tiling {
   int64_t tile_rows, num_tiles;
 };
 
-Tiling choose_tiling(int64_t batch) {
+Tiling choose_tiling(int64_t batch, bool allow_blas) {
   const Tuning& tune = tuning();
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t per_thread = (batch + threads - 1) / threads;
-  const bool use_vec = batch <= tune.serial_batch || per_thread <= tune.vec_rows || !tune.allow_blas;
+  const bool use_vec = batch <= tune.serial_batch || per_thread <= tune.vec_rows || !tune.allow_blas ||
+                       !allow_blas;
   int64_t tile_rows = batch <= tune.serial_batch
                           ? batch
                           : std::min(per_thread, use_vec ? tune.vec_rows : tune.blas_rows);
@@ -241,13 +242,15 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
     return problem.return_chain ? chain : out;
   }
   const Kernels& kern = kernels();
-  const Tiling tiling = choose_tiling(batch);
+  // A network program runs on the vectorised kernels only.
+  const Tiling tiling = choose_tiling(batch, /*allow_blas=*/plan.program == nullptr);
 
   // ---- Everything the step loop reads, prepared before it.
   std::vector<int64_t> in_f(num_layers), out_f(num_layers), weight_ld(num_layers);
   std::vector<at::Tensor> weight_c(num_layers), bias_c(num_layers);
   std::vector<const float*> weight_p(num_layers), bias_p(num_layers);
-  int64_t widest = dim;
+  // A program's LayerNorm may read its concatenated input into an activation buffer.
+  int64_t widest = std::max(dim, plan.input_ld);
   for (int64_t l = 0; l < num_layers; ++l) {
     weight_c[l] = rows_unit_stride(problem.weights[l]);
     bias_c[l] = problem.biases[l].contiguous();
@@ -346,6 +349,78 @@ class ClampBounds {
   const float* lo_ = nullptr;
 };
 
+// A network program as the kernels run it: every instruction with the
+// buffers it reads and writes (cpu::ProgramOp), a Linear followed by an
+// activation fused into one instruction, identities dropped. A buffer stays
+// untouched from its "save" to its "add". `norm_weights` / `norm_biases`:
+// contiguous, kept alive by the caller.
+std::vector<cpu::ProgramOp> compile_program(const NetworkProgram& program, int64_t input_width,
+                                            const std::vector<at::Tensor>& weights,
+                                            const std::vector<at::Tensor>& norm_weights,
+                                            const std::vector<at::Tensor>& norm_biases,
+                                            int64_t& num_buffers) {
+  using cpu::ProgramOp;
+  const bool own_input = program.input.size() > 1 || program.input[0] != InputPart::kX;
+  int32_t cur = own_input ? cpu::kProgramInput : cpu::kProgramX;
+  int64_t width = input_width;
+  std::vector<int32_t> saved;
+  int32_t buffers = 0;
+  auto is_saved = [&](int32_t id) { return std::find(saved.begin(), saved.end(), id) != saved.end(); };
+  auto fresh = [&]() {
+    int32_t id = 0;
+    while (id == cur || is_saved(id)) ++id;
+    buffers = std::max(buffers, id + 1);
+    return id;
+  };
+  // In place where h's buffer is an activation buffer no "save" holds.
+  auto writable = [&]() { return cur >= 0 && !is_saved(cur) ? cur : fresh(); };
+  std::vector<ProgramOp> out;
+  const std::vector<NetworkOp>& ops = program.ops;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const NetworkOp& op = ops[i];
+    ProgramOp o{};
+    o.src = cur;
+    switch (op.kind) {
+      case NetworkOp::Kind::kLinear:
+        o.kind = ProgramOp::kLinear;
+        o.layer = static_cast<int32_t>(op.index);
+        o.dst = fresh();
+        if (i + 1 < ops.size() && ops[i + 1].kind == NetworkOp::Kind::kActivation) o.act = ops[++i].activation;
+        width = weights[op.index].size(0);
+        break;
+      case NetworkOp::Kind::kActivation:
+        if (op.activation == Activation::kIdentity) continue;
+        o.kind = ProgramOp::kActivation;
+        o.act = op.activation;
+        o.dst = writable();
+        break;
+      case NetworkOp::Kind::kLayerNorm:
+        o.kind = ProgramOp::kLayerNorm;
+        o.eps = static_cast<float>(op.eps);
+        if (op.index >= 0) {
+          o.gamma = norm_weights[op.index].data_ptr<float>();
+          o.beta = norm_biases[op.index].data_ptr<float>();
+        }
+        o.dst = writable();
+        break;
+      case NetworkOp::Kind::kSave:
+        saved.push_back(cur);
+        continue;
+      case NetworkOp::Kind::kAdd:
+        o.kind = ProgramOp::kAdd;
+        o.other = saved.back();
+        saved.pop_back();
+        o.dst = writable();
+        break;
+    }
+    o.width = width;
+    out.push_back(o);
+    cur = o.dst;
+  }
+  num_buffers = buffers;
+  return out;
+}
+
 }  // namespace
 
 at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
@@ -373,17 +448,19 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
   return run(problem, plan);
 }
 
-at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call) {
-  if (tuning().unfused) return fused_sample_rule_unfused(call);
-  check_sample_rule_args(call);
+at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call, const SampleRuleExtras& extras) {
+  if (tuning().unfused) return fused_sample_rule_unfused(call, extras);
+  check_sample_rule_args(call, extras);
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
                clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
                cond_net, clip_bounds, post_clip_bounds, generator] = call;
   check_timesteps_in_range(t_start, num_steps, step_tables.size(1));
   if (clip_bounds.has_value()) check_bounds_ordered(*clip_bounds, "clip_bounds");
   if (post_clip_bounds.has_value()) check_bounds_ordered(*post_clip_bounds, "post_clip_bounds");
+  const bool has_program = extras.network.has_value();
   CpuProblem problem{x, t_start, std::vector<at::Tensor>(weights.begin(), weights.end()), biases,
-                     parse_activations(activations, static_cast<int64_t>(weights.size())),
+                     has_program ? std::vector<Activation>()
+                                 : parse_activations(activations, static_cast<int64_t>(weights.size())),
                      return_chain};
   const at::Tensor tables = step_tables.contiguous();
   const at::Tensor time = with_bias_net(time_bias, time_net).value_or(at::Tensor());
@@ -414,6 +491,40 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call) {
   const ClampBounds x_bounds(post_clip, post_clip_bounds, "post_clip", x.size(1));
   std::tie(plan.clip_lo, plan.clip_hi) = x0_bounds.lo_hi();
   std::tie(plan.post_lo, plan.post_hi) = x_bounds.lo_hi();
+  if (extras.noise_clip.has_value()) plan.noise_clip = static_cast<float>(*extras.noise_clip);
+
+  // ---- A network program: its instructions with buffers assigned, its input's parts.
+  std::vector<at::Tensor> norm_w, norm_b, inputs;
+  std::vector<cpu::ProgramOp> program_ops;
+  if (has_program) {
+    const NetworkProgram program = parse_network(call, extras);
+    for (const at::Tensor& t : extras.norm_weights.value_or(at::TensorList())) norm_w.push_back(t.contiguous());
+    for (const at::Tensor& t : extras.norm_biases.value_or(at::TensorList())) norm_b.push_back(t.contiguous());
+    int64_t input_width = 0;
+    const bool own_input = program.input.size() > 1 || program.input[0] != InputPart::kX;
+    for (InputPart part : program.input) {
+      const int32_t code = part == InputPart::kX ? 0 : part == InputPart::kCond ? 1 : 2;
+      if (own_input) plan.input_parts[plan.num_input_parts++] = code;
+      if (part == InputPart::kX) {
+        input_width += x.size(1);
+        continue;
+      }
+      const at::Tensor rows = (part == InputPart::kCond ? *cond_net.input : *time_net.input).contiguous();
+      inputs.push_back(rows);
+      input_width += rows.size(1);
+      if (part == InputPart::kCond) {
+        plan.cond_input = rows.data_ptr<float>();
+        plan.cond_cols = rows.size(1);
+      } else {
+        plan.time_input = rows.data_ptr<float>();
+        plan.time_cols = rows.size(1);
+      }
+    }
+    if (own_input) plan.input_ld = round_up(input_width, kPad);
+    program_ops = compile_program(program, input_width, problem.weights, norm_w, norm_b, plan.program_buffers);
+    plan.program = program_ops.data();
+    plan.program_ops = static_cast<int64_t>(program_ops.size());
+  }
   return run(problem, plan);
 }
 

@@ -29,6 +29,26 @@ inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 //        clamped x0, none at k = 0)
 // A null table stands for its identity (A: 1; D, E, S, P: 0), so a rule that
 // lacks a term costs nothing for it.
+// One instruction of a network program as the kernels run it: buffers by
+// number (kProgramX: x's rows; kProgramInput: the concatenated input; 0, 1,
+// ...: activation buffers of the tile's scratch), assigned once per call by
+// the CPU op so that a saved h is never overwritten before its "add".
+constexpr int32_t kProgramX = -1;
+constexpr int32_t kProgramInput = -2;
+
+struct ProgramOp {
+  enum Kind : int32_t { kLinear, kActivation, kLayerNorm, kAdd };
+  Kind kind;
+  Activation act = Activation::kIdentity;  // kLinear: applied after it (fused); kActivation
+  int32_t layer = -1;                      // kLinear: the layer (weights, packed panels)
+  int32_t src = kProgramX, dst = 0;        // dst may be src (in place)
+  int32_t other = 0;                       // kAdd: dst = src + other
+  int64_t width = 0;                       // kActivation, kLayerNorm, kAdd: h's columns
+  float eps = 0.f;                         // kLayerNorm
+  const float* gamma = nullptr;            // kLayerNorm's affine part, or null
+  const float* beta = nullptr;
+};
+
 struct MlpPlan {
   int64_t batch = 0;
   int64_t dim = 0;         // features of x, the input of layer 0
@@ -67,21 +87,56 @@ struct MlpPlan {
   const int64_t* noise_seeds = nullptr;
   bool seed_per_row = false;
   float* chain = nullptr;        // (K + 1, batch, dim): x after step k goes to chain[k + 1]
+  // z clamped to [-noise_clip, noise_clip] before it is scaled; 0: no clamp.
+  float noise_clip = 0.f;
+
+  // A network program instead of the chain of layers with act[] (null: the chain).
+  const ProgramOp* program = nullptr;
+  int64_t program_ops = 0;
+  int64_t program_buffers = 0;  // activation buffers it uses
+  // The concatenated input of a program that has one: the columns of x, then
+  // of the parts in input_parts order (0: x, 1: cond rows, 2: time rows by step index).
+  int32_t input_parts[3] = {0, 0, 0};
+  int32_t num_input_parts = 0;  // 0: the program reads x itself
+  int64_t input_ld = 0;         // row stride of the input buffer
+  const float* cond_input = nullptr;  // (batch, cond_cols)
+  int64_t cond_cols = 0;
+  const float* time_input = nullptr;  // (steps table, time_cols)
+  int64_t time_cols = 0;
 
   // Whether layer 0 needs bias rows of its own (else it uses bias[0] for every row).
   bool row_bias() const { return time_bias != nullptr || time_weight != nullptr || cond_bias != nullptr; }
 };
 
-// The scratch floats a tile of `rows` rows needs: two activation buffers and
-// layer 0's bias rows (act_ld columns each), then the previous x0 when the rule
-// has a P table (dim columns).
+// The activation buffers of a tile: two for the chain, the program's own count.
+inline int64_t activation_buffers(const MlpPlan& plan) {
+  return plan.program != nullptr ? plan.program_buffers : 2;
+}
+
+// The scratch floats a tile of `rows` rows needs: the activation buffers and
+// layer 0's bias rows (act_ld columns each), a program's concatenated input
+// (input_ld columns), then the previous x0 when the rule has a P table (dim
+// columns).
 inline int64_t scratch_floats(const MlpPlan& plan, int64_t rows) {
-  return 3 * rows * plan.act_ld + (plan.P != nullptr ? rows * plan.dim : 0);
+  return (activation_buffers(plan) + 1) * rows * plan.act_ld + rows * plan.input_ld +
+         (plan.P != nullptr ? rows * plan.dim : 0);
+}
+
+// Layer 0's bias rows in a tile's scratch (see scratch_floats).
+inline float* row_bias_rows(const MlpPlan& plan, float* scratch, int64_t rows) {
+  return scratch + activation_buffers(plan) * rows * plan.act_ld;
+}
+
+// A program's concatenated input rows in a tile's scratch.
+inline float* input_rows(const MlpPlan& plan, float* scratch, int64_t rows) {
+  return scratch + (activation_buffers(plan) + 1) * rows * plan.act_ld;
 }
 
 // The previous x0's rows in a tile's scratch (see scratch_floats), or null.
 inline float* previous_x0(const MlpPlan& plan, float* scratch, int64_t rows) {
-  return plan.P != nullptr ? scratch + 3 * rows * plan.act_ld : nullptr;
+  return plan.P != nullptr
+             ? scratch + (activation_buffers(plan) + 1) * rows * plan.act_ld + rows * plan.input_ld
+             : nullptr;
 }
 
 // One instruction set's kernels.

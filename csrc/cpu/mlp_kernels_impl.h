@@ -378,6 +378,8 @@ inline void seeded_normals(uint64_t key, int64_t j0, Vec* z) {
 void step_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const float* eps,
                  int64_t ld, const float* bias, int64_t k, float* x0_prev) {
   const int64_t dim = p.dim;
+  const bool clip_noise = p.noise_clip > 0.f;
+  const Vec noise_lo(-p.noise_clip), noise_hi(p.noise_clip);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t s = p.t_start[row0 + r] - k;
     const Vec a(p.A != nullptr ? p.A[s] : 1.f), b(p.B[s]), c(p.C[s]);
@@ -406,8 +408,14 @@ void step_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const f
       if (p.E != nullptr) next = next + e_coef * e;
       if (use_prev) next = next + prev_coef * load(prev + j, n);
       if (prev != nullptr) store(x0, prev + j, n);
-      if (z != nullptr) next = next + sigma * load(z + j, n);
-      if (seeded) next = at::vec::fmadd(sigma, drawn[slot], next);
+      if (z != nullptr) {
+        const Vec zv = load(z + j, n);
+        next = next + sigma * (clip_noise ? at::vec::clamp(zv, noise_lo, noise_hi) : zv);
+      }
+      if (seeded) {
+        const Vec zv = drawn[slot];
+        next = at::vec::fmadd(sigma, clip_noise ? at::vec::clamp(zv, noise_lo, noise_hi) : zv, next);
+      }
       if (p.post_lo != nullptr) next = at::vec::clamp(next, load(p.post_lo + j, n), load(p.post_hi + j, n));
       store(next, xr + j, n);
     });
@@ -452,12 +460,154 @@ void pack_layer(const float* w, int64_t ld_w, const float* bias, int64_t out_f, 
   for (int64_t j = out_f; j < op; ++j) packed_bias[j] = 0.f;
 }
 
+// ---- Network programs: the instructions that are not Linear layers, row by row.
+
+// The sum of a vector's lanes.
+inline float lanes_sum(Vec v) {
+  float lanes[kV];
+  v.store(lanes);
+  float sum = 0.f;
+  for (int i = 0; i < kV; ++i) sum += lanes[i];
+  return sum;
+}
+
+// Sum of the first n floats at p (masked loads read nothing past them).
+inline float row_sum(const float* p, int64_t n) {
+  Vec acc(0.f);
+  for_vectors(n, [&](int64_t j, int64_t m) { acc = acc + load(p + j, m); });
+  return lanes_sum(acc);
+}
+
+// dst = LayerNorm(src) over `width` columns: two passes (the mean, then the
+// centred squares), biased variance, then the affine part when given.
+void layer_norm_rows(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
+                     int64_t width, float eps, const float* gamma, const float* beta) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = src + r * src_ld;
+    float* out = dst + r * dst_ld;
+    const float mean = row_sum(in, width) / static_cast<float>(width);
+    const Vec mv(mean);
+    Vec acc(0.f);
+    for_vectors(width, [&](int64_t j, int64_t m) {
+      const Vec d = load(in + j, m) - mv;
+      acc = m == kV ? at::vec::fmadd(d, d, acc) : at::vec::fmadd(d, Vec::set(Vec(0.f), d, m), acc);
+    });
+    const float var = lanes_sum(acc) / static_cast<float>(width);
+    const Vec rstd(1.f / std::sqrt(var + eps));
+    for_vectors(width, [&](int64_t j, int64_t m) {
+      Vec y = (load(in + j, m) - mv) * rstd;
+      if (gamma != nullptr) y = at::vec::fmadd(y, load(gamma + j, m), load(beta + j, m));
+      store(y, out + j, m);
+    });
+  }
+}
+
+void activation_rows(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
+                     int64_t width, Activation act) {
+  with_activation(act, [&](auto tag) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* in = src + r * src_ld;
+      float* out = dst + r * dst_ld;
+      for_vectors(width, [&](int64_t j, int64_t m) {
+        store(activate<decltype(tag)::value>(load(in + j, m)), out + j, m);
+      });
+    }
+  });
+}
+
+void add_rows(const float* a, int64_t a_ld, const float* b, int64_t b_ld, float* dst, int64_t dst_ld,
+              int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for_vectors(width, [&](int64_t j, int64_t m) {
+      store(load(a + r * a_ld + j, m) + load(b + r * b_ld + j, m), dst + r * dst_ld + j, m);
+    });
+  }
+}
+
+// The concatenated input of step k's rows: x, then the parts in order.
+void gather_input(const MlpPlan& p, const float* x, int64_t row0, int64_t rows, float* out, int64_t k) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = out + r * p.input_ld;
+    for (int32_t i = 0; i < p.num_input_parts; ++i) {
+      const int32_t part = p.input_parts[i];
+      const float* from = part == 0 ? x + r * p.dim
+                        : part == 1 ? p.cond_input + (row0 + r) * p.cond_cols
+                                    : p.time_input + (p.t_start[row0 + r] - k) * p.time_cols;
+      const int64_t n = part == 0 ? p.dim : part == 1 ? p.cond_cols : p.time_cols;
+      std::memcpy(o, from, n * sizeof(float));
+      o += n;
+    }
+  }
+}
+
+// One Linear layer of `rows` rows: out = act(in @ W^T + bias or bias rows).
+void linear_rows(const MlpPlan& p, int64_t l, const float* in, int64_t in_ld, int64_t rows, float* out,
+                 int64_t ld, const float* row_bias, Activation act) {
+  const bool own_rows = l == 0 && p.row_bias();
+  const int64_t bias_ld = own_rows ? ld : 0;
+  if (p.packed_w == nullptr) {
+    const float* bias = own_rows ? row_bias : p.bias[l];
+    with_activation(act, [&](auto a) {
+      for (int64_t r = 0; r < rows; ++r) {
+        dot_layer_row<decltype(a)::value>(in + r * in_ld, p.in_f[l], p.weight[l], p.weight_ld[l],
+                                          bias + r * bias_ld, p.out_f[l], out + r * ld);
+      }
+    });
+  } else {
+    layer(in, in_ld, rows, p.in_f[l], p.packed_w[l], round_up(p.out_f[l], kPad),
+          own_rows ? row_bias : p.packed_b[l], bias_ld, out, ld, act);
+  }
+}
+
+// The network program on one tile for step k; returns the buffer holding e (row stride act_ld).
+const float* run_program(const MlpPlan& p, const float* x, int64_t row0, int64_t rows, float* scratch,
+                         const float* row_bias, int64_t k) {
+  const int64_t ld = p.act_ld;
+  float* input = input_rows(p, scratch, rows);
+  if (p.num_input_parts > 0) gather_input(p, x, row0, rows, input, k);
+  auto buffer = [&](int32_t id) -> float* {
+    return id == kProgramX ? const_cast<float*>(x) : id == kProgramInput ? input : scratch + id * rows * ld;
+  };
+  auto stride = [&](int32_t id) -> int64_t {
+    return id == kProgramX ? p.dim : id == kProgramInput ? p.input_ld : ld;
+  };
+  const float* out = nullptr;
+  for (int64_t i = 0; i < p.program_ops; ++i) {
+    const ProgramOp& op = p.program[i];
+    float* dst = buffer(op.dst);
+    switch (op.kind) {
+      case ProgramOp::kLinear:
+        linear_rows(p, op.layer, buffer(op.src), stride(op.src), rows, dst, ld, row_bias, op.act);
+        break;
+      case ProgramOp::kActivation:
+        activation_rows(buffer(op.src), stride(op.src), dst, ld, rows, op.width, op.act);
+        break;
+      case ProgramOp::kLayerNorm:
+        layer_norm_rows(buffer(op.src), stride(op.src), dst, ld, rows, op.width, op.eps, op.gamma, op.beta);
+        break;
+      case ProgramOp::kAdd:
+        add_rows(buffer(op.src), stride(op.src), buffer(op.other), stride(op.other), dst, ld, rows, op.width);
+        break;
+    }
+    out = dst;
+  }
+  return out;
+}
+
 void vec_tile(const MlpPlan& p, float* x_all, int64_t row0, int64_t rows, float* scratch) {
   const int64_t ld = p.act_ld;
   float* bufs[2] = {scratch, scratch + rows * ld};
-  float* row_bias = scratch + 2 * rows * ld;  // zero past out_f[0]: padded outputs stay 0
+  float* row_bias = row_bias_rows(p, scratch, rows);  // zero past out_f[0]: padded outputs stay 0
   float* x0_prev = previous_x0(p, scratch, rows);
   float* x = x_all + row0 * p.dim;
+  if (p.program != nullptr) {
+    for (int64_t k = 0; k < p.num_steps; ++k) {
+      if (p.row_bias()) first_bias(p, row0, rows, row_bias, ld, k);
+      const float* e = run_program(p, x, row0, rows, scratch, row_bias, k);
+      step_update(p, x, row0, rows, e, ld, nullptr, k, x0_prev);
+    }
+    return;
+  }
   for (int64_t k = 0; k < p.num_steps; ++k) {
     if (p.row_bias()) first_bias(p, row0, rows, row_bias, ld, k);
     const float* in = x;  // layer 0 reads x itself

@@ -1,0 +1,245 @@
+"""DiffusionSampler with the noise networks of IDQL, CleanDiffuser and DPPO as the projects write
+them (tests/project_networks.py): read once at construction, parameters at every call, against
+each project's own loop in float64; and networks it cannot read."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ddpm_ops
+from network_problems import dppo_rule, idql_rule
+from problems import relative_error
+from project_networks import (DiffusionMLP, IDQLMLP, IDQLMlp, MLPResNet, ResidualBlock, ResidualMLP,
+                              idql_time_encoder)
+
+TOLERANCE = 1e-5
+
+
+def idql_loop(reverse, time_encoder, rule, state, x, noise):
+    """IDQL's ddpm_sampler (jaxrl5) in float64: eps of cat[a, s, cond_encoder(t)], the v1 update,
+    sqrt(beta) z for t > 0, clipped every step; the rule's A = 1, B, C, S are its coefficients."""
+    reverse, time_encoder = copy.deepcopy(reverse).double(), copy.deepcopy(time_encoder).double()
+    x = x.double()
+    T = len(rule)
+    with torch.no_grad():
+        for k, t in enumerate(reversed(range(T))):
+            time = torch.full((x.shape[0],), float(t), dtype=torch.float64)
+            eps = reverse(torch.cat([x, state.double(), time_encoder(time).double()], -1))
+            x = rule.C[t].double() * (x - rule.B[t].double() * eps) + rule.S[t].double() * noise[k].double()
+            x = x.clamp(-1, 1)
+    return x
+
+
+@pytest.mark.parametrize("batch", [1, 16, 130])
+def test_idql_ln_resnet(batch):
+    torch.manual_seed(batch)
+    reverse = MLPResNet(3, 6 + 17 + 128, 6, dropout_rate=0.1, use_layer_norm=True, hidden_dim=256).eval()
+    time_encoder = idql_time_encoder()
+    rule = idql_rule()
+    sampler = ddpm_ops.DiffusionSampler(reverse, rule, torch.arange(5.0), layout=(("x", 6), ("cond", 17),
+                                        ("time", 128)), time_embedding=time_encoder)
+    state, x, noise = torch.randn(batch, 17), torch.randn(batch, 6), torch.randn(5, batch, 6)
+    with torch.no_grad():
+        out = sampler(x, cond=state, noise=noise)
+    assert relative_error(out, idql_loop(reverse, time_encoder, rule, state, x, noise)) <= TOLERANCE
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_idql_mlp_with_a_layer_norm_over_the_whole_input(batch):
+    torch.manual_seed(100 + batch)
+    reverse = IDQLMLP(6 + 17 + 128, (256, 256, 256, 6), use_layer_norm=True, dropout_rate=0.1).eval()
+    with torch.no_grad():  # trained-looking LayerNorm parameters
+        reverse.norm.weight.normal_(1.0, 0.3)
+        reverse.norm.bias.normal_(0.0, 0.3)
+    time_encoder = idql_time_encoder()
+    rule = idql_rule()
+    sampler = ddpm_ops.DiffusionSampler(reverse, rule, torch.arange(5.0), layout=(("x", 6), ("cond", 17),
+                                        ("time", 128)), time_embedding=time_encoder)
+    assert sampler._program.instructions[0].startswith("layer_norm_affine")
+    state, x, noise = torch.randn(batch, 17), torch.randn(batch, 6), torch.randn(5, batch, 6)
+    with torch.no_grad():
+        out = sampler(x, cond=state, noise=noise)
+    assert relative_error(out, idql_loop(reverse, time_encoder, rule, state, x, noise)) <= TOLERANCE
+
+
+def cleandiffuser_loop(model, rule, x, noise, condition=None):
+    """A DDPM loop of CleanDiffuser's IDQLMlp in float64 with the rule's tables (x0 clipped)."""
+    model = copy.deepcopy(model).double()
+    x = x.double()
+    with torch.no_grad():
+        for k, t in enumerate(reversed(range(len(rule)))):
+            e = model(x, torch.full((x.shape[0],), float(t), dtype=torch.float64),
+                      None if condition is None else condition.double())
+            c = {n: getattr(rule, n)[t].double() for n in "ABCDES"}
+            x0 = (c["A"] * x - c["B"] * e).clamp(*rule.clip)
+            x = c["C"] * x0 + c["D"] * x + c["E"] * e + c["S"] * noise[k].double()
+    return x
+
+
+@pytest.mark.parametrize("batch", [1, 33])
+def test_cleandiffuser_idql_mlp(batch):
+    """CleanDiffuser's IDQLMlp: its layers as the sampler's network, its time MLP as the time embedding
+    (read into the op's time network), no condition."""
+    torch.manual_seed(200 + batch)
+    model = IDQLMlp(6, emb_dim=64, hidden_dim=256, n_blocks=3).eval()
+    rule = ddpm_ops.step_rules.ddpm(ddpm_ops.cosine_betas(10), clip=1.0)
+    sampler = ddpm_ops.DiffusionSampler(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out), rule,
+                                        torch.arange(10), layout=(("x", 6), ("time", 64)),
+                                        time_embedding=nn.Sequential(model.map_noise, *model.time_mlp))
+    assert sampler._time_mlp is not None  # the op runs the time MLP
+    x, noise = torch.randn(batch, 6), torch.randn(10, batch, 6)
+    with torch.no_grad():
+        out = sampler(x, noise=noise)
+    assert relative_error(out, cleandiffuser_loop(model, rule, x, noise)) <= TOLERANCE
+
+
+def test_cleandiffuser_idql_mlp_with_a_condition_added_to_the_time_embedding():
+    """IDQLMlp adds the condition to the time embedding: the embedding's columns of affine_in take both,
+    as a time network and a condition network of the same columns (ddpm_ops.sample)."""
+    torch.manual_seed(7)
+    model = IDQLMlp(6, emb_dim=64, hidden_dim=256, n_blocks=3).eval()
+    rule = ddpm_ops.step_rules.ddpm(ddpm_ops.cosine_betas(10), clip=1.0)
+    program = ddpm_ops.layers.read_network(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out))
+    weights, biases, norm_weights, norm_biases = program.parameters()
+    w_x, (w_emb,) = ddpm_ops.split_first_linear(model.affine_in, (6, 64))
+    condition, x, noise = torch.randn(20, 64), torch.randn(20, 6), torch.randn(10, 20, 6)
+    lin1, lin2 = model.time_mlp[0], model.time_mlp[2]
+    with torch.no_grad():
+        time_net = ddpm_ops.BiasNet(model.map_noise(torch.arange(10)), [lin1.weight, lin2.weight, w_emb],
+                                    [lin1.bias, lin2.bias], ["mish", "identity"])
+        out = ddpm_ops.sample(x, 9, [w_x, *weights[1:]], biases, rule, 10, network=program.instructions,
+                              norm_weights=norm_weights, norm_biases=norm_biases, noise=noise, time_net=time_net,
+                              cond_net=ddpm_ops.BiasNet(condition, [w_emb]))
+    assert relative_error(out, cleandiffuser_loop(model, rule, x, noise, condition)) <= TOLERANCE
+
+
+def dppo_loop(model, betas, state, x, noise, *, min_std, randn_clip, denoised_clip=1.0, return_chain=False):
+    """DPPO's Diffusion.forward (DDPM) in float64, with its own coefficients."""
+    model = copy.deepcopy(model).double()
+    betas = betas.double()
+    alphas = 1 - betas
+    abar = torch.cumprod(alphas, 0)
+    abar_prev = torch.cat([torch.ones(1, dtype=torch.float64), abar[:-1]])
+    var = (betas * (1 - abar_prev) / (1 - abar)).clamp(min=1e-20)
+    coef1, coef2 = betas * abar_prev.sqrt() / (1 - abar), (1 - abar_prev) * alphas.sqrt() / (1 - abar)
+    x = x.double()
+    chain = [x]
+    with torch.no_grad():
+        for i, t in enumerate(reversed(range(len(betas)))):
+            eps = model(x, torch.full((x.shape[0],), float(t), dtype=torch.float64), state.double())
+            x_recon = ((1 / abar[t]).sqrt() * x - (1 / abar[t] - 1).sqrt() * eps).clamp(-denoised_clip, denoised_clip)
+            mean = coef1[t] * x_recon + coef2[t] * x
+            std = torch.exp(0.5 * var[t].log())
+            std = torch.zeros_like(std) if t == 0 else std.clamp(min=min_std)
+            x = mean + std * noise[i].double().clamp(-randn_clip, randn_clip)
+            chain.append(x)
+    return torch.stack(chain) if return_chain else x
+
+
+@pytest.mark.parametrize("activation", ["ReLU", "Mish"])
+@pytest.mark.parametrize("batch", [1, 40, 256])
+def test_dppo_residual_mlp(activation, batch):
+    """DPPO's DiffusionMLP (residual style, widths 512, action 3 x chunk 4, obs 11), 20 cosine DDPM steps,
+    x0 clipped, the std floored, the noise clipped to 3, the whole chain (fine-tuning)."""
+    torch.manual_seed(300 + batch)
+    model = DiffusionMLP(3, 4, 11, mlp_dims=(512, 512, 512), activation_type=activation).eval()
+    betas = ddpm_ops.cosine_betas(20)
+    rule = ddpm_ops.step_rules.ddpm(betas, clip=1.0, min_std=1e-3, noise_clip=3.0)
+    sampler = ddpm_ops.DiffusionSampler(model.mlp_mean, rule, torch.arange(20), layout=(("x", 12), ("time", 16),
+                                        ("cond", 11)), time_embedding=model.time_embedding)
+    state, x, noise = torch.randn(batch, 11), torch.randn(batch, 4, 3), 1.5 * torch.randn(20, batch, 4, 3)
+    with torch.no_grad():
+        chain = sampler(x, cond=state, noise=noise, return_chain=True)
+    assert chain.shape == (21, batch, 4, 3)
+    expected = dppo_loop(model, betas, state, x, noise, min_std=1e-3, randn_clip=3.0, return_chain=True)
+    assert relative_error(chain, expected) <= TOLERANCE
+
+
+def test_parameters_are_read_at_every_call():
+    torch.manual_seed(5)
+    reverse = MLPResNet(2, 6 + 17 + 128, 6, use_layer_norm=True, hidden_dim=64).eval()
+    time_encoder = idql_time_encoder()
+    rule = idql_rule()
+    sampler = ddpm_ops.DiffusionSampler(reverse, rule, torch.arange(5.0), layout=(("x", 6), ("cond", 17),
+                                        ("time", 128)), time_embedding=time_encoder)
+    state, x, noise = torch.randn(9, 17), torch.randn(9, 6), torch.randn(5, 9, 6)
+    with torch.no_grad():
+        before = sampler(x, cond=state, noise=noise)
+        reverse.blocks[1].norm.weight.mul_(1.5)
+        reverse.blocks[0].dense2.bias.add_(0.3)
+        after = sampler(x, cond=state, noise=noise)
+    assert relative_error(after, before) > 1e-3
+    assert relative_error(after, idql_loop(reverse, time_encoder, rule, state, x, noise)) <= TOLERANCE
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + 2 * self.linear(x)
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.linear(x)
+        return x
+
+
+class TwoPaths(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+@pytest.mark.parametrize("net, message", [
+    (nn.Sequential(nn.Linear(8, 8), nn.LeakyReLU(), nn.Linear(8, 8)), r"mlp: 1 \(LeakyReLU\): not a layer the op "
+                                                                      r"computes"),
+    (nn.Sequential(nn.Linear(8, 8), Scaled(), nn.Linear(8, 8)), r"mlp: call_function mul .*: not an operation the "
+                                                                r"op computes"),
+    (nn.Sequential(nn.Linear(8, 8), Branchy()), r"mlp: Sequential's forward cannot be read as a chain of layers: "
+                                                r"torch.fx cannot trace it"),
+    (nn.Sequential(nn.Linear(8, 8), TwoPaths()), r"mlp: 1.b \(Linear\): reads something other than the previous "
+                                                 r"layer's output"),
+    (nn.Sequential(nn.Linear(8, 8), nn.LayerNorm((2, 4)), nn.Linear(8, 8)), r"mlp: 1 \(LayerNorm\): not a layer"),
+    (nn.Sequential(nn.Linear(8, 8), ResidualBlock(8), nn.GRU(8, 8)), r"mlp: 2 \(GRU\): not a layer the op computes"),
+])
+def test_networks_it_cannot_read_are_refused_naming_the_module(net, message):
+    rule = ddpm_ops.step_rules.ddpm(ddpm_ops.cosine_betas(5))
+    with pytest.raises(ValueError, match=message):
+        ddpm_ops.DiffusionSampler(net, rule, layout=(("x", 8),))
+
+
+def test_read_network_programs():
+    """The programs the reader writes for each project's network."""
+    read = ddpm_ops.layers.read_network
+    ln_resnet = read(MLPResNet(3, 30, 6, dropout_rate=0.1, use_layer_norm=True, hidden_dim=16))
+    assert ln_resnet.instructions == ("linear", *("save", "layer_norm_affine:1e-06", "linear", "mish", "linear", "add")
+                                      * 3, "mish", "linear")
+    assert len(ln_resnet.linears) == 8 and len(ln_resnet.norms) == 3
+    mlp = read(IDQLMLP(30, (16, 16, 6), use_layer_norm=True, dropout_rate=0.1))
+    assert mlp.instructions == ("layer_norm_affine:1e-06", "linear", "mish", "linear", "mish", "linear")
+    assert not mlp.first_is_linear
+    dppo = read(ResidualMLP([30, 64, 64, 64, 64, 64, 12], activation_type="ReLU", use_layernorm=True))
+    block = ("save", "layer_norm_affine:1e-06", "relu", "linear", "layer_norm_affine:1e-06", "relu", "linear", "add")
+    assert dppo.instructions == ("linear", *block * 2, "linear")
+    model = IDQLMlp(6, emb_dim=16, hidden_dim=32, n_blocks=2)
+    clean = read(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out))
+    assert clean.instructions == ("linear", *("save", "layer_norm_affine:1e-05", "linear", "mish", "linear", "add")
+                                  * 2, "mish", "linear")
+    plain_norm = read(nn.Sequential(nn.LayerNorm(4, elementwise_affine=False, eps=1e-3), nn.Linear(4, 4, bias=False),
+                                    nn.GELU(approximate="tanh"), nn.Dropout(0.5), nn.Linear(4, 4)))
+    assert plain_norm.instructions == ("layer_norm:0.001", "linear", "gelu_tanh", "linear")
+    weights, biases, _, _ = plain_norm.parameters()
+    assert torch.equal(biases[0], torch.zeros(4))
