@@ -129,9 +129,12 @@ class SquaredUpdate(v1_variants.PosteriorSampler):
 
 
 class LayerNormNet(v1_variants.PosteriorSampler):
-    def __init__(self, **kw):
+    """``norm`` between the Linears: a LayerNorm is a layer of the op's network programs; an
+    RMSNorm is not."""
+
+    def __init__(self, norm=nn.LayerNorm, **kw):
         super().__init__(timesteps="int", **kw)
-        self.eps_net = nn.Sequential(nn.Linear(self.dim + 1, 32), nn.LayerNorm(32), nn.SiLU(),
+        self.eps_net = nn.Sequential(nn.Linear(self.dim + 1, 32), norm(32), nn.SiLU(),
                                      nn.Linear(32, self.dim))
 
 
@@ -182,9 +185,42 @@ class PerSampleFirstStep(v1_variants.PosteriorSampler):
         return x
 
 
+@pytest.mark.parametrize("make", [LayerNormNet, v1_variants.ResidualSampler,
+                                  lambda: v1_variants.ResidualSampler(use_layernorm=True)],
+                         ids=["layer_norm", "dppo_residual", "dppo_residual_layer_norm"])
+def test_network_program_fuses_with_the_float64_loops_numbers(make):
+    """A noise network with a LayerNorm between its Linears, or DPPO's residual MLP (pre-activation
+    blocks, with LayerNorms or not): read as the op's network program, one call, no matmul left,
+    eager's numbers and the float64 loop's."""
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.randn(8, model.dim)
+    out, code = compile_run(model, x, model.T - 1)
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+    with torch.no_grad():
+        assert relative_error(out, model(x, model.T - 1)) < 1e-5
+        assert relative_error(out, model.double()(x.double(), model.T - 1)) < 1e-5
+
+
+def test_exported_idql_ln_resnet_fuses_with_eager_numbers():
+    """IDQL's LN-ResNet sampler exported (decomposed IR): one call with the network program."""
+    model, args, noise_shape = CASES["idql_ln_resnet"]()
+    args = (*args, torch.randn(noise_shape))
+    with torch.no_grad():
+        ep = torch.export.export(model, args).run_decompositions()
+        fused = ddpm_ops.fuse_exported_program(ep)
+        calls = [n for n in fused.graph.nodes if n.op == "call_function" and n.target is torch.ops.ddpm.fused_sample.rule]
+        assert len(calls) == 1
+        program = calls[0].args[calls[0].target._schema.arguments.index(
+            next(a for a in calls[0].target._schema.arguments if a.name == "network"))]
+        assert program[:2] == ["linear", "save"] and program.count("add") == 2, program
+        assert relative_error(fused.module()(*args), model(*args)) < 1e-5
+
+
 NEAR_MISSES = {
     "not affine": (SquaredUpdate(timesteps="int"), "multiplies two sample-dependent values"),
-    "unsupported op": (LayerNormNet(), "['aten.sub.Tensor', 'aten.var_mean.correction'] reading it"),
+    "unsupported op": (LayerNormNet(norm=nn.RMSNorm), "reading it is not an activation the reader knows"),
     "per-sample, two a step": (PerSampleTwice(), "at its own timestep"),
     "per-sample, t - 1": (PerSamplePrevious(), "reads the timestep at offset 1"),
     "per-sample, first step's value": (PerSampleFirstStep(), "may differ between samples"),

@@ -238,7 +238,7 @@ class _UpdateReader:
             return self._mul(n)
         if _is(n, aten.neg.default):
             return self.settle(self.form(n.args[0])).scaled(_num(-1.0))
-        if _is(n, aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default):
+        if _is(n, aten.clamp.default, aten.clip.default, aten.clamp_min.default, aten.clamp_max.default):
             return self._clamp(n)
         if _is(n, *_VIEWS, prims.convert_element_type.default) and _same_shape(n, n.args[0]):
             if _is(n, prims.convert_element_type.default) and n.args[1] != _val(n.args[0]).dtype:
@@ -294,7 +294,7 @@ class _UpdateReader:
 
     def _clamp(self, n: Node) -> _Form:
         f = self.form(n.args[0])
-        if _is(n, aten.clamp.default):
+        if _is(n, aten.clamp.default, aten.clip.default):  # torch.clip: torch.export's training IR keeps it
             lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
             hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
         elif _is(n, aten.clamp_min.default):

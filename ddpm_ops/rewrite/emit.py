@@ -55,10 +55,15 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         noise = _noise(em, updates, K)
         clip = None if plan.clip is None else list(plan.clip)
         post = None if plan.post_clip is None else list(plan.post_clip)
+        # A network of LayerNorms or residual blocks goes as the op's program (only then: the
+        # trailing arguments stay unwritten for the others).
+        program = {} if net0.program is None else dict(
+            network=list(net0.program), norm_weights=list(net0.norm_weights), norm_biases=list(net0.norm_biases))
         args = op_args(RULE, x=x, t_start=t_start, weights=weights, biases=biases, step_tables=tables,
                        num_steps=K, activations=list(net0.activations), time_bias=time_bias,
                        cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise,
-                       **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None))
+                       **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None),
+                       **program)
         try:
             with _meta_refusals_unlogged():
                 fused = em(RULE, *args)

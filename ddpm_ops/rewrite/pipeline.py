@@ -153,7 +153,8 @@ def _log(plan: _Plan) -> None:
     previous = ", previous x0 yes" if any("p" in u.post for u in plan.updates) else ""
     _report_fused(
         f"ddpm_ops: fused {K} step{'s' if K != 1 else ''} into one ddpm::fused_sample.rule (batch shape "
-        f"{tuple(_val(plan.loop.x(0)).shape)}, {len(net.weights)} layers {net.activations}, clip "
+        f"{tuple(_val(plan.loop.x(0)).shape)}, {len(net.weights)} layers "
+        f"{net.activations if net.program is None else 'program ' + str(list(net.program))}, clip "
         f"{plan.clip}, post_clip {plan.post_clip}, noise {noise}{previous})")
 
 

@@ -68,9 +68,19 @@ def _int_scheduler():
     return scheduler_step.IntTimestepLoop(), (torch.randn(8, 3),), (10, 8, 3)
 
 
-def _idql():
-    torch.manual_seed(0)
-    return idql.IDQLActor(), (torch.randn(16, 11),), (6, 16, 3)
+def _residual(**kw):
+    def make():
+        torch.manual_seed(0)
+        m = v1_variants.ResidualSampler(noise=True, **kw)
+        return m, (torch.randn(8, m.dim), m.T - 1, None), (m.num_steps, 8, m.dim)
+    return make
+
+
+def _idql(**kw):
+    def make():
+        torch.manual_seed(0)
+        return idql.IDQLActor(**kw).eval(), (torch.randn(16, 11),), (6, 16, 3)
+    return make
 
 
 def _flow(**kw):
@@ -125,7 +135,10 @@ CASES = {
     "readme_clamp": _readme(clamp=2.0),
     "readme_noise_clamp": _readme(noise=True, clamp=2.0),
     "int_t_scheduler_step": _int_scheduler,
-    "idql": _idql,
+    "idql": _idql(),
+    "idql_ln_resnet": _idql(network="ln_resnet"),
+    "dppo_residual_mlp_flat": _residual(),
+    "dppo_residual_mlp_layer_norm_flat": _residual(use_layernorm=True),
     "flow_policy_euler": _flow(),
     "flow_policy_euler_fourier_time": _flow(time_embedding=True),
     "flow_policy_euler_ones_time": _flow_spelling("ones"),

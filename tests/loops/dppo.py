@@ -67,3 +67,46 @@ class DPPODiffusion(nn.Module):
             if self.final_action_clip_value is not None and i == len(t_all) - 1:
                 x = torch.clamp(x, -self.final_action_clip_value, self.final_action_clip_value)
         return x
+
+
+class TwoLayerPreActivationResNetLinear(nn.Module):
+    """DPPO's residual block (model/common/mlp.py): ``x + l2(act(l1(act(x))))``, LayerNorms
+    before each activation where ``use_layernorm``."""
+
+    def __init__(self, hidden_dim, use_layernorm=False):
+        super().__init__()
+        self.l1 = nn.Linear(hidden_dim, hidden_dim)
+        self.l2 = nn.Linear(hidden_dim, hidden_dim)
+        self.act = nn.Mish()
+        if use_layernorm:
+            self.norm1 = nn.LayerNorm(hidden_dim, eps=1e-06)
+            self.norm2 = nn.LayerNorm(hidden_dim, eps=1e-06)
+
+    def forward(self, x):
+        x_input = x
+        if hasattr(self, "norm1"):
+            x = self.norm1(x)
+        x = self.l1(self.act(x))
+        if hasattr(self, "norm2"):
+            x = self.norm2(x)
+        x = self.l2(self.act(x))
+        return x + x_input
+
+
+class ResidualMLP(nn.Module):
+    """DPPO's ResidualMLP: Linear(in, H), residual blocks, Linear(H, out), Identity."""
+
+    def __init__(self, dim_list, use_layernorm=False):
+        super().__init__()
+        hidden_dim = dim_list[1]
+        num_hidden_layers = len(dim_list) - 3
+        self.layers = nn.ModuleList([nn.Linear(dim_list[0], hidden_dim)])
+        self.layers.extend([TwoLayerPreActivationResNetLinear(hidden_dim, use_layernorm)
+                            for _ in range(1, num_hidden_layers, 2)])
+        self.layers.append(nn.Linear(hidden_dim, dim_list[-1]))
+        self.layers.append(nn.Identity())
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
