@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ddpm_ops  # (installs the rewrite)
 from ddpm_ops import graph_pass
-from loops import dpm_solver, dppo, tabddpm, v1_variants
+from loops import dpm_solver, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 from test_rewrite_models import relative_error
 from loops.cases import CASES
@@ -286,21 +286,6 @@ def test_kept_trajectory_fuses_step_by_step(caplog):
     assert not MATMUL.findall(code), code
     lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
     assert any("cut at its step 1" in m and "(a trajectory kept?)" in m for m in lines), lines
-
-
-def test_action_chunk_loop_is_left_alone_and_says_why(caplog):
-    """DPPO's sampler: the network reads the action chunk (B, horizon, action_dim) flattened, the
-    update works on the chunk. Not read (the sample of the step is not the network's input):
-    left alone with eager's numbers and a DEBUG line."""
-    torch.manual_seed(0)
-    model = dppo.DPPODiffusion()
-    cond, noise = torch.randn(16, 11), torch.randn(7, 16, 4, 2)
-    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
-        out, code = compile_run(model, cond, noise.clone())
-    with torch.no_grad():
-        assert relative_error(out, model(cond, noise.clone())) < 1e-5
-    assert not RULE_CALL.search(code)
-    assert_general_reason(caplog, "")
 
 
 ODE_LOOPS = ["cleandiffuser_dpmsolver++_2M_eps_clip", "cleandiffuser_dpmsolver++_2M_x0",

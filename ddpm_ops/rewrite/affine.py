@@ -244,6 +244,10 @@ class _UpdateReader:
             if _is(n, prims.convert_element_type.default) and n.args[1] != _val(n.args[0]).dtype:
                 raise _NoMatch(f"{n.name} changes the sample's dtype")
             return self.form(n.args[0])
+        if _is(n, *_ROW_VIEWS) and _same_rows(n, n.args[0]):
+            # A chunk's rows flattened or unflattened (DPPO's network reads (B, horizon *
+            # action_dim)): each row's numbers stay in that row, in order, so the form is the same.
+            return self.form(n.args[0])
         raise _NoMatch(f"the update is not affine in (x, e): {n.name} ({t}) is not add, sub, mul, "
                        "div, neg, clamp or a view")
 
@@ -311,6 +315,16 @@ class _UpdateReader:
         return _Form(dict(f.coef), (lo, hi))
 
 
+_ROW_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def _same_rows(n: Node, src: Any) -> bool:
+    """Whether ``n`` reshapes ``src`` row by row: the same first dimension and element count."""
+    nv, sv = _val(n), _val(src)
+    return nv is not None and sv is not None and nv.dim() >= 2 and sv.dim() >= 2 \
+        and _known_eq(nv.shape[0], sv.shape[0]) and _known_eq(nv.numel(), sv.numel())
+
+
 def _same_shape(n: Node, src: Any) -> bool:
     nv, sv = _val(n), _val(src)
     return nv is not None and sv is not None and len(nv.shape) == len(sv.shape) \
@@ -323,10 +337,11 @@ def _row_wise(v, shape) -> bool:
         return False
     if v.dim() == 0:
         return True
-    if v.dim() == 1:
-        return _known_eq(v.shape[0], 1)
-    if v.dim() == 2:
-        return _known_eq(v.shape[1], 1) and (_known_eq(v.shape[0], 1) or _known_eq(v.shape[0], shape[0]))
+    if v.dim() < len(shape):  # broadcast from the right: it misses the batch dimension
+        return all(_known_eq(d, 1) for d in v.shape)
+    if v.dim() == len(shape):  # (B, 1) columns, (B, 1, 1) for a chunk
+        return all(_known_eq(d, 1) for d in v.shape[1:]) and (_known_eq(v.shape[0], 1)
+                                                              or _known_eq(v.shape[0], shape[0]))
     return False
 
 

@@ -53,6 +53,8 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             t_start = em.full([batch], K - 1, dtype=torch.int64)
         weights, biases, time_bias, cond_bias, time_net, cond_net = _first_layer(em, loop, batch, reemit)
         noise = _noise(em, updates, K)
+        if noise is not None and _val(noise).dim() != 3:  # a chunk's draws: rows flattened as x's
+            noise = em(aten.reshape.default, noise, [K, batch, dim])
         clip = None if plan.clip is None else list(plan.clip)
         post = None if plan.post_clip is None else list(plan.post_clip)
         # A network of LayerNorms or residual blocks goes as the op's program (only then: the
@@ -69,6 +71,9 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
                 fused = em(RULE, *args)
         except RuntimeError as e:  # the op's Meta checks, on the arguments read
             raise _NoMatch(f"the op refuses the arguments read: {e}") from None
+        end = _val(plan.end)
+        if end is not None and end.dim() != 2:  # an action chunk: the op's rows, unflattened
+            fused = em(aten.reshape.default, fused, list(end.shape))
     except Exception:
         em.rollback()
         raise

@@ -144,8 +144,26 @@ def _walk_back(last: Node, linears: dict, before: dict, terms: dict) -> _Net:
         cur = prev
 
 
+def _unit_views(node) -> tuple:
+    """``(source, views)``: ``node`` through views between ``(B, w)`` and ``(B, 1, ..., 1, w)``
+    (or that keep its shape), which a Linear or an activation computes alike on either: a Linear
+    on a ``(B, 1, w)`` embedding is a view, a 2-D matmul and a view back (DPPO's time MLP)."""
+    views = []
+    while _is(node, aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.clone.default):
+        out, src = _val(node), _val(node.args[0])
+        if out is None or src is None or min(out.dim(), src.dim()) < 2 \
+                or not (_known_eq(out.shape[0], src.shape[0]) and _known_eq(out.shape[-1], src.shape[-1])) \
+                or not all(_known_eq(d, 1) for d in (*out.shape[1:-1], *src.shape[1:-1])):
+            break
+        views.append(node)
+        node = node.args[0]
+    return node, views
+
+
 def _net_ending_at(node) -> _Net | None:
-    """The MLP whose last Linear makes ``node``, as long as the chain goes back; else ``None``."""
+    """The MLP whose last Linear makes ``node`` (through views that keep its shape: DPPO's
+    ``time_embedding(t).view(B, -1)``), as long as the chain goes back; else ``None``."""
+    node, views = _unit_views(node)
     try:
         inp, w, b, nodes = _linear(node)
     except _NoMatch:
@@ -157,8 +175,11 @@ def _net_ending_at(node) -> _Net | None:
             inp, w, b, nodes = _linear(net.inp)
         except _NoMatch:
             try:
-                act, z, act_nodes = _activation(net.inp)
+                between, views = _unit_views(net.inp)
+                act, z, act_nodes = _activation(between)
+                z, more = _unit_views(z)
                 inp, w, b, nodes = _linear(z)
+                act_nodes = [*act_nodes, *views, *more]
             except _NoMatch:
                 return net
         net.inp = inp

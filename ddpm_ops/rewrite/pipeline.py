@@ -47,7 +47,8 @@ def rewrite_graph(graph: Graph, *, protected: frozenset[str] = frozenset(),
         start = min(position[n] for net in plan.loop.nets for n in net.nodes)
         if any(start < position[n] < position[plan.end] and _mutates(n) for n in graph.nodes):
             return "an in-place op runs inside it"
-        tensors = [a for a in torch.utils._pytree.tree_leaves(list(fused.args)) if isinstance(a, Node)]
+        op = fused.args[0] if _is(fused, torch.ops.aten.reshape.default) else fused  # a chunk's, reshaped
+        tensors = [a for a in torch.utils._pytree.tree_leaves(list(op.args)) if isinstance(a, Node)]
         if not grad_inputs_ok and torch.is_grad_enabled():
             needing = [n.name for n in tensors if _requires_grad(n)]
             if needing:

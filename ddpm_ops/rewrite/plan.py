@@ -115,7 +115,8 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
     def read(k, end, inside):
         prev = carries[k - 1] if k else None
         carried = _carried_into(loop, k, prev, insides[k - 1], inside, end) if prev is not None else frozenset()
-        return _read_update(loop.x(k), loop.nets[k].out, end, inside, tuple(x0v.shape), step_only,
+        sample = loop.sample(k)  # a chunk's update reads it as it is, the network its rows flattened
+        return _read_update(sample, loop.nets[k].out, end, inside, tuple(_val(sample).shape), step_only,
                             prev=prev, carried=carried, x0_node=carries[k] if k < len(carries) else None)
 
     def choose(ends, region):

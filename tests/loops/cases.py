@@ -1,7 +1,7 @@
 """Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
 import torch
 
-from . import cleandiffuser, diffusers_style, diffusion_ql, dpm_solver, flow_policy, idql, readme, \
+from . import cleandiffuser, diffusers_style, diffusion_ql, dpm_solver, dppo, flow_policy, idql, readme, \
     scheduler_step, tabddpm, tiny_diffusion, v1_variants
 
 
@@ -76,6 +76,14 @@ def _residual(**kw):
     return make
 
 
+def _dppo(**kw):
+    def make():
+        torch.manual_seed(0)
+        m = dppo.DPPODiffusion(**kw)
+        return m, (torch.randn(16, 11),), (m.denoising_steps + 1, 16, m.horizon, m.action_dim)
+    return make
+
+
 def _idql(**kw):
     def make():
         torch.manual_seed(0)
@@ -137,6 +145,8 @@ CASES = {
     "int_t_scheduler_step": _int_scheduler,
     "idql": _idql(),
     "idql_ln_resnet": _idql(network="ln_resnet"),
+    "dppo": _dppo(),
+    "dppo_residual_mlp": _dppo(residual_style=True),
     "dppo_residual_mlp_flat": _residual(),
     "dppo_residual_mlp_layer_norm_flat": _residual(use_layernorm=True),
     "flow_policy_euler": _flow(),
