@@ -52,6 +52,33 @@ class Capture(torch._inductor.custom_graph_pass.CustomGraphPass):
         return None
 
 
+class Small2M(torch.nn.Module):
+    """DPM-Solver++ 2M in 3 steps of a 2-layer net, the previous x0 kept in a variable: step 0 is
+    first order, step 1 also reads step 0's clipped x0 (the tables' 7th row, P), step 2 returns
+    its clipped x0."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.SiLU(), torch.nn.Linear(3, 2))
+        alpha = torch.tensor([0.3, 0.6, 0.9])
+        sigma = (1 - alpha ** 2).sqrt()
+        self.register_buffer("alpha", alpha)
+        self.register_buffer("sigma", sigma)
+        self.register_buffer("lam", (alpha / sigma).log())
+
+    def forward(self, x):
+        x0_prev = None
+        for i in range(3):
+            eps = self.net(torch.cat([x, torch.full((x.shape[0], 1), i / 3)], 1))
+            x0 = ((x - self.sigma[i] * eps) / self.alpha[i]).clamp(-1.0, 1.0)
+            if i == 2:
+                return x0
+            h = self.lam[i + 1] - self.lam[i]
+            d = x0 if x0_prev is None else x0 + (x0 - x0_prev) * (h / (2 * (self.lam[i] - self.lam[i - 1])))
+            x = self.sigma[i + 1] / self.sigma[i] * x - self.alpha[i + 1] * torch.expm1(-h) * d
+            x0_prev = x0
+
+
 def small_model():
     torch.manual_seed(0)
     return Sampler(dim=2, hidden=(3,), num_steps=2, total_timesteps=100)
@@ -154,4 +181,143 @@ slice_tensor_1 = aten.slice.Tensor(in1, 1, 2, 3)
 constant2 = constant (1, 2, 1) float32
 select_int_2 = aten.select.int(constant2, 0, 0)
 fused_sample_rule = ddpm.fused_sample.rule(in0, select_int, [slice_tensor, in3, in5], [in2, in4, in6], select_int_1, 2, [silu, silu], None, None, [-1.0, 1.0], None, None, False, False, fp32, None, select_int_2, [slice_tensor_1], [], [])
+return fused_sample_rule""")
+
+    def test_compiled_multistep_loop(self):
+        torch.manual_seed(0)
+        model = Small2M()
+        x = torch.randn(4, 2)
+        capture = Capture()
+        torch._dynamo.reset()
+        with inductor_config.patch(post_grad_custom_pre_pass=capture, fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False), torch.no_grad():
+            out = torch.compile(model)(x)
+            self.assertLess(relative_error(out, model(x)), 1e-5)
+        torch._dynamo.reset()
+        self.assertExpectedInline(capture.text, """\
+in0: (4, 2) float32
+in1: (3, 3) float32
+in2: (3,) float32
+in3: (2, 3) float32
+in4: (2,) float32
+in5: (3,) float32
+in6: (3,) float32
+in7: (3,) float32
+select_16 = aten.select.int(in5, 0, 2)
+select_13 = aten.select.int(in5, 0, 2)
+select_14 = aten.select.int(in5, 0, 1)
+div_6 = aten.div.Tensor(select_13, select_14)
+select_4 = aten.select.int(in5, 0, 1)
+select_5 = aten.select.int(in5, 0, 0)
+div_2 = aten.div.Tensor(select_4, select_5)
+select_6 = aten.select.int(in6, 0, 1)
+select_2 = aten.select.int(in7, 0, 1)
+select_3 = aten.select.int(in7, 0, 0)
+sub_1 = aten.sub.Tensor(select_2, select_3)
+neg_1 = aten.neg.default(sub_1,)
+expm1 = aten.expm1.default(neg_1,)
+mul_2 = aten.mul.Tensor(select_6, expm1)
+select = aten.select.int(in5, 0, 0)
+select_1 = aten.select.int(in6, 0, 0)
+select_15 = aten.select.int(in6, 0, 2)
+select_9 = aten.select.int(in7, 0, 2)
+select_10 = aten.select.int(in7, 0, 1)
+sub_4 = aten.sub.Tensor(select_9, select_10)
+neg_3 = aten.neg.default(sub_4,)
+expm1_1 = aten.expm1.default(neg_3,)
+mul_8 = aten.mul.Tensor(select_15, expm1_1)
+select_7 = aten.select.int(in5, 0, 1)
+select_8 = aten.select.int(in6, 0, 1)
+select_11 = aten.select.int(in7, 0, 1)
+select_12 = aten.select.int(in7, 0, 0)
+sub_6 = aten.sub.Tensor(select_11, select_12)
+mul_5 = aten.mul.Tensor(sub_6, 2)
+div_5 = aten.div.Tensor(sub_4, mul_5)
+select_17 = aten.select.int(in6, 0, 2)
+full_default_3 = aten.full.default([], 1.0)
+div_tensor = aten.div.Tensor(full_default_3, select_1)
+neg_default = aten.neg.default(select,)
+full_default_4 = aten.full.default([], 1.0)
+div_tensor_1 = aten.div.Tensor(full_default_4, select_1)
+mul_tensor = aten.mul.Tensor(neg_default, div_tensor_1)
+neg_default_1 = aten.neg.default(mul_tensor,)
+neg_default_2 = aten.neg.default(mul_2,)
+full_default_5 = aten.full.default([], 1.0)
+div_tensor_2 = aten.div.Tensor(full_default_5, select_8)
+neg_default_3 = aten.neg.default(select_7,)
+full_default_6 = aten.full.default([], 1.0)
+div_tensor_3 = aten.div.Tensor(full_default_6, select_8)
+mul_tensor_1 = aten.mul.Tensor(neg_default_3, div_tensor_3)
+neg_default_4 = aten.neg.default(mul_tensor_1,)
+add_tensor = aten.add.Tensor(div_5, 1.0)
+mul_tensor_2 = aten.mul.Tensor(add_tensor, mul_8)
+neg_default_5 = aten.neg.default(mul_tensor_2,)
+mul_tensor_3 = aten.mul.Tensor(div_5, -1.0)
+mul_tensor_4 = aten.mul.Tensor(mul_tensor_3, mul_8)
+neg_default_6 = aten.neg.default(mul_tensor_4,)
+full_default_7 = aten.full.default([], 1.0)
+div_tensor_4 = aten.div.Tensor(full_default_7, select_17)
+neg_default_7 = aten.neg.default(select_16,)
+full_default_8 = aten.full.default([], 1.0)
+div_tensor_5 = aten.div.Tensor(full_default_8, select_17)
+mul_tensor_5 = aten.mul.Tensor(neg_default_7, div_tensor_5)
+neg_default_8 = aten.neg.default(mul_tensor_5,)
+unsqueeze_default = aten.unsqueeze.default(div_tensor_4, 0)
+unsqueeze_default_1 = aten.unsqueeze.default(div_tensor_2, 0)
+unsqueeze_default_2 = aten.unsqueeze.default(div_tensor, 0)
+cat_default = aten.cat.default([unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2],)
+unsqueeze_default_3 = aten.unsqueeze.default(neg_default_8, 0)
+unsqueeze_default_4 = aten.unsqueeze.default(neg_default_4, 0)
+unsqueeze_default_5 = aten.unsqueeze.default(neg_default_1, 0)
+cat_default_1 = aten.cat.default([unsqueeze_default_3, unsqueeze_default_4, unsqueeze_default_5],)
+full_default_9 = aten.full.default([], 1.0)
+unsqueeze_default_6 = aten.unsqueeze.default(full_default_9, 0)
+unsqueeze_default_7 = aten.unsqueeze.default(neg_default_5, 0)
+unsqueeze_default_8 = aten.unsqueeze.default(neg_default_2, 0)
+cat_default_2 = aten.cat.default([unsqueeze_default_6, unsqueeze_default_7, unsqueeze_default_8],)
+full_default_10 = aten.full.default([], 0.0)
+unsqueeze_default_9 = aten.unsqueeze.default(full_default_10, 0)
+unsqueeze_default_10 = aten.unsqueeze.default(div_6, 0)
+unsqueeze_default_11 = aten.unsqueeze.default(div_2, 0)
+cat_default_3 = aten.cat.default([unsqueeze_default_9, unsqueeze_default_10, unsqueeze_default_11],)
+full_default_11 = aten.full.default([], 0.0)
+full_default_12 = aten.full.default([], 0.0)
+full_default_13 = aten.full.default([], 0.0)
+unsqueeze_default_12 = aten.unsqueeze.default(full_default_11, 0)
+unsqueeze_default_13 = aten.unsqueeze.default(full_default_12, 0)
+unsqueeze_default_14 = aten.unsqueeze.default(full_default_13, 0)
+cat_default_4 = aten.cat.default([unsqueeze_default_12, unsqueeze_default_13, unsqueeze_default_14],)
+full_default_14 = aten.full.default([], 0.0)
+full_default_15 = aten.full.default([], 0.0)
+full_default_16 = aten.full.default([], 0.0)
+unsqueeze_default_15 = aten.unsqueeze.default(full_default_14, 0)
+unsqueeze_default_16 = aten.unsqueeze.default(full_default_15, 0)
+unsqueeze_default_17 = aten.unsqueeze.default(full_default_16, 0)
+cat_default_5 = aten.cat.default([unsqueeze_default_15, unsqueeze_default_16, unsqueeze_default_17],)
+full_default_17 = aten.full.default([], 0.0)
+full_default_18 = aten.full.default([], 0.0)
+unsqueeze_default_18 = aten.unsqueeze.default(full_default_17, 0)
+unsqueeze_default_19 = aten.unsqueeze.default(neg_default_6, 0)
+unsqueeze_default_20 = aten.unsqueeze.default(full_default_18, 0)
+cat_default_6 = aten.cat.default([unsqueeze_default_18, unsqueeze_default_19, unsqueeze_default_20],)
+unsqueeze_default_21 = aten.unsqueeze.default(cat_default, 0)
+unsqueeze_default_22 = aten.unsqueeze.default(cat_default_1, 0)
+unsqueeze_default_23 = aten.unsqueeze.default(cat_default_2, 0)
+unsqueeze_default_24 = aten.unsqueeze.default(cat_default_3, 0)
+unsqueeze_default_25 = aten.unsqueeze.default(cat_default_4, 0)
+unsqueeze_default_26 = aten.unsqueeze.default(cat_default_5, 0)
+unsqueeze_default_27 = aten.unsqueeze.default(cat_default_6, 0)
+cat_default_7 = aten.cat.default([unsqueeze_default_21, unsqueeze_default_22, unsqueeze_default_23, unsqueeze_default_24, unsqueeze_default_25, unsqueeze_default_26, unsqueeze_default_27],)
+full_default_19 = aten.full.default([4], 2)
+slice_tensor = aten.slice.Tensor(in1, 1, 0, 2)
+clone_default = aten.clone.default(slice_tensor,)
+slice_tensor_1 = aten.slice.Tensor(in1, 1, 2, 3)
+full_default_20 = aten.full.default([1], 0.6666666666666666)
+full_default_21 = aten.full.default([1], 0.3333333333333333)
+full_default_22 = aten.full.default([1], 0.0)
+unsqueeze_default_28 = aten.unsqueeze.default(full_default_20, 0)
+unsqueeze_default_29 = aten.unsqueeze.default(full_default_21, 0)
+unsqueeze_default_30 = aten.unsqueeze.default(full_default_22, 0)
+cat_default_8 = aten.cat.default([unsqueeze_default_28, unsqueeze_default_29, unsqueeze_default_30],)
+fused_sample_rule = ddpm.fused_sample.rule(in0, full_default_19, [clone_default, in3], [in2, in4], cat_default_7, 3, [silu], None, None, [-1.0, 1.0], None, None, False, False, fp32, None, cat_default_8, [slice_tensor_1], [], [])
 return fused_sample_rule""")

@@ -12,10 +12,11 @@ import pytest
 import torch
 from torch import nn
 from torch._inductor.utils import run_and_get_code
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import ddpm_ops  # noqa: F401  (installs the rewrite)
+import ddpm_ops  # (installs the rewrite)
 from ddpm_ops import graph_pass
-from loops import dpm_solver, dppo, tabddpm, v1_variants
+from loops import dpm_solver, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 from test_rewrite_models import relative_error
 from loops.cases import CASES
@@ -61,13 +62,14 @@ def pad_mm_on_cpu():
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "cleandiffuser_dql_ddpm", "diffusers_ddim_clip", "tabddpm",
-                                  "v1_obs", "v1_posterior"])
+                                  "v1_obs", "v1_posterior", "diffusers_dpmsolver++_2M_eps_clip"])
 def test_padded_matmuls_fuse_with_eager_numbers(name, pad_mm_on_cpu):
     assert_fuses_with_eager_numbers(name)
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "v1_full_noise_clamps", "v1_posterior", "cleandiffuser_dql_ddim",
-                                  "tabddpm"])
+                                  "tabddpm", "cleandiffuser_dpmsolver++_2M_eps_clip",
+                                  "flow_policy_euler_linspace_expand_fourier"])
 def test_dynamic_batch_fuses_with_eager_numbers(name):
     """A batch dimension compiled as a symbol: the op's sizes (its timesteps, the noise drawn)
     are read from the sample by ``sym_size`` nodes."""
@@ -96,7 +98,8 @@ def test_loop_fuses_on_cuda_with_eager_numbers(name):
         assert assert_fuses_with_eager_numbers(name).is_cuda
 
 
-@pytest.mark.parametrize("name", ["diffusion_ql", "tabddpm", "tiny_diffusion", "v1_full_noise_clamps"])
+@pytest.mark.parametrize("name", ["diffusion_ql", "tabddpm", "tiny_diffusion", "v1_full_noise_clamps",
+                                  "cleandiffuser_sde_dpmsolver++_2M_eps_clip"])
 def test_drawn_noise_keeps_its_distribution(name):
     model, args, _ = CASES[name]()
     if name == "tiny_diffusion":
@@ -126,9 +129,12 @@ class SquaredUpdate(v1_variants.PosteriorSampler):
 
 
 class LayerNormNet(v1_variants.PosteriorSampler):
-    def __init__(self, **kw):
+    """``norm`` between the Linears: a LayerNorm is a layer of the op's network programs; an
+    RMSNorm is not."""
+
+    def __init__(self, norm=nn.LayerNorm, **kw):
         super().__init__(timesteps="int", **kw)
-        self.eps_net = nn.Sequential(nn.Linear(self.dim + 1, 32), nn.LayerNorm(32), nn.SiLU(),
+        self.eps_net = nn.Sequential(nn.Linear(self.dim + 1, 32), norm(32), nn.SiLU(),
                                      nn.Linear(32, self.dim))
 
 
@@ -179,9 +185,42 @@ class PerSampleFirstStep(v1_variants.PosteriorSampler):
         return x
 
 
+@pytest.mark.parametrize("make", [LayerNormNet, v1_variants.ResidualSampler,
+                                  lambda: v1_variants.ResidualSampler(use_layernorm=True)],
+                         ids=["layer_norm", "dppo_residual", "dppo_residual_layer_norm"])
+def test_network_program_fuses_with_the_float64_loops_numbers(make):
+    """A noise network with a LayerNorm between its Linears, or DPPO's residual MLP (pre-activation
+    blocks, with LayerNorms or not): read as the op's network program, one call, no matmul left,
+    eager's numbers and the float64 loop's."""
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.randn(8, model.dim)
+    out, code = compile_run(model, x, model.T - 1)
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+    with torch.no_grad():
+        assert relative_error(out, model(x, model.T - 1)) < 1e-5
+        assert relative_error(out, model.double()(x.double(), model.T - 1)) < 1e-5
+
+
+def test_exported_idql_ln_resnet_fuses_with_eager_numbers():
+    """IDQL's LN-ResNet sampler exported (decomposed IR): one call with the network program."""
+    model, args, noise_shape = CASES["idql_ln_resnet"]()
+    args = (*args, torch.randn(noise_shape))
+    with torch.no_grad():
+        ep = torch.export.export(model, args).run_decompositions()
+        fused = ddpm_ops.fuse_exported_program(ep)
+        calls = [n for n in fused.graph.nodes if n.op == "call_function" and n.target is torch.ops.ddpm.fused_sample.rule]
+        assert len(calls) == 1
+        program = calls[0].args[calls[0].target._schema.arguments.index(
+            next(a for a in calls[0].target._schema.arguments if a.name == "network"))]
+        assert program[:2] == ["linear", "save"] and program.count("add") == 2, program
+        assert relative_error(fused.module()(*args), model(*args)) < 1e-5
+
+
 NEAR_MISSES = {
     "not affine": (SquaredUpdate(timesteps="int"), "multiplies two sample-dependent values"),
-    "unsupported op": (LayerNormNet(), "['aten.sub.Tensor', 'aten.var_mean.correction'] reading it"),
+    "unsupported op": (LayerNormNet(norm=nn.RMSNorm), "reading it is not an activation the reader knows"),
     "per-sample, two a step": (PerSampleTwice(), "at its own timestep"),
     "per-sample, t - 1": (PerSamplePrevious(), "reads the timestep at offset 1"),
     "per-sample, first step's value": (PerSampleFirstStep(), "may differ between samples"),
@@ -249,34 +288,103 @@ def test_kept_trajectory_fuses_step_by_step(caplog):
     assert any("cut at its step 1" in m and "(a trajectory kept?)" in m for m in lines), lines
 
 
-def test_action_chunk_loop_is_left_alone_and_says_why(caplog):
-    """DPPO's sampler: the network reads the action chunk (B, horizon, action_dim) flattened, the
-    update works on the chunk. Not read (the sample of the step is not the network's input):
-    left alone with eager's numbers and a DEBUG line."""
-    torch.manual_seed(0)
-    model = dppo.DPPODiffusion()
-    cond, noise = torch.randn(16, 11), torch.randn(7, 16, 4, 2)
-    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
-        out, code = compile_run(model, cond, noise.clone())
-    with torch.no_grad():
-        assert relative_error(out, model(cond, noise.clone())) < 1e-5
-    assert not RULE_CALL.search(code)
-    assert_general_reason(caplog, "")
+ODE_LOOPS = ["cleandiffuser_dpmsolver++_2M_eps_clip", "cleandiffuser_dpmsolver++_2M_x0",
+             "diffusers_dpmsolver++_2M_eps", "diffusers_dpmsolver++_2M_v_sigma_min",
+             "dpm_solver_2M_named_previous_clip", "flow_policy_euler_float_time",
+             "flow_policy_euler_linspace_expand_fourier"]
 
 
-def test_multistep_loop_is_left_alone_and_says_why(caplog):
-    """DPM-Solver++ 2M with the previous x0 kept in a Python variable: a step's update reads the
-    step before's network output besides its sample, which the reader does not carry (the op's
-    P table does, through ddpm_ops.step_rules.dpm_solver_pp). Left alone with eager's numbers."""
-    torch.manual_seed(0)
-    model = dpm_solver.DPMSolver2M()
-    obs, x = torch.randn(16, 11), torch.randn(16, 3)
-    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
-        out, code = compile_run(model, obs, x)
+@pytest.mark.parametrize("name", ODE_LOOPS)
+def test_ode_loop_has_the_float64_loops_numbers(name):
+    """A DPM-Solver++ 2M loop keeping the previous x0 in a Python variable, or a flow policy's
+    Euler loop, fused into one call (test_loop_fuses_with_eager_numbers: against eager float32,
+    no matmul left), against the same loop run in float64 on fresh inputs (ODE samplers: nothing
+    drawn after x_T)."""
+    model, args, _ = CASES[name]()
+    args = tuple(torch.randn_like(a) for a in args)
+    out, code = compile_run(model, *args)
+    assert len(RULE_CALL.findall(code)) == 1, code
     with torch.no_grad():
-        assert relative_error(out, model(obs, x)) < 1e-5
+        ref64 = model.double()(*[a.double() for a in args])
+    assert relative_error(out, ref64) < 1e-5
+
+
+class _RecordRule(TorchDispatchMode):
+    """The arguments of every ``ddpm::fused_sample.rule`` call run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.ddpm.fused_sample.rule:
+            self.calls.append(args)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("prediction,final,lower_order_final", [
+    ("epsilon", "zero", True), ("sample", "sigma_min", True), ("v_prediction", "sigma_min", False)])
+def test_multistep_loop_reads_dpm_solver_pps_tables(prediction, final, lower_order_final, caplog):
+    """The diffusers-style 2M loop's fused call holds the tables ddpm_ops.step_rules.dpm_solver_pp
+    builds for the same schedule: a 7th row P, the previous x0's coefficient, zero at the call's
+    first step (s = K - 1, first order) and where diffusers steps first order at the end. A step
+    whose x0 the next step reads has the rule's A, B and C too (that x0 is the one the op keeps);
+    another step's x0 is folded into D and E."""
+    torch.manual_seed(0)
+    model = dpm_solver.DiffusersStyle2M(prediction_type=prediction, final_sigmas_type=final,
+                                        lower_order_final=lower_order_final).eval()
+    args = (torch.randn(8, 3), torch.randn(8, model.dim))
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="ddpm_ops.rewrite"):
+        fused = ddpm_ops.fuse_exported_program(torch.export.export(model, args))
+        record = _RecordRule()
+        with record:
+            out = fused.module()(*args)
+        assert relative_error(out, model(*args)) < 1e-5
+    assert len(record.calls) == 1
+    infos = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite" and r.levelno == logging.INFO]
+    assert len(infos) == 1 and infos[0].endswith(", noise no, previous x0 yes)"), infos
+    tables = record.calls[0][4]
+    K = len(model.timesteps)
+    rule = ddpm_ops.step_rules.dpm_solver_pp(model.alphas_cumprod, sorted(model.timesteps), order=2,
+                                             prediction=prediction, final_sigmas_type=final,
+                                             lower_order_final=lower_order_final)
+    expected = torch.stack([rule.A, rule.B, rule.C, rule.D, rule.E, rule.S, rule.P])
+    assert tables.shape == (7, K)
+    assert tables[6, K - 1] == 0 and rule.P[K - 1] == 0
+    assert bool((rule.P[1:K - 1] != 0).all())  # the row matters: every middle step is second order
+    torch.testing.assert_close(tables[6], expected[6], rtol=1e-4, atol=1e-6)
+    kept = [s for s in range(1, K) if rule.P[s - 1] != 0]  # steps whose x0 the next one reads
+    assert kept == list(range(2 if lower_order_final else 1, K))
+    torch.testing.assert_close(tables[:, kept], expected[:, kept], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind,reasons", [
+    # DPM-Solver++ 3M's data: the x0 of two steps back. Each step is cut where its x0 goes further
+    # than the next step, and what is left reads an x0 from before its first step.
+    ("ThirdOrder3M", ["the op gives a step's x0 to the next step only",
+                      "a step before the loop's first: the op gives a call's first step no previous x0"]),
+    ("PreviousBeforeClip", ["the next step reads div, an x0 of this step other than the one it clamps"]),
+    ("PerSample2M", ["a step reads the previous step's x0 (a multistep solver), which is read with "
+                     "timesteps shared by the batch only"]),
+])
+def test_multistep_loop_the_op_cannot_run_is_left_alone_and_says_why(kind, reasons, caplog):
+    """Multistep loops whose previous-x0 term is not the op's (one x0, the clamped one, from the
+    step before, with timesteps shared by the batch): left alone with eager's numbers, and the
+    DEBUG line names why."""
+    torch.manual_seed(0)
+    model = getattr(dpm_solver, kind)()
+    args = (torch.randn(16, 11), torch.randn(16, 3))
+    if kind == "PerSample2M":
+        args = (*args, torch.randint(model.num_steps - 1, model.T, (16,)))
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, *args)
+    with torch.no_grad():
+        assert relative_error(out, model(*args)) < 1e-5
     assert not RULE_CALL.search(code)
-    assert_general_reason(caplog, "not one noise draw of the sample's shape")
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    for reason in reasons[:-1]:
+        assert any(" cut at its step " in m and reason in m for m in lines), lines
+    assert_general_reason(caplog, reasons[-1])
 
 
 def test_float64_loop_is_left_alone(caplog):

@@ -2,15 +2,24 @@
 
 The update of one step (the nodes between ``x_k``, ``e_k`` and ``x_{k+1}``)
 is evaluated symbolically: every node becomes a :class:`_Form`, a sum of
-variables ``x``, ``e``, ``x0`` (the clamped prediction) and ``z`` (the
-step's noise draw), each with a coefficient :class:`_Coef` built from
-step-only nodes (the *leaves*: table lookups, masks, scalars) and numbers.
-:func:`_read_update` proves ``x_{k+1}`` is
+variables ``x``, ``e``, ``x0`` (the clamped prediction), ``z`` (the step's
+noise draw) and ``p`` (the previous step's x0), each with a coefficient
+:class:`_Coef` built from step-only nodes (the *leaves*: table lookups,
+masks, scalars) and numbers. :func:`_read_update` proves ``x_{k+1}`` is
 
-    x0 = clamp(A*x - B*e)                  (optional, once)
-    x_{k+1} = clamp(C*x0 + D*x + E*e + S*z)  (the clamp optional, last)
+    x0 = clamp(A*x - B*e)                          (optional, once)
+    x_{k+1} = clamp(C*x0 + D*x + E*e + S*z + P*p)  (the clamp optional, last)
 
 or raises ``_NoMatch`` naming the node that is not.
+
+``p`` is a multistep solver's term (DPM-Solver++ 2M keeps the previous x0
+prediction in a Python variable): the reader is given ``prev``, the node the
+step before designated as its x0 (:func:`.chain._step_region`'s carry), and
+the nodes computed from it alone (``carried``: ``(1/2r) * x0_prev``), which
+it evaluates as forms of ``p``. A step whose own x0 the next step reads is
+given that node as ``x0_node``: its form in ``(x, e)``, clamped or not, is
+the step's ``A*x - B*e``, so the op's previous x0 (the previous step's
+clamped ``A*x - B*e``) is exactly the value the loop reads.
 """
 from __future__ import annotations
 
@@ -83,7 +92,7 @@ def cdiv(a: _Coef, b: _Coef) -> _Coef:
     return _Coef("div", (a, b))
 
 
-VARS = ("x", "e", "x0", "z")
+VARS = ("x", "e", "x0", "z", "p")
 
 
 @dataclass
@@ -106,7 +115,8 @@ class _Form:
 
 @dataclass
 class _Update:
-    """What one step computes (see the module docstring); ``pre`` is ``{x: A, e: -B}``."""
+    """What one step computes (see the module docstring); ``pre`` is ``{x: A, e: -B}``; ``post``
+    may hold ``p``, the previous step's x0 (row P of the tables)."""
 
     out: Node
     pre: dict | None
@@ -125,9 +135,11 @@ class _UpdateReader:
     """Evaluates the nodes of one step's update; ``inside`` are the nodes that
     depend on ``x`` or ``e`` (everything else read is a leaf)."""
 
-    def __init__(self, x: Node, e: Node, inside: set, sample_shape, step_only):
+    def __init__(self, x: Node, e: Node, inside: set, sample_shape, step_only, prev: Node | None = None,
+                 carried: frozenset = frozenset(), x0_node: Node | None = None):
         self.x, self.e, self.inside, self.shape = x, e, inside, sample_shape
         self.step_only = step_only  # node -> bool: independent of every step's sample
+        self.prev, self.carried, self.x0_node = prev, carried, x0_node
         self.memo: dict[Node, _Form] = {}
         self.pre = None
         self.pre_source = None
@@ -141,7 +153,9 @@ class _UpdateReader:
         if not isinstance(a, Node):
             raise _NoMatch(f"{a!r} is not a coefficient")
         if not self.step_only(a):
-            raise _NoMatch(f"{a.name} depends on an earlier step's sample")
+            raise _NoMatch(f"{a.name} depends on an earlier step's sample"
+                           + ("" if self.prev is not None else " (and no step before this one in the loop "
+                              "gives the update a previous x0)"))
         v = _val(a)
         if v is None or not v.is_floating_point():
             raise _NoMatch(f"{a.name} is not a floating-point coefficient")
@@ -163,20 +177,41 @@ class _UpdateReader:
         self.noise = a
         return _Form({"z": ONE})
 
+    def _is_form(self, a: Any) -> bool:
+        """Whether ``a`` is a form: it depends on this step's sample or network output, or is
+        (computed from nothing but) the previous step's x0."""
+        return isinstance(a, Node) and (a is self.x or a is self.e or a in self.inside or a is self.prev
+                                        or a in self.carried)
+
     def operand(self, a: Any) -> _Form | _Coef:
-        if isinstance(a, Node) and (a is self.x or a is self.e or a in self.inside):
+        if self._is_form(a):
             return self.form(a)
         return self.coef(a)
 
     # -- forms
     def form(self, n: Node) -> _Form:
-        if n is self.x:
-            return _Form({"x": ONE})
-        if n is self.e:
-            return _Form({"e": ONE})
+        if n is self.prev:
+            return _Form({"p": ONE})
         if n not in self.memo:
-            self.memo[n] = self._evaluate(n)
+            f = _Form({"x": ONE}) if n is self.x else _Form({"e": ONE}) if n is self.e else self._evaluate(n)
+            self.memo[n] = self.designate(f) if n is self.x0_node else f
         return self.memo[n]
+
+    def designate(self, f: _Form) -> _Form:
+        """``f``, the value of this step the next step reads as its previous x0, as the variable
+        ``x0``: its form is the step's ``A*x - B*e`` (its clamp, if any, the x0 clamp)."""
+        if f.clip is not None:
+            return self.settle(f)
+        if set(f.coef) == {"x0"} and _is_num(f.coef["x0"], 1.0):
+            return f  # the clamped x0 itself, through a view
+        if set(f.coef) - {"x", "e"}:
+            raise _NoMatch("the next step reads a value of this step that is not A*x - B*e (its x0 "
+                           "prediction) but " + " + ".join(sorted(f.coef)))
+        if self.pre is not None:
+            raise _NoMatch(f"the next step reads {self.x0_node.name}, an x0 of this step other than the one "
+                           "it clamps (the op gives the next step the clamped x0)")
+        self.pre, self.pre_source = (dict(f.coef), None), f
+        return _Form({"x0": ONE})
 
     def settle(self, f: _Form) -> _Form:
         """``f`` with a pending clamp turned into the variable ``x0`` (once per step)."""
@@ -184,6 +219,9 @@ class _UpdateReader:
             return f
         if f is self.pre_source:
             return _Form({"x0": ONE})
+        if self.pre is not None and self.pre[1] is None and self.x0_node is not None:
+            raise _NoMatch(f"the next step reads {self.x0_node.name}, an x0 of this step other than the one "
+                           "it clamps (the op gives the next step the clamped x0)")
         if self.pre is not None or set(f.coef) - {"x", "e"}:
             raise _NoMatch("a clamp that is neither of the predicted x0 (once) nor the step's last op")
         self.pre, self.pre_source = (dict(f.coef), f.clip), f
@@ -200,11 +238,15 @@ class _UpdateReader:
             return self._mul(n)
         if _is(n, aten.neg.default):
             return self.settle(self.form(n.args[0])).scaled(_num(-1.0))
-        if _is(n, aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default):
+        if _is(n, aten.clamp.default, aten.clip.default, aten.clamp_min.default, aten.clamp_max.default):
             return self._clamp(n)
         if _is(n, *_VIEWS, prims.convert_element_type.default) and _same_shape(n, n.args[0]):
             if _is(n, prims.convert_element_type.default) and n.args[1] != _val(n.args[0]).dtype:
                 raise _NoMatch(f"{n.name} changes the sample's dtype")
+            return self.form(n.args[0])
+        if _is(n, *_ROW_VIEWS) and _same_rows(n, n.args[0]):
+            # A chunk's rows flattened or unflattened (DPPO's network reads (B, horizon *
+            # action_dim)): each row's numbers stay in that row, in order, so the form is the same.
             return self.form(n.args[0])
         raise _NoMatch(f"the update is not affine in (x, e): {n.name} ({t}) is not add, sub, mul, "
                        "div, neg, clamp or a view")
@@ -218,10 +260,15 @@ class _UpdateReader:
 
     def _term(self, a: Any) -> _Form:
         """An operand of a sum: a form, or the step's noise draw."""
-        if isinstance(a, Node) and (a is self.x or a is self.e or a in self.inside):
+        if self._is_form(a):
             return self.settle(self.form(a))
         if isinstance(a, (int, float)) and not isinstance(a, bool) and a == 0:
             return _Form({})
+        if isinstance(a, Node) and not self.step_only(a):
+            raise _NoMatch(f"the update adds {a.name}, computed from an earlier step's sample "
+                           + ("but not from the previous step's x0 alone (the op gives a step the x0 of the "
+                              "step before it, nothing else)" if self.prev is not None else
+                              "(a step before the loop's first: the op gives a call's first step no previous x0)"))
         z = self.noise_atom(a)
         if z is None:
             raise _NoMatch(f"the update adds {getattr(a, 'name', a)}, a term without x or e "
@@ -243,7 +290,7 @@ class _UpdateReader:
         return self.settle(f).scaled(c)
 
     def operand_or_noise(self, a: Any):
-        if isinstance(a, Node) and not (a is self.x or a is self.e or a in self.inside):
+        if isinstance(a, Node) and not self._is_form(a):
             z = self.noise_atom(a)
             if z is not None:
                 return z
@@ -251,7 +298,7 @@ class _UpdateReader:
 
     def _clamp(self, n: Node) -> _Form:
         f = self.form(n.args[0])
-        if _is(n, aten.clamp.default):
+        if _is(n, aten.clamp.default, aten.clip.default):  # torch.clip: torch.export's training IR keeps it
             lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
             hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
         elif _is(n, aten.clamp_min.default):
@@ -268,6 +315,16 @@ class _UpdateReader:
         return _Form(dict(f.coef), (lo, hi))
 
 
+_ROW_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def _same_rows(n: Node, src: Any) -> bool:
+    """Whether ``n`` reshapes ``src`` row by row: the same first dimension and element count."""
+    nv, sv = _val(n), _val(src)
+    return nv is not None and sv is not None and nv.dim() >= 2 and sv.dim() >= 2 \
+        and _known_eq(nv.shape[0], sv.shape[0]) and _known_eq(nv.numel(), sv.numel())
+
+
 def _same_shape(n: Node, src: Any) -> bool:
     nv, sv = _val(n), _val(src)
     return nv is not None and sv is not None and len(nv.shape) == len(sv.shape) \
@@ -280,17 +337,23 @@ def _row_wise(v, shape) -> bool:
         return False
     if v.dim() == 0:
         return True
-    if v.dim() == 1:
-        return _known_eq(v.shape[0], 1)
-    if v.dim() == 2:
-        return _known_eq(v.shape[1], 1) and (_known_eq(v.shape[0], 1) or _known_eq(v.shape[0], shape[0]))
+    if v.dim() < len(shape):  # broadcast from the right: it misses the batch dimension
+        return all(_known_eq(d, 1) for d in v.shape)
+    if v.dim() == len(shape):  # (B, 1) columns, (B, 1, 1) for a chunk
+        return all(_known_eq(d, 1) for d in v.shape[1:]) and (_known_eq(v.shape[0], 1)
+                                                              or _known_eq(v.shape[0], shape[0]))
     return False
 
 
-def _read_update(x: Node, e: Node, out: Node, inside: set, sample_shape, step_only) -> _Update:
-    """The affine update ``out`` of ``(x, e)``; raise ``_NoMatch`` with the reason it is not."""
-    r = _UpdateReader(x, e, inside, sample_shape, step_only)
+def _read_update(x: Node, e: Node, out: Node, inside: set, sample_shape, step_only, *, prev: Node | None = None,
+                 carried: frozenset = frozenset(), x0_node: Node | None = None) -> _Update:
+    """The affine update ``out`` of ``(x, e)`` (and of ``prev``, the previous step's x0, through
+    ``carried``; ``x0_node``: this step's x0 as the next step reads it); raise ``_NoMatch`` with
+    the reason it is not."""
+    r = _UpdateReader(x, e, inside, sample_shape, step_only, prev, carried, x0_node)
     f = r.form(out)
+    if x0_node is not None:
+        r.form(x0_node)  # the next step reads it even where this update does not: it fixes A and B
     post_clip = None
     if f.clip is not None:
         post_clip, f = f.clip, _Form(dict(f.coef))
@@ -300,3 +363,12 @@ def _read_update(x: Node, e: Node, out: Node, inside: set, sample_shape, step_on
     return _Update(out=out, pre=pre, clip=clip, post=f.coef, post_clip=post_clip,
                    noise=r.noise, leaves=r.leaves)
 
+
+
+def _x0_clamped(u: _Update) -> _Update | None:
+    """``x = clamp(a*x + b*e)`` read as ``x0 = clamp(a*x + b*e); x = x0`` (no clamp of the
+    result), where ``u`` is that; else ``None``."""
+    if u.post_clip is None or u.pre is not None or u.noise is not None or not set(u.post) <= {"x", "e"}:
+        return None
+    return _Update(out=u.out, pre=dict(u.post), clip=u.post_clip, post={"x0": ONE}, post_clip=None,
+                   noise=None, leaves=u.leaves)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from torch.fx import Graph, Node
 
 from .network import _Net
-from .nodes import _ASSERT_METADATA, _NoMatch, _is, _val, aten
+from .nodes import _ASSERT_METADATA, _NoMatch, _is, _known_eq, _val, aten
 
 
 @dataclass
@@ -38,10 +38,31 @@ class _Loop:
     def x(self, k: int) -> Node:
         return self.pieces[k][self.x_pos]
 
+    def sample(self, k: int) -> Node:
+        """Step ``k``'s sample as the update reads it: ``x(k)``, or what ``x(k)`` flattens (an
+        action chunk ``(B, horizon, action_dim)`` the network reads as ``(B, horizon *
+        action_dim)``, as DPPO's)."""
+        return _chunk_of(self.x(k))
+
     def part(self, start: int, stop: int) -> _Loop:
         """Steps ``start .. stop - 1`` as a loop of their own."""
         return _Loop(self.nets[start:stop], self.pieces[start:stop], self.x_pos,
                      self.x(stop) if stop < len(self.nets) else self.next_x)
+
+
+_FLATTENING = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def _chunk_of(piece: Node | None) -> Node | None:
+    """The chunk ``piece`` flattens row by row (a view or reshape of a tensor of more dims with
+    its rows, to ``(B, n)``), else ``piece``."""
+    if not _is(piece, *_FLATTENING):
+        return piece
+    src, out = _val(piece.args[0]), _val(piece)
+    if src is None or out is None or src.dim() <= 2 or out.dim() != 2 or not _known_eq(src.shape[0], out.shape[0]) \
+            or not _known_eq(src.numel(), out.numel()):
+        return piece
+    return piece.args[0]
 
 
 class _StepNoMatch(_NoMatch):
@@ -183,14 +204,20 @@ def _ancestors_within(node: Node, region: set) -> set:
     return out
 
 
-def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node, set]:
-    """``(x_{k+1}, update nodes)`` of step ``k``; raise :class:`_StepNoMatch` if something
+def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node, set, Node | None]:
+    """``(x_{k+1}, update nodes, carry)`` of step ``k``; raise :class:`_StepNoMatch` if something
     inside the step is used outside it. Where the loop's last step has no known end
     (``loop.next_x``), ``choose(ends, region)`` picks it among the possible ends (the first by
-    default)."""
-    net, x = loop.nets[k], loop.x(k)
-    excluded = net.nodes | {net.inp}
-    end = loop.x(k + 1) if k + 1 < len(loop.nets) else loop.next_x
+    default).
+
+    ``carry`` is the one value of the step (a node of the update, or the network's output)
+    that is also read outside it, where a later step of the loop may read it: a multistep
+    solver's x0 prediction, kept in a Python variable for the next step. Its readers outside
+    the step are left out of the step's region; :mod:`.plan` proves that the next step's update
+    reads it and nothing else does (else the step is named as here). ``None`` when there is none."""
+    net, x = loop.nets[k], loop.sample(k)
+    excluded = net.nodes | {net.inp, loop.x(k)}  # x(k): the network's input, a chunk flattened
+    end = loop.sample(k + 1) if k + 1 < len(loop.nets) else _chunk_of(loop.next_x)
     if end is not None:
         region = _descendants([x, net.out], end, excluded)
         if k == 0:  # the loop's input may be read elsewhere too (kept in a trajectory): not the step
@@ -204,8 +231,15 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
         ends = _step_ends(region, net.out)
         end = choose(ends, set(region)) if choose is not None else ends[0]
     inside = _ancestors_within(end, set(region)) | {end}
+    carry = None
+    if k + 1 < len(loop.nets):
+        carry, readers = _carried(net, x, end, inside, excluded)
+        if carry is not None:
+            excluded |= readers
+            region = _descendants([x, net.out], end, excluded)
     # The loop's own input stays in the graph; a later step's sample is replaced by the op.
-    outside = [u for u in x.users if u is not net.inp and u not in inside and u not in net.nodes] if k else []
+    outside = [u for u in x.users if u is not net.inp and u is not loop.x(k) and u not in inside
+               and u not in net.nodes] if k else []
     if outside:
         raise _StepNoMatch(f"the sample {x.name} of step {k} is also used by {[u.name for u in outside]} "
                            "(a trajectory kept?)", k, sample_kept=True)
@@ -218,7 +252,21 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
     if leaked:
         raise _StepNoMatch(f"the network's intermediate {leaked[0].name} is used outside the step "
                            f"(by {[u.name for u in leaked[0].users if u not in net.nodes]})", k)
-    return end, inside
+    return end, inside, carry
+
+
+def _carried(net: _Net, x: Node, end: Node, inside: set, excluded: set) -> tuple[Node | None, set]:
+    """The one value of a step read outside it besides its result (``end``) and sample, and
+    those readers: ``(None, set())`` unless exactly one value is."""
+    found = []
+    for n in (net.out, *inside):
+        if n is end:
+            continue
+        readers = {u for u in n.users if u not in inside and u not in net.nodes and u not in excluded
+                   and u is not net.inp and not _is(u, _ASSERT_METADATA)}
+        if readers:
+            found.append((n, readers))
+    return found[0] if len(found) == 1 else (None, set())
 
 
 def _step_ends(region: list[Node], e: Node) -> list[Node]:

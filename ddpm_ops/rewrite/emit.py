@@ -56,18 +56,28 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             t_start = em.full([batch], K - 1, dtype=torch.int64)
         weights, biases, time_bias, cond_bias, time_net, cond_net = _first_layer(em, loop, batch, reemit)
         noise, noise_seed = _noise(em, updates, K)
+        if noise is not None and _val(noise).dim() != 3:  # a chunk's draws: rows flattened as x's
+            noise = em(aten.reshape.default, noise, [K, batch, dim])
         clip = None if plan.clip is None else list(plan.clip)
         post = None if plan.post_clip is None else list(plan.post_clip)
+        # A network of LayerNorms or residual blocks goes as the op's program (only then: the
+        # trailing arguments stay unwritten for the others).
+        program = {} if net0.program is None else dict(
+            network=list(net0.program), norm_weights=list(net0.norm_weights), norm_biases=list(net0.norm_biases))
         args = op_args(RULE, x=x, t_start=t_start, weights=weights, biases=biases, step_tables=tables,
                        num_steps=K, activations=list(net0.activations), time_bias=time_bias,
                        cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise, noise_seed=noise_seed,
-                       **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None))
+                       **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None),
+                       **program)
         try:
             with _meta_refusals_unlogged():
                 fused = em(RULE, *args)
         except RuntimeError as e:  # the op's Meta checks, on the arguments read
             raise _NoMatch(f"the op refuses the arguments read: {e}") from None
         _fold_constants(graph, em, fused)
+        end = _val(plan.end)
+        if end is not None and end.dim() != 2:  # an action chunk: the op's rows, unflattened
+            fused = em(aten.reshape.default, fused, list(end.shape))
     except Exception:
         em.rollback()
         raise

@@ -14,13 +14,14 @@ encoder's), for the op's bias networks.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 from torch.fx import Graph, Node
 
 from .activations import _activation
 from .linear import _linear
-from .nodes import _NoMatch, _is, _no_kwargs, _shape_eq, _val, aten
+from .nodes import _NoMatch, _is, _known_eq, _no_kwargs, _shape_eq, _val, aten
 
 _LINEAR_TARGETS = (aten.addmm.default, aten.add.Tensor, aten.linear.default, aten.slice.Tensor)
 
@@ -36,10 +37,17 @@ class _Net:
     activations: list
     nodes: set = field(default_factory=set)  # every node of the MLP, out included, inp not
     terms: list = field(default_factory=list)  # addends of the first Linear's output
+    # A network with LayerNorms or residual blocks: the op's ``network`` program (its
+    # instructions, "linear" first; ``activations`` is then empty) and the affine LayerNorms'
+    # parameters, in order. ``None`` for ``Linear (act Linear)*``.
+    program: tuple | None = None
+    norm_weights: list = field(default_factory=list)
+    norm_biases: list = field(default_factory=list)
 
     @property
     def key(self) -> tuple:
-        return (tuple(self.weights), tuple(self.biases), tuple(self.activations))
+        return (tuple(self.weights), tuple(self.biases), tuple(self.activations), self.program,
+                tuple(self.norm_weights), tuple(self.norm_biases))
 
 
 def _find_nets(graph: Graph) -> list[_Net]:
@@ -78,7 +86,8 @@ def _find_nets(graph: Graph) -> list[_Net]:
             before[node] = (first, name, [*add_nodes, *act_nodes, *copies])
             terms[first] = addends
     read = {prev for prev, _a, _n in before.values()}
-    return [_walk_back(last, linears, before, terms) for last in linears if last not in read]
+    nets = [_walk_back(last, linears, before, terms) for last in linears if last not in read]
+    return _with_programs(nets, linears)
 
 
 def _through_copies(node: Node) -> tuple[Node, list]:
@@ -135,8 +144,26 @@ def _walk_back(last: Node, linears: dict, before: dict, terms: dict) -> _Net:
         cur = prev
 
 
+def _unit_views(node) -> tuple:
+    """``(source, views)``: ``node`` through views between ``(B, w)`` and ``(B, 1, ..., 1, w)``
+    (or that keep its shape), which a Linear or an activation computes alike on either: a Linear
+    on a ``(B, 1, w)`` embedding is a view, a 2-D matmul and a view back (DPPO's time MLP)."""
+    views = []
+    while _is(node, aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.clone.default):
+        out, src = _val(node), _val(node.args[0])
+        if out is None or src is None or min(out.dim(), src.dim()) < 2 \
+                or not (_known_eq(out.shape[0], src.shape[0]) and _known_eq(out.shape[-1], src.shape[-1])) \
+                or not all(_known_eq(d, 1) for d in (*out.shape[1:-1], *src.shape[1:-1])):
+            break
+        views.append(node)
+        node = node.args[0]
+    return node, views
+
+
 def _net_ending_at(node) -> _Net | None:
-    """The MLP whose last Linear makes ``node``, as long as the chain goes back; else ``None``."""
+    """The MLP whose last Linear makes ``node`` (through views that keep its shape: DPPO's
+    ``time_embedding(t).view(B, -1)``), as long as the chain goes back; else ``None``."""
+    node, views = _unit_views(node)
     try:
         inp, w, b, nodes = _linear(node)
     except _NoMatch:
@@ -148,8 +175,11 @@ def _net_ending_at(node) -> _Net | None:
             inp, w, b, nodes = _linear(net.inp)
         except _NoMatch:
             try:
-                act, z, act_nodes = _activation(net.inp)
+                between, views = _unit_views(net.inp)
+                act, z, act_nodes = _activation(between)
+                z, more = _unit_views(z)
                 inp, w, b, nodes = _linear(z)
+                act_nodes = [*act_nodes, *views, *more]
             except _NoMatch:
                 return net
         net.inp = inp
@@ -157,3 +187,191 @@ def _net_ending_at(node) -> _Net | None:
         net.biases.insert(0, b)
         net.activations.insert(0, act)
         net.nodes.update(nodes, act_nodes)
+
+
+
+# ----------------------------------------------------------------------------- network programs
+
+def _with_programs(nets: list[_Net], linears: dict) -> list[_Net]:
+    """``nets`` with each one that ends a network of LayerNorms or residual blocks (IDQL's
+    LN-ResNet, DPPO's residual MLP) replaced by that whole network as a program, and the nets
+    inside it dropped."""
+    programs = []
+    for net in nets:
+        try:
+            program = _read_program(net.out, linears)
+        except _NoMatch:
+            continue
+        if program is not None:
+            programs.append(program)
+    if not programs:
+        return nets
+    # A program inside another (a block's Linears read back to the first) is part of it.
+    programs = [p for p in programs if not any(p.out in q.nodes and q is not p for q in programs)]
+    covered = set().union(*(p.nodes for p in programs))
+    kept = [n for n in nets if n.out not in covered and not any(n.out is p.out for p in programs)]
+    out = kept + programs
+    order = {n: i for i, n in enumerate(next(iter(programs)).out.graph.nodes)}
+    return sorted(out, key=lambda n: order[n.out])
+
+
+def _layer_norm(node) -> tuple[Node, float, Node | None, Node | None, set]:
+    """``(z, eps, weight, bias, nodes)`` for a LayerNorm of ``z`` over its last dimension as
+    inductor decomposes it (``var_mean`` with ``correction=0``, ``(z - mean) * rsqrt(var +
+    eps)``, then ``* weight + bias`` where affine); else raise ``_NoMatch``."""
+    nodes, weight, bias = set(), None, None
+    n = node
+    if _is(n, operator.getitem) and n.args[1] == 0 and _is(n.args[0], aten.native_layer_norm.default):
+        n = n.args[0]  # a torch.export graph's LayerNorm, undecomposed
+        nodes.add(node)
+    if _is(n, aten.layer_norm.default, aten.native_layer_norm.default):
+        z, shape = n.args[0], list(n.args[1])
+        weight = n.args[2] if len(n.args) > 2 else n.kwargs.get("weight")
+        bias = n.args[3] if len(n.args) > 3 else n.kwargs.get("bias")
+        eps = n.args[4] if len(n.args) > 4 else n.kwargs.get("eps", 1e-5)
+        zv = _val(z)
+        if zv is None or zv.dim() != 2 or len(shape) != 1 or not _known_eq(shape[0], zv.shape[1]) \
+                or (weight is None) != (bias is None) or not isinstance(eps, float):
+            raise _NoMatch(f"{n.name} is not a LayerNorm over the last dimension with a weight and a bias "
+                           "or neither")
+        return z, eps, weight, bias, nodes | {n}
+    if _is(n, aten.add.Tensor) and _no_kwargs(n, {"alpha": 1}) and _is(n.args[0], aten.mul.Tensor) \
+            and isinstance(n.args[1], Node) and _val(n.args[1]) is not None and _val(n.args[1]).dim() == 1:
+        nodes.add(n)
+        n, bias = n.args[0], n.args[1]
+        if _is(n, aten.mul.Tensor) and isinstance(n.args[1], Node) and _val(n.args[1]) is not None \
+                and _val(n.args[1]).dim() == 1 and _is(n.args[0], aten.mul.Tensor):
+            nodes.add(n)
+            n, weight = n.args[0], n.args[1]
+        else:
+            raise _NoMatch("an affine LayerNorm without its weight")
+    if not (_is(n, aten.mul.Tensor) and _is(n.args[0], aten.sub.Tensor) and _is(n.args[1], aten.rsqrt.default)):
+        raise _NoMatch(f"{getattr(node, 'name', node)} is not a LayerNorm")
+    sub, rsqrt = n.args
+    add = rsqrt.args[0]
+    if not (_is(add, aten.add.Tensor) and isinstance(add.args[1], float) and _no_kwargs(add, {"alpha": 1})):
+        raise _NoMatch("not a LayerNorm's rsqrt(var + eps)")
+    var, mean = add.args[0], sub.args[1]
+    if not (_is(var, operator.getitem) and _is(mean, operator.getitem) and var.args[0] is mean.args[0]
+            and var.args[1] == 0 and mean.args[1] == 1):
+        raise _NoMatch("not a LayerNorm's var_mean")
+    vm, z = var.args[0], sub.args[0]
+    zv = _val(z)
+    if not (_is(vm, aten.var_mean.correction) and vm.args[0] is z and zv is not None and zv.dim() == 2
+            and list(vm.args[1]) in ([1], [-1]) and vm.kwargs == {"correction": 0, "keepdim": True}):
+        raise _NoMatch("not a LayerNorm's var_mean over the last dimension")
+    if weight is not None and (weight is bias or _val(weight).shape != _val(bias).shape):
+        raise _NoMatch("a LayerNorm's weight and bias differ in shape")
+    nodes.update({n, sub, rsqrt, add, var, mean, vm})
+    return z, add.args[1], weight, bias, nodes
+
+
+class _Program:
+    """A network read backwards from its last Linear (see :func:`_read_program`)."""
+
+    def __init__(self, linears: dict):
+        self.linears = linears
+        self.instructions: list = []  # backwards
+        self.weights: list = []
+        self.biases: list = []
+        self.norm_weights: list = []
+        self.norm_biases: list = []
+        self.nodes: set = set()
+
+    def layer(self, n: Node):
+        """``(instruction, input, nodes, params)`` of the layer that makes ``n``, or ``None``."""
+        if n in self.linears:
+            inp, w, b, nodes = self.linears[n]
+            return "linear", inp, set(nodes), (w, b)
+        if _is(n, aten.clone.default, aten.alias.default):  # eval-mode Dropout kept as a copy
+            return None, n.args[0], {n}, None
+        if _is(n, aten.dropout.default) and (n.args[2] if len(n.args) > 2 else n.kwargs.get("train")) is False:
+            return None, n.args[0], {n}, None  # torch.export's training IR: eval-mode Dropout
+        try:
+            z, eps, w, b, nodes = _layer_norm(n)
+        except _NoMatch:
+            pass
+        else:
+            from ..layers import layer_norm_instruction
+            return layer_norm_instruction(eps, w is not None), z, nodes, (w, b) if w is not None else None
+        try:
+            name, z, nodes = _activation(n)
+        except _NoMatch:
+            return None
+        return name, z, set(nodes), None
+
+    def walk(self, n: Node, stop: Node | None) -> Node:
+        """Read the layers back from ``n`` to ``stop`` (where given) or to the first Linear's
+        input, which it returns; residual sums are blocks."""
+        while n is not stop:
+            if _is(n, aten.add.Tensor) and _no_kwargs(n, {"alpha": 1}) and all(isinstance(a, Node) for a in n.args[:2]) \
+                    and n not in self.linears and self._residual(n):
+                continue_at = self._skip
+                n = continue_at
+                continue
+            found = self.layer(n)
+            if found is None:
+                if stop is not None:
+                    raise _NoMatch(f"{n.name} is not a layer the op computes")
+                if not self.instructions or self.instructions[-1] != "linear":
+                    raise _NoMatch("the network's first layer is not a Linear")
+                return n
+            instruction, inp, nodes, params = found
+            if stop is None and instruction == "linear" and self.layer(inp) is None and not self._is_sum(inp):
+                self._push(instruction, nodes, params)
+                return inp  # the first Linear: what it reads is the network's input
+            if instruction is not None:
+                self._push(instruction, nodes, params)
+            else:
+                self.nodes.update(nodes)
+            n = inp
+        return n
+
+    def _is_sum(self, n) -> bool:
+        return _is(n, aten.add.Tensor) and n not in self.linears
+
+    def _push(self, instruction, nodes, params) -> None:
+        self.instructions.append(instruction)
+        self.nodes.update(nodes)
+        if instruction == "linear":
+            self.weights.insert(0, params[0])
+            self.biases.insert(0, params[1])
+        elif params is not None:
+            self.norm_weights.insert(0, params[0])
+            self.norm_biases.insert(0, params[1])
+
+    def _residual(self, n: Node) -> bool:
+        """Whether ``n = skip + block(skip)``: read the block (into the instructions, between
+        "add" and "save", backwards) and leave ``skip`` in ``self._skip``."""
+        out = _val(n)
+        for block, skip in (n.args[:2], n.args[1::-1]):
+            if _val(block) is None or _val(skip) is None or _val(block).shape != out.shape \
+                    or _val(skip).shape != out.shape:
+                continue
+            saved = (list(self.instructions), list(self.weights), list(self.biases), list(self.norm_weights),
+                     list(self.norm_biases), set(self.nodes))
+            self.instructions.append("add")
+            try:
+                self.walk(block, skip)
+            except _NoMatch:
+                (self.instructions, self.weights, self.biases, self.norm_weights, self.norm_biases,
+                 self.nodes) = saved
+                continue
+            self.instructions.append("save")
+            self.nodes.add(n)
+            self._skip = skip
+            return True
+        return False
+
+
+def _read_program(out: Node, linears: dict) -> _Net | None:
+    """The network ending at the Linear ``out`` as a program, where it holds a LayerNorm or a
+    residual block (else ``None``: a plain MLP, read as before)."""
+    program = _Program(linears)
+    inp = program.walk(out, None)
+    instructions = tuple(reversed(program.instructions))
+    if not any(i == "save" or i.startswith("layer_norm") for i in instructions) or instructions[0] != "linear":
+        return None
+    return _Net(out=out, inp=inp, weights=program.weights, biases=program.biases, activations=[],
+                nodes=program.nodes, program=instructions, norm_weights=program.norm_weights,
+                norm_biases=program.norm_biases)

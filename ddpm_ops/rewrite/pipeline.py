@@ -47,7 +47,8 @@ def rewrite_graph(graph: Graph, *, protected: frozenset[str] = frozenset(),
         start = min(position[n] for net in plan.loop.nets for n in net.nodes)
         if any(start < position[n] < position[plan.end] and _mutates(n) for n in graph.nodes):
             return "an in-place op runs inside it"
-        tensors = [a for a in torch.utils._pytree.tree_leaves(list(fused.args)) if isinstance(a, Node)]
+        op = fused.args[0] if _is(fused, torch.ops.aten.reshape.default) else fused  # a chunk's, reshaped
+        tensors = [a for a in torch.utils._pytree.tree_leaves(list(op.args)) if isinstance(a, Node)]
         if not grad_inputs_ok and torch.is_grad_enabled():
             needing = [n.name for n in tensors if _requires_grad(n)]
             if needing:
@@ -149,10 +150,13 @@ def _left_alone(loop: _Loop, why) -> None:
 def _log(plan: _Plan) -> None:
     net, K = plan.loop.nets[0], len(plan.loop.nets)
     noise = "yes" if any(u.noise is not None for u in plan.updates) else "no"
+    # Said only where a step reads it (the lines of other loops stay as they were).
+    previous = ", previous x0 yes" if any("p" in u.post for u in plan.updates) else ""
     _report_fused(
         f"ddpm_ops: fused {K} step{'s' if K != 1 else ''} into one ddpm::fused_sample.rule (batch shape "
-        f"{tuple(_val(plan.loop.x(0)).shape)}, {len(net.weights)} layers {net.activations}, clip "
-        f"{plan.clip}, post_clip {plan.post_clip}, noise {noise})")
+        f"{tuple(_val(plan.loop.x(0)).shape)}, {len(net.weights)} layers "
+        f"{net.activations if net.program is None else 'program ' + str(list(net.program))}, clip "
+        f"{plan.clip}, post_clip {plan.post_clip}, noise {noise}{previous})")
 
 
 def looks_like_loop(graph: Graph) -> bool:

@@ -20,10 +20,10 @@ import torch
 from torch.fx import Graph, Node
 
 from .._library import has_fused_rule_kernel
-from .affine import _read_update, _Update
-from .chain import _ancestors_within, _latest_step, _Loop, _loops, _step_region, _StepNoMatch
+from .affine import _read_update, _Update, _x0_clamped
+from .chain import _ancestors_within, _descendants, _latest_step, _Loop, _loops, _step_region, _StepNoMatch
 from .network import _find_nets
-from .nodes import _float32_cast_source, _NoMatch, _val
+from .nodes import _ASSERT_METADATA, _float32_cast_source, _is, _NoMatch, _val
 from .tables import _coefs, _shape_of
 from .timesteps import _recomputed
 
@@ -110,9 +110,14 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
 
     updates, end = [], None
     K = len(loop.nets)
+    carries, insides = [], []  # per step read so far: the value the next step may read, the update
 
     def read(k, end, inside):
-        return _read_update(loop.x(k), loop.nets[k].out, end, inside, tuple(x0v.shape), step_only)
+        prev = carries[k - 1] if k else None
+        carried = _carried_into(loop, k, prev, insides[k - 1], inside, end) if prev is not None else frozenset()
+        sample = loop.sample(k)  # a chunk's update reads it as it is, the network its rows flattened
+        return _read_update(sample, loop.nets[k].out, end, inside, tuple(_val(sample).shape), step_only,
+                            prev=prev, carried=carried, x0_node=carries[k] if k < len(carries) else None)
 
     def choose(ends, region):
         # The last step ends at its last node that reads like the step before it: the same
@@ -136,19 +141,51 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
 
     for k in range(K):
         try:
-            end, inside = _step_region(loop, k, position, choose)
+            end, inside, carry = _step_region(loop, k, position, choose)
+            carries.append(carry)
             updates.append(read(k, end, inside))
+            insides.append(inside)
         except _StepNoMatch as e:
             raise _StepNoMatch(f"step {k}: {e}", e.step, e.sample_kept) from None
         except _NoMatch as e:
             raise _NoMatch(f"step {k}: {e}") from None
-    clips = {u.clip for u in updates if u.pre is not None}
     posts = {u.post_clip for u in updates}
+    if len(posts) > 1:
+        # x = clamp(a*x + b*e) is a clamp of the result, or an x0 clamp with x = x0 (a solver's last
+        # step returning its clipped x0 prediction): the latter where the other steps say so.
+        other = [_x0_clamped(u) if _x0_clamped(u) is not None else u for u in updates]
+        if len({u.post_clip for u in other}) == 1:
+            updates, posts = other, {u.post_clip for u in other}
+    clips = {u.clip for u in updates if u.pre is not None}
     if len(clips) > 1 or (clips and any(u.pre is None and u.post.get("x0") for u in updates)):
         raise _NoMatch(f"the steps clamp x0 to different bounds {sorted(map(str, clips))}")
     if len(posts) > 1:
         raise _NoMatch(f"the steps clamp their result to different bounds {sorted(map(str, posts))}")
+    if "p" in updates[0].post:  # its reader had no step before to take one from: never so
+        raise _NoMatch("the first step reads a previous x0, which the op's is zero at a call's first step")
     return _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)))
+
+
+def _carried_into(loop: _Loop, k: int, prev: Node, prev_inside: set, inside: set, end: Node) -> frozenset:
+    """The nodes of step ``k``'s update computed from ``prev`` (step ``k - 1``'s carry, its x0
+    as the next step reads it) and from no sample of step ``k``: ``(1/2r) * x0_prev``. Raise
+    :class:`_StepNoMatch` naming step ``k - 1`` unless every reader of ``prev`` outside that
+    step is step ``k``'s update or such a node, and each such node is read on the way to
+    ``end``: the op gives the previous x0 to the next step only."""
+    net = loop.nets[k]
+    excluded = prev_inside | inside | net.nodes | {net.inp}
+    derived = set(_descendants([prev], end, excluded))
+    feeding = _ancestors_within(end, derived | inside) & derived
+    readers = [u for u in prev.users if u not in prev_inside and u not in loop.nets[k - 1].nodes
+               and not _is(u, _ASSERT_METADATA)]
+    # Named: the first nodes off the way to step k's result (not all that follow them).
+    stray = [u for u in readers if u not in inside and u not in feeding]
+    stray += [n for n in derived - feeding if n not in stray and any(a in feeding for a in n.all_input_nodes)]
+    if stray:
+        raise _StepNoMatch(f"{prev.name} of step {k - 1} is used outside the step (by "
+                           f"{[n.name for n in stray]}): the op gives a step's x0 to the next step only",
+                           k - 1)
+    return frozenset(feeding)
 
 
 def _form(u: _Update) -> tuple:

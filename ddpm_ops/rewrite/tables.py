@@ -110,13 +110,18 @@ def _stack_rows(em: _Emitter, per_step: list, dtype=torch.float32) -> Node:
 
 
 def _shared_tables(em: _Emitter, updates: list) -> Node:
-    """``(6, K)``: rows A, B, C, D, E, S of every step, stacked by ``s = K - 1 - k``."""
+    """``(6, K)``: rows A, B, C, D, E, S of every step, stacked by ``s = K - 1 - k``; ``(7, K)``
+    with row P where a step reads the previous step's x0 (a multistep solver). Row ``K - 1``,
+    the call's first step, has ``P = 0``: the loop's first step reads no previous x0 (the op's is
+    zero there)."""
     memo: dict = {}
-    columns = {name: [] for name in "ABCDES"}
+    names = "ABCDESP" if any("p" in u.post for u in updates) else "ABCDES"
+    columns = {name: [] for name in names}
     for u in updates:
         pre = u.pre or {}
         for name, c in (("A", pre.get("x")), ("B", pre.get("e")), ("C", u.post.get("x0")),
-                        ("D", u.post.get("x")), ("E", u.post.get("e")), ("S", u.post.get("z"))):
+                        ("D", u.post.get("x")), ("E", u.post.get("e")), ("S", u.post.get("z")),
+                        ("P", u.post.get("p")))[:len(names)]:
             if c is None:
                 columns[name].append(0.0)
                 continue
@@ -124,7 +129,7 @@ def _shared_tables(em: _Emitter, updates: list) -> Node:
             if name == "B":  # the op computes A*x - B*e
                 value = -value if isinstance(value, float) else em(aten.neg.default, value)
             columns[name].append(value)
-    return em.stack([_stack_rows(em, columns[n]) for n in "ABCDES"])
+    return em.stack([_stack_rows(em, columns[n]) for n in names])
 
 
 def _first_row(em: _Emitter, piece: Node) -> Node:
@@ -183,6 +188,14 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
     if _is(node, aten.cat.default):
         dim = node.args[1] if len(node.args) > 1 else 0
         return dim != 0 and all(_uniform(a, batch, memo) for a in node.args[0])
+    if _is(node, aten.repeat.default):  # flow policies' ts[i].repeat(B, 1)
+        src, repeats = node.args[0], list(node.args[1])
+        sv = _val(src)
+        if sv is None:
+            return False
+        if len(repeats) > sv.dim() or _known_eq(sv.shape[0], 1):
+            return True  # every row is the whole source, or copies of its one row
+        return repeats[0] == 1 and _uniform(src, batch, memo)
     if _is(node, *_ROW_OPS):
         src = node.args[0]
         sv, v = _val(src), _val(node)
@@ -213,11 +226,12 @@ _ROWS = "ABCDES"
 
 
 def _coefs(u) -> list:
-    """The six coefficients of an update (``None`` where absent; B as the op reads it)."""
+    """The six coefficients of an update (``None`` where absent; B as the op reads it), and P
+    (the previous x0's) where it reads one."""
     pre = u.pre or {}
     b = pre.get("e")
     return [pre.get("x"), None if b is None else _Coef("neg", (b,)), u.post.get("x0"), u.post.get("x"),
-            u.post.get("e"), u.post.get("z")]
+            u.post.get("e"), u.post.get("z"), *([u.post["p"]] if "p" in u.post else [])]
 
 
 def _shape_of(c) -> Any:
@@ -241,6 +255,10 @@ def _leaves_of(c, out: list) -> list:
 def _step_values(updates: list) -> list[list]:
     """Per step, the leaves of its coefficients in one order; raise unless every step has step 0's form."""
     form = [_shape_of(c) for c in _coefs(updates[0])]
+    if any("p" in u.post for u in updates):
+        # Step 0 reads no previous x0, so it is not the function that gives the P table.
+        raise _NoMatch("a step reads the previous step's x0 (a multistep solver), which is read with "
+                       "timesteps shared by the batch only")
     values = []
     for k, u in enumerate(updates):
         if [_shape_of(c) for c in _coefs(u)] != form:

@@ -8,7 +8,9 @@ except at *sites*:
 * ``"index"``: per-sample timesteps ``t_k = root - (offset + k)``, one root
   and one offset for the whole loop (every lookup reads ``t_k`` itself);
 * ``"full"``: timesteps shared by the batch, ``full(shape, v_k)`` with the
-  same shape and dtype in every step.
+  same shape and dtype in every step, or a batch-free value broadcast to
+  every row by ``expand`` / ``repeat`` with the same sizes in every step
+  (flow policies' ``ts[i].expand(B, 1)`` of a ``linspace``).
 
 :class:`_Reemit` then copies step 0's subgraph into the graph with each
 site replaced by a vector (``arange(S)`` for index sites, the K step values
@@ -67,6 +69,9 @@ class _Sites:
         return True
 
     def _full_pair(self, a: Node, b: Node) -> bool:
+        if _is(a, aten.expand.default, aten.repeat.default) and _is(b, a.target):
+            return _broadcast_rows(a) and _broadcast_rows(b) and list(a.args[1]) == list(b.args[1]) \
+                and not a.kwargs and not b.kwargs
         if not (_is(a, aten.full.default) and _is(b, aten.full.default)):
             return False
         return list(a.args[0]) == list(b.args[0]) and a.kwargs == b.kwargs and _val(a).dim() >= 1 \
@@ -84,6 +89,15 @@ class _Sites:
             raise _NoMatch(f"{b.name} stands for two values of step {k}")
         per_step[k] = a
         return True
+
+
+def _broadcast_rows(n: Node) -> bool:
+    """Whether ``n``, an ``expand`` or ``repeat``, makes every row of its (batched) result the
+    whole of a source without that dimension, or copies of its one row: one value per step."""
+    src, out = _val(n.args[0]), _val(n)
+    if src is None or out is None or out.dim() == 0:
+        return False
+    return src.dim() < out.dim() or _known_eq(src.shape[0], 1)
 
 
 def _depends_on(node: Any, roots: set, memo: dict) -> bool:
@@ -297,10 +311,12 @@ class _Reemit:
             if self.sites.kind == "index":
                 self.vectors[site] = em(prims.iota.default, self.size(), start=0, step=1,
                                         dtype=_val(site).dtype, device=em.device, requires_grad=False)
-            else:
+            elif _is(site, aten.full.default):
                 shape = list(site.args[0])[1:]
                 values = [n.args[1] for n in reversed(self.sites.steps[site])]
                 self.vectors[site] = em.stack([em(aten.full.default, shape, v, **site.kwargs) for v in values])
+            else:  # a value broadcast to every row: each step's first row, computed by the step
+                self.vectors[site] = em.stack([em(aten.select.int, n, 0, 0) for n in reversed(self.sites.steps[site])])
         return self.vectors[site]
 
     def size(self) -> int:

@@ -1,8 +1,8 @@
 """Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
 import torch
 
-from . import cleandiffuser, diffusers_style, diffusion_ql, flow_policy, idql, readme, scheduler_step, \
-    tabddpm, tiny_diffusion, v1_variants
+from . import cleandiffuser, diffusers_style, diffusion_ql, dpm_solver, dppo, flow_policy, idql, readme, \
+    scheduler_step, tabddpm, tiny_diffusion, v1_variants
 
 
 def _dql():
@@ -68,15 +68,53 @@ def _int_scheduler():
     return scheduler_step.IntTimestepLoop(), (torch.randn(8, 3),), (10, 8, 3)
 
 
-def _idql():
-    torch.manual_seed(0)
-    return idql.IDQLActor(), (torch.randn(16, 11),), (6, 16, 3)
+def _residual(**kw):
+    def make():
+        torch.manual_seed(0)
+        m = v1_variants.ResidualSampler(noise=True, **kw)
+        return m, (torch.randn(8, m.dim), m.T - 1, None), (m.num_steps, 8, m.dim)
+    return make
+
+
+def _dppo(**kw):
+    def make():
+        torch.manual_seed(0)
+        m = dppo.DPPODiffusion(**kw)
+        return m, (torch.randn(16, 11),), (m.denoising_steps + 1, 16, m.horizon, m.action_dim)
+    return make
+
+
+def _idql(**kw):
+    def make():
+        torch.manual_seed(0)
+        return idql.IDQLActor(**kw).eval(), (torch.randn(16, 11),), (6, 16, 3)
+    return make
 
 
 def _flow(**kw):
     def make():
         torch.manual_seed(0)
         return flow_policy.FlowPolicy(**kw), (torch.randn(16, 11), torch.randn(16, 3)), None
+    return make
+
+
+def _flow_spelling(spelling, **kw):
+    def make():
+        torch.manual_seed(0)
+        return flow_policy.FlowSpellings(spelling, **kw), (torch.randn(16, 11), torch.randn(16, 3)), None
+    return make
+
+
+def _dpm(kind, **kw):
+    """A DPM-Solver++ 2M loop of tests/loops/dpm_solver.py: an ODE sampler draws no noise after x_T,
+    the SDE one every step (given as a tensor)."""
+    def make():
+        torch.manual_seed(0)
+        m = getattr(dpm_solver, kind)(**kw)
+        batch, obs_dim = (8, 3) if kind == "DiffusersStyle2M" else (16, 11)
+        dim = 4 if kind == "DiffusersStyle2M" else 3
+        noise = (m.sample_steps, batch, dim) if kw.get("solver", "").startswith("sde") else None
+        return m, (torch.randn(batch, obs_dim), torch.randn(batch, dim)), noise
     return make
 
 
@@ -105,7 +143,33 @@ CASES = {
     "readme_clamp": _readme(clamp=2.0),
     "readme_noise_clamp": _readme(noise=True, clamp=2.0),
     "int_t_scheduler_step": _int_scheduler,
-    "idql": _idql,
+    "idql": _idql(),
+    "idql_ln_resnet": _idql(network="ln_resnet"),
+    "dppo": _dppo(),
+    "dppo_residual_mlp": _dppo(residual_style=True),
+    "dppo_residual_mlp_flat": _residual(),
+    "dppo_residual_mlp_layer_norm_flat": _residual(use_layernorm=True),
     "flow_policy_euler": _flow(),
     "flow_policy_euler_fourier_time": _flow(time_embedding=True),
+    "flow_policy_euler_ones_time": _flow_spelling("ones"),
+    "flow_policy_euler_float_time": _flow_spelling("float_arg"),
+    "flow_policy_euler_float_time_fourier": _flow_spelling("float_arg", fourier_time=True),
+    "flow_policy_euler_linspace_expand": _flow_spelling("linspace"),
+    "flow_policy_euler_linspace_expand_fourier": _flow_spelling("linspace", fourier_time=True),
+    "flow_policy_euler_linspace_repeat_fourier": _flow_spelling("repeat", fourier_time=True),
+    "flow_policy_euler_linspace_loop_fourier": _flow_spelling("tensor_loop", fourier_time=True),
+    "flow_policy_euler_inplace": _flow_spelling("inplace"),
+    "flow_policy_euler_sinusoidal_time": _flow_spelling("sinusoidal"),
+    "cleandiffuser_dpmsolver++_2M_eps": _dpm("CleanDiffuser2M"),
+    "cleandiffuser_dpmsolver++_2M_eps_clip": _dpm("CleanDiffuser2M", x_max=1.0),
+    "cleandiffuser_dpmsolver++_2M_x0": _dpm("CleanDiffuser2M", predict_noise=False),
+    "cleandiffuser_dpmsolver++_2M_x0_clip": _dpm("CleanDiffuser2M", predict_noise=False, x_max=0.5),
+    "cleandiffuser_sde_dpmsolver++_2M_eps_clip": _dpm("CleanDiffuser2M", x_max=1.0, solver="sde_dpmsolver++_2M"),
+    "diffusers_dpmsolver++_2M_eps": _dpm("DiffusersStyle2M"),
+    "diffusers_dpmsolver++_2M_eps_clip": _dpm("DiffusersStyle2M", clip=1.0),
+    "diffusers_dpmsolver++_2M_sample_clip": _dpm("DiffusersStyle2M", prediction_type="sample", clip=1.0),
+    "diffusers_dpmsolver++_2M_v_sigma_min": _dpm("DiffusersStyle2M", prediction_type="v_prediction",
+                                                 final_sigmas_type="sigma_min"),
+    "dpm_solver_2M_named_previous": _dpm("NamedPrevious2M", clip=None),
+    "dpm_solver_2M_named_previous_clip": _dpm("NamedPrevious2M"),
 }

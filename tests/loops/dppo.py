@@ -10,12 +10,18 @@ from .common import SinusoidalPosEmb, extract, linear_beta_schedule
 
 
 class DiffusionMLP(nn.Module):
-    def __init__(self, action_dim, horizon, cond_dim, time_dim=16, hidden=64):
+    """``residual_style``: DPPO's ResidualMLP (below) for ``mlp_mean``, as its configs choose."""
+
+    def __init__(self, action_dim, horizon, cond_dim, time_dim=16, hidden=64, residual_style=False):
         super().__init__()
         self.time_embedding = nn.Sequential(SinusoidalPosEmb(time_dim), nn.Linear(time_dim, time_dim * 2),
                                             nn.Mish(), nn.Linear(time_dim * 2, time_dim))
-        self.mlp_mean = nn.Sequential(nn.Linear(action_dim * horizon + time_dim + cond_dim, hidden), nn.Mish(),
-                                      nn.Linear(hidden, hidden), nn.Mish(), nn.Linear(hidden, action_dim * horizon))
+        in_dim, out_dim = action_dim * horizon + time_dim + cond_dim, action_dim * horizon
+        if residual_style:
+            self.mlp_mean = ResidualMLP([in_dim, hidden, hidden, hidden, hidden, hidden, out_dim])
+        else:
+            self.mlp_mean = nn.Sequential(nn.Linear(in_dim, hidden), nn.Mish(), nn.Linear(hidden, hidden), nn.Mish(),
+                                          nn.Linear(hidden, out_dim))
 
     def forward(self, x, time, cond):
         B, Ta, Da = x.shape
@@ -27,9 +33,10 @@ class DiffusionMLP(nn.Module):
 
 class DPPODiffusion(nn.Module):
     def __init__(self, obs_dim=11, action_dim=2, horizon=4, denoising_steps=6, denoised_clip_value=1.0,
-                 min_sampling_denoising_std=0.1, randn_clip_value=3.0, final_action_clip_value=1.0):
+                 min_sampling_denoising_std=0.1, randn_clip_value=3.0, final_action_clip_value=1.0,
+                 residual_style=False):
         super().__init__()
-        self.network = DiffusionMLP(action_dim, horizon, obs_dim)
+        self.network = DiffusionMLP(action_dim, horizon, obs_dim, residual_style=residual_style)
         self.action_dim, self.horizon, self.denoising_steps = action_dim, horizon, denoising_steps
         self.denoised_clip_value, self.min_sampling_denoising_std = denoised_clip_value, min_sampling_denoising_std
         self.randn_clip_value, self.final_action_clip_value = randn_clip_value, final_action_clip_value
@@ -66,4 +73,47 @@ class DPPODiffusion(nn.Module):
             x = mean + std * z
             if self.final_action_clip_value is not None and i == len(t_all) - 1:
                 x = torch.clamp(x, -self.final_action_clip_value, self.final_action_clip_value)
+        return x
+
+
+class TwoLayerPreActivationResNetLinear(nn.Module):
+    """DPPO's residual block (model/common/mlp.py): ``x + l2(act(l1(act(x))))``, LayerNorms
+    before each activation where ``use_layernorm``."""
+
+    def __init__(self, hidden_dim, use_layernorm=False):
+        super().__init__()
+        self.l1 = nn.Linear(hidden_dim, hidden_dim)
+        self.l2 = nn.Linear(hidden_dim, hidden_dim)
+        self.act = nn.Mish()
+        if use_layernorm:
+            self.norm1 = nn.LayerNorm(hidden_dim, eps=1e-06)
+            self.norm2 = nn.LayerNorm(hidden_dim, eps=1e-06)
+
+    def forward(self, x):
+        x_input = x
+        if hasattr(self, "norm1"):
+            x = self.norm1(x)
+        x = self.l1(self.act(x))
+        if hasattr(self, "norm2"):
+            x = self.norm2(x)
+        x = self.l2(self.act(x))
+        return x + x_input
+
+
+class ResidualMLP(nn.Module):
+    """DPPO's ResidualMLP: Linear(in, H), residual blocks, Linear(H, out), Identity."""
+
+    def __init__(self, dim_list, use_layernorm=False):
+        super().__init__()
+        hidden_dim = dim_list[1]
+        num_hidden_layers = len(dim_list) - 3
+        self.layers = nn.ModuleList([nn.Linear(dim_list[0], hidden_dim)])
+        self.layers.extend([TwoLayerPreActivationResNetLinear(hidden_dim, use_layernorm)
+                            for _ in range(1, num_hidden_layers, 2)])
+        self.layers.append(nn.Linear(hidden_dim, dim_list[-1]))
+        self.layers.append(nn.Identity())
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
         return x

@@ -6,6 +6,8 @@ import math
 import torch
 from torch import nn
 
+from .common import SinusoidalPosEmb
+
 
 class FourierTime(nn.Module):
     """sin/cos features of a float time in [0, 1], then a small MLP."""
@@ -35,3 +37,70 @@ class FlowPolicy(nn.Module):
             t = torch.full((x.shape[0], 1), i / self.num_steps)
             x = x + dt * self.velocity(torch.cat([x, self.time(t), obs], dim=-1))
         return x.clamp(-1.0, 1.0)
+
+
+class FlowSpellings(nn.Module):
+    """The same Euler loop in the other ways flow policies write the time and the step:
+
+    - ``"ones"``: ``t = torch.ones(B, 1) * (i / n)``;
+    - ``"float_arg"``: ``t = i / n`` a Python float, which the network turns into a column
+      (``t * torch.ones_like(x[:, :1])``);
+    - ``"linspace"``: ``ts = torch.linspace(0, 1, n + 1)``, ``t = ts[i].expand(B, 1)``,
+      ``dt = ts[i + 1] - ts[i]`` a 0-d tensor;
+    - ``"repeat"``: ``ts[i].repeat(B, 1)`` and ``x = x + v * dt``;
+    - ``"inplace"``: ``x += dt * v`` (functionalized);
+    - ``"embedding"``: ``t = torch.full((B, 1), i / n)`` through Fourier features and an MLP,
+      the velocity network's input ``cat[x, temb, obs]``;
+    - ``"sinusoidal"``: ``t = torch.full((B,), i / n)`` through Diffusion-QL's sinusoidal
+      embedding and a Linear-Mish-Linear;
+    - ``"tensor_loop"``: ``for t in ts[:-1]`` over the linspace, ``t.expand(B, 1)``.
+
+    ``fourier_time``: the time column through :class:`FourierTime` (as ``"embedding"``).
+    """
+
+    def __init__(self, spelling, obs_dim=11, action_dim=3, hidden=128, num_steps=8, fourier_time=False):
+        super().__init__()
+        fourier_time = fourier_time or spelling == "embedding"
+        time_dim = 16 if fourier_time or spelling == "sinusoidal" else 1
+        self.time = FourierTime(time_dim) if fourier_time else nn.Sequential(
+            SinusoidalPosEmb(time_dim), nn.Linear(time_dim, 2 * time_dim), nn.Mish(),
+            nn.Linear(2 * time_dim, time_dim)) if spelling == "sinusoidal" else nn.Identity()
+        self.velocity = nn.Sequential(nn.Linear(action_dim + time_dim + obs_dim, hidden), nn.SiLU(),
+                                      nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, action_dim))
+        self.spelling, self.num_steps = spelling, num_steps
+
+    def net(self, x, t, obs):
+        if self.spelling == "float_arg":
+            t = t * torch.ones_like(x[:, :1])
+        return self.velocity(torch.cat([x, self.time(t), obs], dim=-1))
+
+    def forward(self, obs, x):
+        n, B = self.num_steps, x.shape[0]
+        if self.spelling == "inplace":
+            x = x.clone()  # the caller's noise, updated in place below
+        ts = torch.linspace(0, 1, n + 1)
+        if self.spelling == "tensor_loop":
+            for t in ts[:-1]:
+                x = x + (1.0 / n) * self.net(x, t.expand(B, 1), obs)
+            return x
+        for i in range(n):
+            dt = 1.0 / n
+            if self.spelling == "ones":
+                t = torch.ones(B, 1) * (i / n)
+            elif self.spelling == "float_arg":
+                t = i / n
+            elif self.spelling in ("linspace", "repeat"):
+                t = ts[i].expand(B, 1) if self.spelling == "linspace" else ts[i].repeat(B, 1)
+                dt = ts[i + 1] - ts[i]
+            elif self.spelling == "sinusoidal":
+                t = torch.full((B,), i / n)
+            else:
+                t = torch.full((B, 1), i / n)
+            v = self.net(x, t, obs)
+            if self.spelling == "inplace":
+                x += dt * v
+            elif self.spelling == "repeat":
+                x = x + v * dt
+            else:
+                x = x + dt * v
+        return x

@@ -21,15 +21,59 @@ class FourierFeatures(nn.Module):
         return torch.cat([torch.cos(f), torch.sin(f)], dim=-1)
 
 
+class MLPResNetBlock(nn.Module):
+    """jaxrl5's block: ``residual + Dense(Dense4H(act(LayerNorm(Dropout(x)))))``."""
+
+    def __init__(self, features, act, dropout_rate=0.1):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout_rate)
+        self.norm = nn.LayerNorm(features)
+        self.dense1 = nn.Linear(features, features * 4)
+        self.dense2 = nn.Linear(features * 4, features)
+        self.act = act
+
+    def forward(self, x):
+        residual = x
+        x = self.dropout(x)
+        x = self.norm(x)
+        x = self.dense1(x)
+        x = self.act(x)
+        x = self.dense2(x)
+        return residual + x
+
+
+class MLPResNet(nn.Module):
+    """jaxrl5's MLPResNet, IDQL's reverse encoder: Dense(H), blocks, act, Dense(out)."""
+
+    def __init__(self, in_dim, out_dim, num_blocks=2, hidden=32, act=nn.Mish()):
+        super().__init__()
+        self.dense_in = nn.Linear(in_dim, hidden)
+        self.blocks = nn.ModuleList(MLPResNetBlock(hidden, act) for _ in range(num_blocks))
+        self.act = act
+        self.dense_out = nn.Linear(hidden, out_dim)
+
+    def forward(self, x):
+        x = self.dense_in(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.dense_out(self.act(x))
+
+
 class IDQLActor(nn.Module):
+    """``network``: "mlp" (IDQL's MLP reverse encoder) or "ln_resnet" (its LN-ResNet: eval mode
+    for sampling, Dropout the identity)."""
+
     def __init__(self, obs_dim=11, action_dim=3, time_dim=16, hidden=64, T=5, temperature=1.0,
-                 clip_sampler=1.0):
+                 clip_sampler=1.0, network="mlp"):
         super().__init__()
         self.time_preprocess = FourierFeatures(time_dim)
         self.cond_encoder = nn.Sequential(nn.Linear(time_dim, time_dim * 2), nn.Mish(),
                                           nn.Linear(time_dim * 2, time_dim))
-        self.reverse_encoder = nn.Sequential(nn.Linear(action_dim + obs_dim + time_dim, hidden), nn.Mish(),
-                                             nn.Linear(hidden, hidden), nn.Mish(), nn.Linear(hidden, action_dim))
+        if network == "ln_resnet":
+            self.reverse_encoder = MLPResNet(action_dim + obs_dim + time_dim, action_dim)
+        else:
+            self.reverse_encoder = nn.Sequential(nn.Linear(action_dim + obs_dim + time_dim, hidden), nn.Mish(),
+                                                 nn.Linear(hidden, hidden), nn.Mish(), nn.Linear(hidden, action_dim))
         self.action_dim, self.T, self.temperature, self.clip_sampler = action_dim, T, temperature, clip_sampler
         betas = linear_beta_schedule(T)
         alphas = 1 - betas

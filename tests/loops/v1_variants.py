@@ -51,3 +51,13 @@ class PosteriorSampler(nn.Module):
             if self.post_clip is not None:
                 x = x.clamp(*self.post_clip)
         return x
+
+
+class ResidualSampler(PosteriorSampler):
+    """The posterior-mean loop with DPPO's residual MLP (``use_layernorm``: its LayerNorms too)
+    as the noise network, on a flat sample."""
+
+    def __init__(self, use_layernorm=False, **kw):
+        super().__init__(timesteps="int", **kw)
+        from .dppo import ResidualMLP
+        self.eps_net = ResidualMLP([self.dim + 1, 32, 32, 32, 32, 32, self.dim], use_layernorm=use_layernorm)
