@@ -21,9 +21,10 @@ namespace {
 // fused_sample.rule's (layer 0 reads x alone).
 std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, int64_t num_steps,
                       c10::string_view precision, std::vector<int64_t> device, std::vector<int64_t> aligned,
-                      c10::string_view overrides, bool general_step) {
+                      c10::string_view overrides, bool general_step, bool previous_x0) {
   plan::Problem p;
   p.general_step = general_step;
+  p.previous_x0 = previous_x0;
   p.batch = batch;
   p.dim = static_cast<int>(dim);
   p.num_steps = static_cast<int>(num_steps);
@@ -95,7 +96,7 @@ std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, i
 TORCH_LIBRARY_FRAGMENT(ddpm, m) {
   m.def(
       "cuda_plan(int batch, int dim, int[] hidden, int num_steps, str precision, int[] device, "
-      "int[] aligned, str overrides, bool general_step=False) -> str",
+      "int[] aligned, str overrides, bool general_step=False, bool previous_x0=False) -> str",
       &cuda_plan);
 }
 

@@ -34,6 +34,28 @@ __device__ __forceinline__ float step_bias_row(const EngineArgs& a, float column
   return b;
 }
 
+// acc + sum_q h[q] w[q] in the order of q, w in global memory and h there
+// too (kGlobalInput) or in shared memory. The loads go out kBatch at a time:
+// one load latency per term (each from L2) made a 32-term product cost 32
+// latencies, and the bias networks run on the step's critical path.
+template <bool kGlobalInput>
+__device__ __forceinline__ float dot_from_l2(const float* h, const float* w, int n, float acc) {
+  constexpr int kBatch = 4;
+  int q = 0;
+  for (; q + kBatch <= n; q += kBatch) {
+    float hv[kBatch], wv[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      hv[j] = kGlobalInput ? __ldg(h + q + j) : h[q + j];
+      wv[j] = __ldg(w + q + j);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) acc = fmaf(hv[j], wv[j], acc);
+  }
+  for (; q < n; ++q) acc = fmaf(kGlobalInput ? __ldg(h + q) : h[q], __ldg(w + q), acc);
+  return acc;
+}
+
 // out[i * out_ld + c - c0] = net(input row row_of(i))[c] for rows i < n and
 // columns c0 <= c < c1 of the last layer; the hidden layers go through
 // `scratch` (2 n net.widest_hidden floats). The whole block calls it: a
@@ -55,11 +77,9 @@ __device__ void evaluate_bias_net(const BiasNetArgs& net, int n, RowOf row_of, f
       const float* w = layer.weight + static_cast<size_t>(c) * layer.ld;
       float acc = last ? 0.f : __ldg(layer.bias + c);
       if (l == 0) {
-        const float* h = net.input + static_cast<size_t>(row_of(i)) * layer.in;
-        for (int q = 0; q < layer.in; ++q) acc = fmaf(__ldg(h + q), __ldg(w + q), acc);
+        acc = dot_from_l2<true>(net.input + static_cast<size_t>(row_of(i)) * layer.in, w, layer.in, acc);
       } else {
-        const float* h = in + i * in_ld;
-        for (int q = 0; q < layer.in; ++q) acc = fmaf(h[q], __ldg(w + q), acc);
+        acc = dot_from_l2<false>(in + i * in_ld, w, layer.in, acc);
       }
       dst[i * dst_ld + c - lo] = last ? acc : activate(acc, net.activations[l]);
     }

@@ -7,6 +7,7 @@
 
 #include "../../common/seeded_noise.h"
 #include "args.h"
+#include "ptx.cuh"
 
 #include <cmath>
 
@@ -17,6 +18,33 @@ namespace cuda_kernels {
 // the identity's coefficient.
 __device__ __forceinline__ float step_coefficient(const StepArgs& st, int q, int s) {
   return st.tables[q] != nullptr ? __ldg(st.tables[q] + s) : (q == kA ? 1.f : 0.f);
+}
+
+// A row's coefficients of one step, in registers. The kernels load step
+// k + 1's during step k and store them into shared memory later: storing a
+// value right after its load stalls the storing warp for the load's latency,
+// and every warp of the step then waits for that one at the next barrier.
+struct StepRow {
+  float c[kStepTablesWithPrevious];
+  __device__ __forceinline__ void load(const StepArgs& st, int s) {
+#pragma unroll
+    for (int q = 0; q < kStepTablesWithPrevious; ++q) c[q] = step_coefficient(st, q, s);
+  }
+};
+
+// dst[q * stride] <- table q at step index s for every table q: copied by
+// cp.async where the table is given (the caller waits for the copies before
+// a barrier ahead of their readers), written where it is the identity's.
+__device__ __forceinline__ void copy_step_coefficients(const StepArgs& st, int s, float* dst, int stride) {
+#pragma unroll
+  for (int q = 0; q < kStepTablesWithPrevious; ++q) {
+    if (st.tables[q] != nullptr) {
+      cp_async4(dst + q * stride, st.tables[q] + s, true);
+    } else {
+      dst[q * stride] = q == kA ? 1.f : 0.f;
+    }
+  }
+  cp_async_commit();
 }
 
 // torch.clamp's: a NaN stays NaN.

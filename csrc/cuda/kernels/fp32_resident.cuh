@@ -213,13 +213,18 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
     load_t_start(a, clamped_row(u_row[m]), &u_valid[m]);
   }
   auto updates = [&](int m) { return u_row[m] < kRows && u_col < dim; };
-  // Thread r < kRows loads row r's coefficients of step k into sh.coef[k & 1].
-  const int c_t0 = static_cast<int>(threadIdx.x) < kRows ? load_t_start(a, clamped_row(threadIdx.x), &unused) : 0;
+  // Thread r < kRows loads row r's coefficients of step k into registers,
+  // then publishes them into sh.coef[k & 1].
+  const bool c_loads = static_cast<int>(threadIdx.x) < kRows;
+  const int c_t0 = c_loads ? load_t_start(a, clamped_row(threadIdx.x), &unused) : 0;
+  StepRow c_next;
   auto load_coefficients = [&](int k) {
-    if (static_cast<int>(threadIdx.x) >= kRows) return;
-    const int s = clamp_index(c_t0 - k, a.table_length);
+    if (c_loads) c_next.load(a.step, clamp_index(c_t0 - k, a.table_length));
+  };
+  auto publish_coefficients = [&](int k) {
+    if (!c_loads) return;
 #pragma unroll
-    for (int q = 0; q < kStepTablesWithPrevious; ++q) sh.coef[k & 1][q][threadIdx.x] = step_coefficient(a.step, q, s);
+    for (int q = 0; q < kStepTablesWithPrevious; ++q) sh.coef[k & 1][q][threadIdx.x] = c_next.c[q];
   };
 
   // Zero the layer inputs (padding columns are read, against zero weights),
@@ -237,6 +242,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
     }
   }
   load_coefficients(0);
+  publish_coefficients(0);
   float s_step_bias = step_bias(0);
   nets.evaluate_cond(a, row0);
   if (threadIdx.x == 0) {
@@ -256,9 +262,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
   };
   int buffer = 0;  // the hidden buffer the next exchanged layer writes
   for (int k = 0; k < a.num_steps; ++k) {
-    // The next step's coefficients and bias rows, in flight during this one
-    // (sh.coef[(k + 1) & 1] was last read by step k - 1's update, before the
-    // barrier that ended it).
+    // The next step's coefficients and bias rows, in flight during this one.
     if (k + 1 < a.num_steps) load_coefficients(k + 1);
     const float s_next_step_bias = k + 1 < a.num_steps ? step_bias(k + 1) : 0.f;
     if (nets.time_window_starts(k)) {
@@ -350,6 +354,9 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
       if (row < a.batch && row % cs == rank) store_sample(a, k + 1, row, u_col, next, u_valid[m]);
     }
     s_step_bias = s_next_step_bias;
+    // sh.coef[(k + 1) & 1] was last read by step k - 1's update, before the
+    // barrier that ended it; the barrier below publishes it.
+    if (k + 1 < a.num_steps) publish_coefficients(k + 1);
     __syncthreads();
   }
   // Nothing is in flight towards this CTA at its exit: it has waited for
