@@ -25,11 +25,14 @@ __device__ __forceinline__ float activate(float v, Activation act) {
   return v;
 }
 
-// The same, with SiLU from the hardware's approximate exp2 and reciprocal
-// (silu_approx: within the 1e-5 promise, a third of the instructions), for
-// the kernels whose step is a chain of dependent instructions.
+// The same, with SiLU and Mish from the hardware's approximate exp2 and
+// reciprocal (silu_approx, mish_approx: within the 1e-5 promise, a third of
+// the instructions or fewer), for the kernels whose step is a chain of
+// dependent instructions.
 __device__ __forceinline__ float activate_fast(float v, Activation act) {
-  return act == Activation::kSilu ? silu_approx(v) : activate(v, act);
+  if (act == Activation::kSilu) return silu_approx(v);
+  if (act == Activation::kMish) return mish_approx(v);
+  return activate(v, act);
 }
 
 }  // namespace cuda_kernels

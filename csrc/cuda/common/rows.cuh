@@ -63,6 +63,22 @@ __device__ __forceinline__ float silu_approx(float v) {
   return v * r;
 }
 
+// Mish, v tanh(softplus(v)), as v n / (n + 2) with n = e^v (e^v + 2) (the
+// same function: tanh(log(1 + e)) = ((1 + e)^2 - 1) / ((1 + e)^2 + 1)), from
+// the hardware's approximate exp2 and reciprocal: one exponential where the
+// exact-rounding formula takes three transcendental functions, for the
+// kernels whose step is a chain of dependent instructions. Beyond v = 20 Mish
+// is v in float32 (n would overflow); far below, e = 0 gives v * 0 as
+// torch's does (NaN at -inf).
+__device__ __forceinline__ float mish_approx(float v) {
+  if (v > 20.f) return v;
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(v * 1.4426950408889634f));
+  const float n = e * (e + 2.f);
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(n + 2.f));
+  return v * n * r;
+}
+
 // The first timesteps of a thread's two rows of a warpgroup's 64-row tile
 // (rows g and g + 8 of its warp's 16, h = 0, 1; 0 past the batch).
 __device__ __forceinline__ void load_row_pair(const SampleArgs& a, int first, int (&t)[2]) {

@@ -7,7 +7,6 @@
 
 #include "../../common/seeded_noise.h"
 #include "args.h"
-#include "ptx.cuh"
 
 #include <cmath>
 
@@ -32,21 +31,6 @@ struct StepRow {
   }
 };
 
-// dst[q * stride] <- table q at step index s for every table q: copied by
-// cp.async where the table is given (the caller waits for the copies before
-// a barrier ahead of their readers), written where it is the identity's.
-__device__ __forceinline__ void copy_step_coefficients(const StepArgs& st, int s, float* dst, int stride) {
-#pragma unroll
-  for (int q = 0; q < kStepTablesWithPrevious; ++q) {
-    if (st.tables[q] != nullptr) {
-      cp_async4(dst + q * stride, st.tables[q] + s, true);
-    } else {
-      dst[q * stride] = q == kA ? 1.f : 0.f;
-    }
-  }
-  cp_async_commit();
-}
-
 // torch.clamp's: a NaN stays NaN.
 __device__ __forceinline__ float clamp_keep_nan(float v, float lo, float hi) {
   return v < lo ? lo : (v > hi ? hi : v);
@@ -70,14 +54,29 @@ __device__ __forceinline__ float seeded_normal(const EngineArgs& a, int k, int r
   return 1.41421356237309505f * erfinvf(seeded_noise::centered_uniform(seeded_noise::column_bits(key, j)));
 }
 
-// x after step k at (row, column j), from x, the network's output e and the
-// row's coefficients coef(q) of the step. *x0_prev carries the clipped x0
-// from step to step where a P table is given (zero at a call's first step).
-// The seeds are read from device memory at each call, so that a CUDA graph
-// whose replays draw them first draws fresh noise.
+// Whether the call adds noise (given, or drawn from the seeds or the generator).
+__device__ __forceinline__ bool has_noise(const StepArgs& st) {
+  return st.noise != nullptr || st.noise_seed != nullptr || st.generator.used;
+}
+
+// z[k, row, j], step k's noise at (row, column j), 0 without noise. It does
+// not depend on x, so a kernel can compute it where its warps would wait for
+// the step's last layer anyway: a draw is about a hundred dependent
+// instructions, and the given noise a load.
+__device__ __forceinline__ float step_noise(const EngineArgs& a, int k, int row, int j) {
+  const StepArgs& st = a.step;
+  if (st.noise != nullptr) return __ldg(st.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j);
+  if (st.noise_seed != nullptr || st.generator.used) return seeded_normal(a, k, row, j);
+  return 0.f;
+}
+
+// x after a step at column j, from x, the network's output e, the step's
+// noise z (step_noise) and the row's coefficients coef(q) of the step.
+// *x0_prev carries the clipped x0 from step to step where a P table is given
+// (zero at a call's first step).
 template <typename Coefficients>
 __device__ __forceinline__ float step_update(const EngineArgs& a, const Coefficients& coef, float x, float e,
-                                             float* x0_prev, int k, int row, int j) {
+                                             float* x0_prev, float z, int j) {
   const StepArgs& st = a.step;
   // Null tables' terms are left out, not multiplied by 0: an infinite x then
   // stays infinite, as in the time-column loop's c1 (x - c2 e).
@@ -94,17 +93,22 @@ __device__ __forceinline__ float step_update(const EngineArgs& a, const Coeffici
     next += coef(kP) * *x0_prev;
     *x0_prev = x0;
   }
-  if (st.noise != nullptr) {
-    next += coef(kS) * __ldg(st.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j);
-  } else if (st.noise_seed != nullptr || st.generator.used) {
-    next += coef(kS) * seeded_normal(a, k, row, j);
-  }
+  if (has_noise(st)) next += coef(kS) * z;
   if (st.post_clip_bounds != nullptr) {
     next = clamp_keep_nan(next, __ldg(st.post_clip_bounds + j), __ldg(st.post_clip_bounds + a.dim + j));
   } else if (st.post_clip) {
     next = clamp_keep_nan(next, st.post_lo, st.post_hi);
   }
   return next;
+}
+
+// The same, drawing step k's noise at (row, j) itself. The seeds are read
+// from device memory at each call, so that a CUDA graph whose replays draw
+// them first draws fresh noise.
+template <typename Coefficients>
+__device__ __forceinline__ float step_update(const EngineArgs& a, const Coefficients& coef, float x, float e,
+                                             float* x0_prev, int k, int row, int j) {
+  return step_update(a, coef, x, e, x0_prev, step_noise(a, k, row, j), j);
 }
 
 // Stores x after `steps_done` steps at (row, j): into the chain's entry

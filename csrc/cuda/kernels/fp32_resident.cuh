@@ -337,6 +337,11 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
           st_async(remote + static_cast<uint32_t>(r * kResidentMaxDim * sizeof(float)), p[r], remote_bar);
       }
     }
+    // The step's noise while the partners' partial sums are on their way.
+    float z[kUpdates];
+#pragma unroll
+    for (int m = 0; m < kUpdates; ++m)
+      z[m] = updates(m) ? step_noise(a, k, min(row0 + u_row[m], a.batch - 1), u_col) : 0.f;
     wait_for(2 + pb);
     // The step, the same on every CTA. Every warp has read x for this step
     // (its layer 0 came before the barrier above).
@@ -347,8 +352,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
       float eps = 0.f;
       for (int src = 0; src < cs; ++src) eps += sh.partial[pb][src][r][u_col];
       const auto coef = [&](int q) { return sh.coef[k & 1][q][r]; };
-      const float next = step_update(a, coef, sh.x[r][u_col], eps + u_bias, &sh.x0_prev[r][u_col], k,
-                                     min(row, a.batch - 1), u_col);
+      const float next = step_update(a, coef, sh.x[r][u_col], eps + u_bias, &sh.x0_prev[r][u_col], z[m], u_col);
       sh.x[r][u_col] = next;
       // Every CTA holds the result; they share the writing by row.
       if (row < a.batch && row % cs == rank) store_sample(a, k + 1, row, u_col, next, u_valid[m]);

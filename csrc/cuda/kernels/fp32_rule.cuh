@@ -147,13 +147,11 @@ __global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const __grid
   nets.evaluate_cond(a, row0);
 
   for (int k = 0; k < a.num_steps; ++k) {
-    // Thread r < R copies row r's coefficients asynchronously and waits for
-    // them only before the update's barrier: a plain load and store would
-    // stall its warp for the load, and the block with it at the next barrier.
     if (static_cast<int>(threadIdx.x) < R) {
-      const int t = rr.t0[threadIdx.x] - k;
+      const int t = rr.t0[threadIdx.x] - k, s = clamp_index(t, a.table_length);
       rr.t[threadIdx.x] = t;
-      copy_step_coefficients(a.step, clamp_index(t, a.table_length), &rr.coef[0][threadIdx.x], R);
+#pragma unroll
+      for (int q = 0; q < kStepTablesWithPrevious; ++q) rr.coef[q][threadIdx.x] = step_coefficient(a.step, q, s);
     }
     if (nets.time_window_starts(k)) nets.evaluate_time(a, k, [&](int r) { return rr.t0[r]; });
     __syncthreads();
@@ -161,7 +159,6 @@ __global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const __grid
     int in_ld = dim_ld;
     for (int l = 0; l < a.num_layers; ++l) {
       rule_layer<R>(a, l, in, in_ld, buffers[l & 1], width, rr, nets, k, row0);
-      if (l + 1 == a.num_layers) cp_async_wait<0>();  // rr.coef
       __syncthreads();
       in = buffers[l & 1];
       in_ld = width;

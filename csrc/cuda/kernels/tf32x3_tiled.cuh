@@ -597,18 +597,13 @@ __global__ void __launch_bounds__(kTileThreads, 1)
   // has zeroed its buffers before anyone stores into them)
   if (clustered) cluster_arrive();
 
-  // Thread r < kRows holds row r's coefficients of the next step (StepRow: why).
-  static_assert(kRows <= kTileThreads, "a thread per row's coefficients");
-  const bool c_loads = static_cast<int>(threadIdx.x) < kRows;
-  StepRow next;
-  if (c_loads) next.load(a.step, clamp_index(t0[threadIdx.x], a.table_length));
   for (int k = 0; k < a.num_steps; ++k) {
     // Read in the update, past a CTA barrier; the last step's update read
     // them before the barrier that ended it.
-    if (c_loads) {
+    for (int r = threadIdx.x; r < kRows; r += kTileThreads) {
+      const int s = clamp_index(t0[r] - k, a.table_length);
 #pragma unroll
-      for (int q = 0; q < kStepTablesWithPrevious; ++q) coef[q * kRows + threadIdx.x] = next.c[q];
-      if (k + 1 < a.num_steps) next.load(a.step, clamp_index(t0[threadIdx.x] - k - 1, a.table_length));
+      for (int q = 0; q < kStepTablesWithPrevious; ++q) coef[q * kRows + r] = step_coefficient(a.step, q, s);
     }
     if (nets.time_window_starts(k)) nets.evaluate_time(a, k, [&](int r) { return t0[r]; });
     for (int l = 0; l < L; ++l) {
