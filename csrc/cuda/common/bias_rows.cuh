@@ -35,12 +35,15 @@ __device__ __forceinline__ float step_bias_row(const EngineArgs& a, float column
 }
 
 // acc + sum_q h[q] w[q] in the order of q, w in global memory and h there
-// too (kGlobalInput) or in shared memory. The loads go out kBatch at a time:
-// one load latency per term (each from L2) made a 32-term product cost 32
-// latencies, and the bias networks run on the step's critical path.
-template <bool kGlobalInput>
+// too (kGlobalInput) or in shared memory, the loads kBatch at a time: one
+// load latency per term (each from L2) made a 32-term product cost 32
+// latencies on fp32_resident's critical path. Batches cost registers, so
+// only kernels with registers to spare ask for them; the others
+// (evaluate_bias_net's kBatch of 1) keep the plain loop, with which the
+// 16-row tiles of tf32x3_tiled fit 128 registers and two CTAs an SM (seed
+// net, batch 4096: 624 us, against about 1000 at 153 registers).
+template <bool kGlobalInput, int kBatch>
 __device__ __forceinline__ float dot_from_l2(const float* h, const float* w, int n, float acc) {
-  constexpr int kBatch = 4;
   int q = 0;
   for (; q + kBatch <= n; q += kBatch) {
     float hv[kBatch], wv[kBatch];
@@ -61,7 +64,7 @@ __device__ __forceinline__ float dot_from_l2(const float* h, const float* w, int
 // `scratch` (2 n net.widest_hidden floats). The whole block calls it: a
 // thread per output, a barrier per layer. The networks are small (a time
 // embedding's MLP, an observation's columns), so plain dot products serve.
-template <typename RowOf>
+template <int kBatch, typename RowOf>
 __device__ void evaluate_bias_net(const BiasNetArgs& net, int n, RowOf row_of, float* out, int out_ld, int c0,
                                   int c1, float* scratch) {
   const float* in = nullptr;
@@ -77,9 +80,19 @@ __device__ void evaluate_bias_net(const BiasNetArgs& net, int n, RowOf row_of, f
       const float* w = layer.weight + static_cast<size_t>(c) * layer.ld;
       float acc = last ? 0.f : __ldg(layer.bias + c);
       if (l == 0) {
-        acc = dot_from_l2<true>(net.input + static_cast<size_t>(row_of(i)) * layer.in, w, layer.in, acc);
+        const float* h = net.input + static_cast<size_t>(row_of(i)) * layer.in;
+        if constexpr (kBatch > 1) {
+          acc = dot_from_l2<true, kBatch>(h, w, layer.in, acc);
+        } else {
+          for (int q = 0; q < layer.in; ++q) acc = fmaf(__ldg(h + q), __ldg(w + q), acc);
+        }
       } else {
-        acc = dot_from_l2<false>(in + i * in_ld, w, layer.in, acc);
+        const float* h = in + i * in_ld;
+        if constexpr (kBatch > 1) {
+          acc = dot_from_l2<false, kBatch>(h, w, layer.in, acc);
+        } else {
+          for (int q = 0; q < layer.in; ++q) acc = fmaf(h[q], __ldg(w + q), acc);
+        }
       }
       dst[i * dst_ld + c - lo] = last ? acc : activate(acc, net.activations[l]);
     }
@@ -111,17 +124,19 @@ struct BiasNetRows {
     scratch = smem;
   }
 
-  // The condition rows of rows row0 ... (clamped into the batch).
+  // The condition rows of rows row0 ... (clamped into the batch); kBatch:
+  // dot_from_l2's (1: one load at a time).
+  template <int kBatch = 1>
   __device__ void evaluate_cond(const EngineArgs& a, int row0) {
     if (cond == nullptr) return;
-    evaluate_bias_net(a.bias_rows.cond_net, rows, [&](int i) { return min(row0 + i, a.batch - 1); }, cond, cols, c0,
+    evaluate_bias_net<kBatch>(a.bias_rows.cond_net, rows, [&](int i) { return min(row0 + i, a.batch - 1); }, cond, cols, c0,
                       c0 + cols, scratch);
   }
   // The time rows of steps k0 ... k0 + window - 1; t0(r): row r's first step index.
-  template <typename FirstStep>
+  template <int kBatch = 1, typename FirstStep>
   __device__ void evaluate_time(const EngineArgs& a, int k0, FirstStep t0) {
     if (time == nullptr) return;
-    evaluate_bias_net(a.bias_rows.time_net, rows * window,
+    evaluate_bias_net<kBatch>(a.bias_rows.time_net, rows * window,
                       [&](int i) { return clamp_index(t0(i / window) - k0 - i % window, a.table_length); }, time,
                       cols, c0, c0 + cols, scratch);
   }

@@ -134,6 +134,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
   static_assert(kSliceV <= 32, "a warp's tile is at most 32 outputs");
   static_assert(kPartialK % 4 == 0, "float4 reads of the last hidden layer");
   constexpr int kSliceReplicas = 32 / kSliceV;
+  constexpr int kBiasNetLoadBatch = 4;  // dot_from_l2: the registers are there (no instantiation spills)
   constexpr int kUpdates = (kRows * kResidentMaxDim + kResidentThreads - 1) / kResidentThreads;  // x values per thread
   // All of the shared memory is asked for, though, so that a multiprocessor
   // runs one CTA, as the co-resident cluster counts assume (plan::Device).
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
   load_coefficients(0);
   publish_coefficients(0);
   float s_step_bias = step_bias(0);
-  nets.evaluate_cond(a, row0);
+  nets.evaluate_cond<kBiasNetLoadBatch>(a, row0);
   if (threadIdx.x == 0) {
     // One arrival per phase, this CTA's own; the senders' bytes complete it.
     for (int b = 0; b < 4; ++b) mbarrier_init(&sh.bars[b], 1);
@@ -266,7 +267,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) fp32_resident_kernel(cons
     if (k + 1 < a.num_steps) load_coefficients(k + 1);
     const float s_next_step_bias = k + 1 < a.num_steps ? step_bias(k + 1) : 0.f;
     if (nets.time_window_starts(k)) {
-      nets.evaluate_time(a, k, [&](int r) { return load_t_start(a, clamped_row(r), &unused); });
+      nets.evaluate_time<kBiasNetLoadBatch>(a, k, [&](int r) { return load_t_start(a, clamped_row(r), &unused); });
     }
 #pragma unroll
     for (int l = 0; l < kSliced; ++l) {
