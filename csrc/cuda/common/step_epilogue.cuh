@@ -66,10 +66,11 @@ __device__ __forceinline__ float step_update(const EngineArgs& a, const Coeffici
     next += coef(kP) * *x0_prev;
     *x0_prev = x0;
   }
-  if (st.noise != nullptr) {
-    next += coef(kS) * __ldg(st.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j);
-  } else if (st.noise_seed != nullptr || st.generator.used) {
-    next += coef(kS) * seeded_normal(a, k, row, j);
+  if (st.noise != nullptr || st.noise_seed != nullptr || st.generator.used) {
+    float z = st.noise != nullptr ? __ldg(st.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j)
+                                  : seeded_normal(a, k, row, j);
+    if (st.noise_clip > 0.f) z = clamp_keep_nan(z, -st.noise_clip, st.noise_clip);
+    next += coef(kS) * z;
   }
   if (st.post_clip_bounds != nullptr) {
     next = clamp_keep_nan(next, __ldg(st.post_clip_bounds + j), __ldg(st.post_clip_bounds + a.dim + j));
