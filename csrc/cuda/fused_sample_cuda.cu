@@ -22,6 +22,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -403,7 +404,10 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call, const SampleRuleEx
   a.step.clip_bounds = ops.hold_if(clip_bounds);
   a.step.post_clip_bounds = ops.hold_if(post_clip_bounds);
   a.step.noise = ops.hold_if(noise);
-  a.step.noise_clip = extras.noise_clip.has_value() ? static_cast<float>(*extras.noise_clip) : 0.f;
+  // A clip below float's range still clamps: to the least float, as 0 there means no clamp.
+  a.step.noise_clip = extras.noise_clip.has_value()
+                          ? std::max(static_cast<float>(*extras.noise_clip), std::numeric_limits<float>::denorm_min())
+                          : 0.f;
   if (noise_seed.has_value()) {
     const at::Tensor& seeds = ops.keep.emplace_back(noise_seed->contiguous());
     a.step.noise_seed = seeds.data_ptr<int64_t>();
