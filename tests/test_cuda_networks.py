@@ -11,7 +11,7 @@ import ddpm_ops
 from ddpm_ops.calls import RULE, bias_net_args, op_args
 from ddpm_ops.ops import _clamp_args
 from network_problems import dppo_program, dppo_rule, idql_mlp_program, idql_rule, make_program_problem
-from problems import relative_error
+from problems import make_rule, relative_error
 from test_cuda_engine import ENGINE_KERNELS, engine, kernels_of, launched, log_name  # noqa: F401 (engine: a fixture)
 from test_networks import ACTION, HIDDEN, STATE, TOLERANCE, idql_problem
 
@@ -124,6 +124,30 @@ def test_programs_match_float64_in_one_launch(logged, capfd, shape, batch):
     assert launched(capfd) == ["rule"]
     assert out.shape == expected.shape
     assert not torch.isnan(out).any()
+    assert relative_error(out, expected) <= TOLERANCE
+
+
+# Programs fp32_rule cannot hold: an input of 60004 columns (two buffers of it pass the shared
+# memory), and 68 instructions (over kMaxProgramOps).
+TOO_BIG = {
+    "too wide for shared memory": dict(network=["input:x,cond", "layer_norm:1e-05", "linear", "relu", "linear"],
+                                       outs=[8, 4], in_width=4 + 60000, cond_rows=60000),
+    "too many instructions": dict(network=["linear", *["save", "relu", "linear", "add"] * 22, "linear"],
+                                  outs=[16] * 23 + [4]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOO_BIG))
+def test_a_program_fp32_rule_cannot_hold_runs_the_aten_loop(logged, capfd, case):
+    options = dict(TOO_BIG[case])
+    problem = make_program_problem(3, 4, options.pop("network"), options.pop("outs"), make_rule("ddpm_epsilon", 6),
+                                   num_steps=3, **options)
+    expected = problem.reference64()
+    _to(problem, "cuda")
+    capfd.readouterr()
+    out = problem.call()
+    torch.cuda.synchronize()
+    assert launched(capfd) == []  # no fused kernel's launch line
     assert relative_error(out, expected) <= TOLERANCE
 
 
