@@ -86,7 +86,7 @@ def _value(text: str):
 def plan_for(batch: int, dim: int, hidden: list[int], num_steps: int, precision: str = "fp32",
              device: Device = H200, aligned: list[bool] | None = None,
              overrides: dict[str, str] | None = None, general_step: bool = False,
-             previous_x0: bool = False) -> dict:
+             previous_x0: bool = False, program_saved: int | None = None, program_input: int = 0) -> dict:
     """The plan for a net of Linear widths ``[dim + 1, *hidden, dim]``.
 
     general_step: plan a call of ``fused_sample.rule`` instead (layer 0 of
@@ -94,6 +94,11 @@ def plan_for(batch: int, dim: int, hidden: list[int], num_steps: int, precision:
     kernels (``fp32_resident``, ``tf32x3_tiled``, ``fp32_rule``) run it.
     previous_x0: that call has a previous-x0 table (a multistep rule such as
     DPM-Solver++ 2M), whose carried x0 takes shared memory too.
+
+    program_saved: plan a call of ``fused_sample.rule`` with a network
+    program whose residual stack gets this deep (its Linear widths
+    ``hidden``), program_input its ``"input:"`` instruction's width (0: none):
+    ``fp32_rule`` alone runs it, with that many more activation buffers.
 
     aligned: per layer, whether its weight starts on a 16-byte boundary
     (default: all, as torch allocates them). overrides: DDPM_OPS_CUDA_*
@@ -105,8 +110,10 @@ def plan_for(batch: int, dim: int, hidden: list[int], num_steps: int, precision:
     """
     text = ";".join(f"{k}={v}" for k, v in (overrides or {}).items())
     fields, log = torch.ops.ddpm.cuda_plan(batch, dim, list(hidden), num_steps, precision, device.as_list(),
-                                           [int(a) for a in aligned or []], text, general_step,
-                                           previous_x0).split("\n")
+                                           [int(a) for a in aligned or []], text,
+                                           general_step or program_saved is not None, previous_x0,
+                                           -1 if program_saved is None else program_saved,
+                                           program_input).split("\n")
     plan = {key: _value(value) for key, value in (pair.split("=", 1) for pair in fields.split())}
     plan["log"] = log
     return plan

@@ -337,6 +337,41 @@ def test_general_step_plans_only_engine_kernels(batch):
         assert p["kernel"] == expected, (forced, p)
 
 
+IDQL_WIDTHS = [256, *[1024, 256] * 3]  # IDQL's LN-ResNet: Linear(6, 256), blocks of 256 -> 1024 -> 256
+
+
+def rule_smem(rows, dim, width, saved):
+    """fp32_rule's shared memory (fp32_rule.h: rule_smem_bytes) without bias networks: the row
+    header, the samples and the previous x0, two activation buffers and `saved` more."""
+    header = -(-10 * rows // 4) * 4
+    dim_ld = -(-dim // 4) * 4
+    return 4 * (header + rows * (2 * dim_ld + (2 + saved) * width))
+
+
+@pytest.mark.parametrize("batch, rows", [(1, 1), (64, 1), (256, 2), (1024, 8), (4096, 16)])
+@pytest.mark.parametrize("forced", [None, "fp32_resident", "tiled16", "fp32_smem"])
+def test_a_network_program_plans_fp32_rule_alone(batch, rows, forced):
+    """A program runs on fp32_rule whatever the batch or DDPM_OPS_CUDA_KERNEL says (the other
+    kernels run a plain chain only), its residual stack's buffers counted in the shared memory."""
+    p = plan_for(batch, 6, IDQL_WIDTHS, 5, program_saved=1, overrides=forced and {"DDPM_OPS_CUDA_KERNEL": forced})
+    assert p["kernel"] == "fp32_rule" and p["rows"] == rows, p
+    assert p["smem"] == rule_smem(rows, 6, 1024, 1), p
+
+
+def test_a_program_input_wider_than_the_layers_widens_the_buffers():
+    p = plan_for(1, 6, [64, 64], 5, program_saved=2, program_input=300)
+    assert p["kernel"] == "fp32_rule" and p["smem"] == rule_smem(1, 6, 300, 2), p
+    assert plan_for(1, 6, [64, 64], 5, program_saved=0, program_input=40)["smem"] == rule_smem(1, 6, 64, 0)
+
+
+def test_a_program_too_wide_for_fp32_rule_has_no_plan():
+    """The plain chain's two buffers fit, the program's two more do not: no other kernel takes it
+    (the op then runs the ATen loop)."""
+    assert plan_for(1, 6, [16384, 16384], 5, general_step=True)["kernel"] == "fp32_rule"
+    with pytest.raises(RuntimeError, match="a row of this network program does not fit fp32_rule's shared memory"):
+        plan_for(1, 6, [16384, 16384], 5, program_saved=2)
+
+
 @pytest.mark.parametrize("capability", ["8.0", "8.6", "8.7", "8.9"])
 @pytest.mark.parametrize("general_step", [False, True])
 @pytest.mark.parametrize("batch, expected", [(64, "fp32_rule"), (1024, "tf32x3_tiled")])

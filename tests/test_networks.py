@@ -344,8 +344,8 @@ def _to(problem, device):
 @pytest.mark.parametrize("shape", ["idql", "idql_mlp", "dppo_ddpm", "dppo_ddim"])
 @pytest.mark.parametrize("batch", [1, 40, 256])
 def test_programs_on_cuda(shape, batch):
-    """The shapes on CUDA (today the ATen loop inside the op: rule_kernel routes program calls there),
-    against float64, noise clipped, drawn noise too."""
+    """The shapes on CUDA (fp32_rule; tests/test_cuda_networks.py checks its one launch), against
+    float64, noise clipped, drawn noise too."""
     if shape == "idql":
         problem = idql_problem(batch)
     elif shape == "idql_mlp":

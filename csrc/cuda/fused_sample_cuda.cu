@@ -6,9 +6,11 @@
 // EngineArgs, the general step: fused_sample.rule fills it from its arguments, and the
 // time-column overload is an adapter onto it (layer 0's last weight column as
 // the t / T bias row, its two tables as the rule's B and C). The kernels that
-// run the time-column overload alone take SampleArgs. What no kernel can run
-// (more layers than an argument block holds, sizes beyond int32, a net too
-// wide for a row in shared memory) runs the ATen loop of the rule.
+// run the time-column overload alone take SampleArgs. A network program
+// runs on fp32_rule alone (ProgramArgs beside EngineArgs). What no kernel can
+// run (more layers or program instructions than an argument block holds,
+// sizes beyond int32, a net too wide for a row in shared memory) runs the
+// ATen loop of the rule.
 #include "../op/fused_sample.h"
 #include "../plan/plan.h"
 #include "launch.h"
@@ -19,6 +21,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -27,6 +31,8 @@ namespace {
 
 using cuda_kernels::EngineArgs;
 using cuda_kernels::kMaxLayers;
+using cuda_kernels::ProgramArgs;
+using cuda_kernels::ProgramOpArgs;
 
 const plan::Device& device_info(int device) {
   static std::mutex mutex;
@@ -110,15 +116,19 @@ struct Operands {
   }
 };
 
+// Whether the arguments describe a bias network: an input with its layers
+// (not an input a network program reads as raw features).
+bool is_bias_net(const BiasNet& net) { return net.input.has_value() && net.weights.has_value(); }
+
 // Whether the kernel can evaluate a bias network itself (its layers fit the
 // argument block).
 bool kernel_evaluates(const BiasNet& net) {
-  return net.input.has_value() && net.weights->size() <= static_cast<size_t>(cuda_kernels::kMaxBiasNetLayers);
+  return is_bias_net(net) && net.weights->size() <= static_cast<size_t>(cuda_kernels::kMaxBiasNetLayers);
 }
 
 int widest_hidden_of(const BiasNet& net) {
   int widest = 0;
-  if (!net.input.has_value()) return 0;
+  if (!is_bias_net(net)) return 0;
   for (size_t l = 0; l + 1 < net.weights->size(); ++l) widest = std::max<int>(widest, (*net.weights)[l].size(0));
   return widest;
 }
@@ -165,10 +175,114 @@ cuda_kernels::GeneratorArgs generator_args(const at::Generator& generator, int d
   return g;
 }
 
-void launch_engine(const plan::Plan& plan, const EngineArgs& a, const LaunchContext& ctx) {
+// The program of a call without one (only fp32_rule takes a program: the
+// plan gives a call with one to it alone).
+const ProgramArgs kNoProgram = {};
+
+void launch_engine(const plan::Plan& plan, const EngineArgs& a, const ProgramArgs& program, const LaunchContext& ctx) {
   if (plan.kernel == plan::Kernel::kFp32Resident) return launch_fp32_resident(plan, a, ctx);
   if (plan.kernel == plan::Kernel::kTf32x3Tiled) return launch_tf32x3_tiled(plan, a, ctx);
-  launch_fp32_rule(plan, a, ctx);
+  launch_fp32_rule(plan, a, program, ctx);
+}
+
+// A network program as fp32_rule runs it (ProgramArgs, fp32_rule.h): each
+// instruction with the buffers it reads and writes, a Linear's activation
+// folded into a.activations (but the last Linear's: rule_layer applies none
+// there), identities dropped. A buffer stays untouched from its "save" to
+// its "add", so the buffers number at most 2 + program.max_saved (a fresh
+// one avoids h's and the saved ones). False where the program does not fit
+// the argument block (the call then runs the ATen loop).
+bool compile_program(const NetworkProgram& program, const SampleRuleCall& call, const SampleRuleExtras& extras,
+                     Operands& ops, EngineArgs& a, ProgramArgs& p) {
+  // Each saved buffer is read by an "add" instruction, so a deeper stack
+  // has more instructions than fit (and buffer numbers stay within int8).
+  if (program.max_saved > cuda_kernels::kMaxProgramOps) return false;
+  const at::TensorList norm_weights = extras.norm_weights.value_or(at::TensorList());
+  if (norm_weights.size() > static_cast<size_t>(cuda_kernels::kMaxProgramNorms)) return false;
+  for (size_t j = 0; j < norm_weights.size(); ++j) {
+    p.norm_weights[j] = ops.hold(norm_weights[j]);
+    p.norm_biases[j] = ops.hold((*extras.norm_biases)[j]);
+  }
+  int cur = cuda_kernels::kProgramX;
+  std::vector<int> saved;
+  const auto is_saved = [&](int b) { return std::find(saved.begin(), saved.end(), b) != saved.end(); };
+  const auto fresh = [&]() {
+    int b = 0;
+    while (b == cur || is_saved(b)) ++b;
+    return b;
+  };
+  // In place where h's buffer is an activation buffer no "save" holds.
+  const auto writable = [&]() { return cur >= 0 && !is_saved(cur) ? cur : fresh(); };
+  std::vector<ProgramOpArgs> out;
+  const auto emit = [&](ProgramOpArgs o, int dst, int64_t width) {
+    o.src = static_cast<int8_t>(cur);
+    o.dst = static_cast<int8_t>(dst);
+    o.width = static_cast<int>(width);
+    out.push_back(o);
+    cur = dst;
+  };
+  const bool own_input = program.input.size() > 1 || program.input[0] != InputPart::kX;
+  if (own_input) {
+    int64_t width = 0;
+    for (InputPart part : program.input) {
+      const bool cond = part == InputPart::kCond;
+      if (part == InputPart::kX) {
+        p.input_parts[p.num_input_parts++] = cuda_kernels::kPartX;
+        width += call.x.size(1);
+        continue;
+      }
+      const at::Tensor& rows = cond ? *call.cond_net.input : *call.time_net.input;
+      p.input_parts[p.num_input_parts++] = cond ? cuda_kernels::kPartCond : cuda_kernels::kPartTime;
+      (cond ? p.cond_input : p.time_input) = ops.hold(rows);
+      (cond ? p.cond_cols : p.time_cols) = static_cast<int>(rows.size(1));
+      width += rows.size(1);
+    }
+    p.input_width = static_cast<int>(width);
+    emit({0.f, 0, ProgramOpArgs::kInput}, fresh(), width);
+  }
+  int64_t width = own_input ? p.input_width : call.x.size(1);
+  const std::vector<NetworkOp>& instructions = program.ops;
+  for (size_t i = 0; i < instructions.size(); ++i) {
+    const NetworkOp& op = instructions[i];
+    switch (op.kind) {
+      case NetworkOp::Kind::kLinear: {
+        const bool last = op.index + 1 == static_cast<int64_t>(call.weights.size());
+        a.activations[op.index] = Activation::kIdentity;
+        if (!last && i + 1 < instructions.size() && instructions[i + 1].kind == NetworkOp::Kind::kActivation) {
+          a.activations[op.index] = instructions[++i].activation;
+        }
+        width = call.weights[op.index].size(0);
+        emit({0.f, 0, ProgramOpArgs::kLinear, 0, static_cast<int8_t>(op.index)}, fresh(), width);
+        break;
+      }
+      case NetworkOp::Kind::kActivation:
+        if (op.activation == Activation::kIdentity) break;
+        emit({0.f, 0, ProgramOpArgs::kActivation, static_cast<int8_t>(op.activation)}, writable(), width);
+        break;
+      case NetworkOp::Kind::kLayerNorm:
+        emit({static_cast<float>(op.eps), 0, ProgramOpArgs::kLayerNorm, 0, static_cast<int8_t>(op.index)},
+             writable(), width);
+        break;
+      case NetworkOp::Kind::kSave:
+        saved.push_back(cur);
+        break;
+      case NetworkOp::Kind::kAdd: {
+        ProgramOpArgs o{0.f, 0, ProgramOpArgs::kAdd};
+        o.other = static_cast<int8_t>(saved.back());
+        saved.pop_back();
+        emit(o, writable(), width);
+        break;
+      }
+    }
+  }
+  if (out.size() > static_cast<size_t>(cuda_kernels::kMaxProgramOps)) return false;
+  int buffers = 2;
+  for (const ProgramOpArgs& o : out) buffers = std::max(buffers, o.dst + 1);
+  TORCH_INTERNAL_ASSERT(buffers <= 2 + program.max_saved, "ddpm::fused_sample: a program's buffers exceed its plan");
+  p.saved_buffers = static_cast<int>(program.max_saved);
+  p.num_ops = static_cast<int>(out.size());
+  std::copy(out.begin(), out.end(), p.ops);
+  return true;
 }
 
 void launch_time_column(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx) {
@@ -223,8 +337,8 @@ void fill_batch(EngineArgs& a, const at::Tensor& x_c, const at::Tensor& t_c, int
 
 }  // namespace
 
-at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
-  check_sample_rule_args(call);
+at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call, const SampleRuleExtras& extras) {
+  check_sample_rule_args(call, extras);
   const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias, clip,
                post_clip, noise, return_chain, validate, precision, noise_seed, time_net, cond_net, clip_bounds,
                post_clip_bounds, generator] = call;
@@ -232,19 +346,28 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   const int64_t batch = x.size(0), dim = x.size(1), table_length = step_tables.size(1);
   if (num_steps == 0 || batch == 0 ||
       !fits_kernel_arguments(batch, static_cast<int64_t>(weights.size()), table_length, num_steps)) {
-    return fused_sample_rule_unfused(call);
+    return fused_sample_rule_unfused(call, extras);
   }
   Operands ops;
+  EngineArgs a = {};
+  ProgramArgs program = {};
+  if (extras.network.has_value()) {
+    const NetworkProgram parsed = parse_network(call, extras);
+    if (!compile_program(parsed, call, extras, ops, a, program)) return fused_sample_rule_unfused(call, extras);
+    ops.problem.program = true;
+    ops.problem.program_saved = program.saved_buffers;
+    ops.problem.program_input = program.input_width;
+  }
   ops.problem.general_step = true;
   ops.problem.time_net = kernel_evaluates(time_net);
   ops.problem.cond_net = kernel_evaluates(cond_net);
   ops.problem.bias_net_hidden = std::max(widest_hidden_of(time_net), widest_hidden_of(cond_net));
   ops.problem.previous_x0 = step_tables.size(0) == kStepTablesWithPrevious;
-  EngineArgs a = {};
-  ops.layers(weights, biases, dim, /*strided_first=*/true, a.layers);
+  // Layer 0 reads x's columns, or a program's concatenated input.
+  ops.layers(weights, biases, weights[0].size(1), /*strided_first=*/true, a.layers);
   a.num_layers = ops.problem.num_layers;
   Planned p = plan_call(x, ops, parse_precision(precision), batch, num_steps);
-  if (!p.plan.error.empty()) return fused_sample_rule_unfused(call);
+  if (!p.plan.error.empty()) return fused_sample_rule_unfused(call, extras);
   if (validate) {
     check_timesteps_in_range(t_start, num_steps, table_length);
     if (clip_bounds.has_value()) check_bounds_ordered(*clip_bounds, "clip_bounds");
@@ -252,8 +375,10 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   }
 
   const at::Tensor x_c = x.contiguous(), t_c = t_start.contiguous(), tables = step_tables.contiguous();
-  const std::vector<Activation> acts = parse_activations(activations, ops.problem.num_layers);
-  for (int l = 0; l + 1 < ops.problem.num_layers; ++l) a.activations[l] = acts[l];
+  if (!ops.problem.program) {
+    const std::vector<Activation> acts = parse_activations(activations, ops.problem.num_layers);
+    for (int l = 0; l + 1 < ops.problem.num_layers; ++l) a.activations[l] = acts[l];
+  }
   fill_batch(a, x_c, t_c, table_length, num_steps);
   // The networks run in the kernel where the plan found them room, else
   // before it (ATen ops, added to the given rows).
@@ -279,6 +404,10 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   a.step.clip_bounds = ops.hold_if(clip_bounds);
   a.step.post_clip_bounds = ops.hold_if(post_clip_bounds);
   a.step.noise = ops.hold_if(noise);
+  // A clip below float's range still clamps: to the least float, as 0 there means no clamp.
+  a.step.noise_clip = extras.noise_clip.has_value()
+                          ? std::max(static_cast<float>(*extras.noise_clip), std::numeric_limits<float>::denorm_min())
+                          : 0.f;
   if (noise_seed.has_value()) {
     const at::Tensor& seeds = ops.keep.emplace_back(noise_seed->contiguous());
     a.step.noise_seed = seeds.data_ptr<int64_t>();
@@ -291,7 +420,7 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call) {
   a.step.out = out.data_ptr<float>();
   a.step.chain = return_chain;
   p.ctx.problem = &ops.problem;
-  launch_engine(p.plan, a, p.ctx);
+  launch_engine(p.plan, a, program, p.ctx);
   return out;
 }
 
@@ -337,7 +466,7 @@ at::Tensor fused_sample_cuda(const at::Tensor& x, const at::Tensor& t_start, at:
     a.step.tables[kB] = c2;
     a.step.tables[kC] = c1;
     a.step.out = out.data_ptr<float>();
-    launch_engine(p.plan, a, p.ctx);
+    launch_engine(p.plan, a, kNoProgram, p.ctx);
     return out;
   }
   SampleArgs a = {};

@@ -69,7 +69,9 @@ void with_bf16x3_shape(const plan::Plan& plan, Launch&& launch) {
 
 // The engine's kernels: the general step of both overloads.
 void launch_fp32_resident(const plan::Plan& plan, const cuda_kernels::EngineArgs& a, const LaunchContext& ctx);
-void launch_fp32_rule(const plan::Plan& plan, const cuda_kernels::EngineArgs& a, const LaunchContext& ctx);
+// fp32_rule also runs network programs (`program`; num_ops 0: none).
+void launch_fp32_rule(const plan::Plan& plan, const cuda_kernels::EngineArgs& a,
+                      const cuda_kernels::ProgramArgs& program, const LaunchContext& ctx);
 void launch_tf32x3_tiled(const plan::Plan& plan, const cuda_kernels::EngineArgs& a, const LaunchContext& ctx);
 // The kernels of the time-column overload alone.
 void launch_fp32_smem(const plan::Plan& plan, const SampleArgs& a, const LaunchContext& ctx);

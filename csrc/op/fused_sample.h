@@ -249,6 +249,6 @@ FusedSampleKernel fused_sample_cuda;
 // The step-rule overload's CPU kernel.
 at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call, const SampleRuleExtras& extras);
 // The step-rule overload's CUDA kernel (csrc/cuda/fused_sample_cuda.cu).
-at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call);
+at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call, const SampleRuleExtras& extras);
 
 }  // namespace ddpm_ops

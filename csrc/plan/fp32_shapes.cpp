@@ -498,7 +498,7 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
 
 bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides&, Plan* plan) {
   if (d.sm_count <= 0 || d.max_smem <= 0) return false;
-  const int dim_ld = round_up4(p.dim), width = round_up4(std::max(p.dim, widest_hidden(p)));
+  const int dim_ld = round_up4(p.dim), width = round_up4(std::max({p.dim, widest_hidden(p), p.program_input}));
   const int h0 = p.layers[0].out;
   // Rows per block: doubled from 1 while the blocks would outnumber the SMs'
   // share of the batch (a small batch spreads over the SMs, a large one
@@ -510,7 +510,8 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides&, Plan* 
     const auto bytes = [&](int window) {
       return cuda_kernels::rule_smem_bytes(
           rows, dim_ld, width,
-          window == 0 ? 0 : cuda_kernels::bias_net_floats(rows, h0, window, p.time_net, p.cond_net, p.bias_net_hidden));
+          window == 0 ? 0 : cuda_kernels::bias_net_floats(rows, h0, window, p.time_net, p.cond_net, p.bias_net_hidden),
+          p.program_saved);
     };
     const int window = bias_window(p, [&](int w) { return bytes(w) <= static_cast<size_t>(d.max_smem); });
     if (bytes(window) > static_cast<size_t>(d.max_smem)) continue;

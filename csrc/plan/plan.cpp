@@ -187,6 +187,19 @@ std::string no_cluster_kernels(const Device& d) {
 
 Plan choose_plan(const Problem& problem, const Device& device, const Overrides& overrides) {
   Plan plan;
+  // The other kernels compute a chain of Linear layers and activations
+  // only (no LayerNorm, residual stack or concatenated input), so a program
+  // runs on fp32_rule, whatever DDPM_OPS_CUDA_KERNEL names, or, where its
+  // block does not fit, nowhere (the error: the host runs the ATen loop).
+  if (problem.program) {
+    if (!detail::fp32_rule_shape(problem, device, overrides, &plan)) {
+      plan = Plan{};
+      plan.kernel = Kernel::kFp32Rule;
+      plan.error = "ddpm::fused_sample: a row of this network program does not fit fp32_rule's shared memory";
+    }
+    plan.num_layers = problem.num_layers;
+    return plan;
+  }
   bool found = false;
   for (const Candidate& c : kCandidates) {
     if (problem.general_step && !c.general_step) continue;

@@ -59,6 +59,12 @@ struct Problem {
   int bias_net_hidden = 0;
   // The rule has a P table: kernels keep each row's previous x0.
   bool previous_x0 = false;
+  // A network program (fused_sample.rule's `network`): fp32_rule alone runs
+  // it, with program_saved more activation buffers (its residual stack's
+  // depth) and, for an "input:" instruction, the concatenated input's width.
+  bool program = false;
+  int program_saved = 0;
+  int program_input = 0;
 };
 
 // What the plan needs of the GPU and of the build. The CUDA side fills it

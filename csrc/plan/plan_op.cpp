@@ -18,13 +18,24 @@ namespace {
 // aligned: per layer, whether its weight starts on a 16-byte boundary (empty:
 // every one does); overrides: NAME=VALUE pairs separated by ';', read as the
 // DDPM_OPS_CUDA_* variables would be; general_step: the call is
-// fused_sample.rule's (layer 0 reads x alone).
+// fused_sample.rule's (layer 0 reads x alone); previous_x0: it has a
+// previous-x0 table; program_saved >= 0: it has a
+// network program whose residual stack gets that deep, program_input its
+// concatenated input's width (0: none).
 std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, int64_t num_steps,
                       c10::string_view precision, std::vector<int64_t> device, std::vector<int64_t> aligned,
-                      c10::string_view overrides, bool general_step, bool previous_x0) {
+                      c10::string_view overrides, bool general_step, bool previous_x0, int64_t program_saved,
+                      int64_t program_input) {
   plan::Problem p;
   p.general_step = general_step;
   p.previous_x0 = previous_x0;
+  TORCH_CHECK(program_saved <= INT32_MAX && program_input >= 0 && program_input <= INT32_MAX &&
+                  (program_saved >= 0 || program_input == 0),
+              "ddpm::cuda_plan: program_saved must be at most 2^31 - 1 (negative: no program) and program_input "
+              "between 0 and 2^31 - 1 (0 without a program), got ", program_saved, " and ", program_input);
+  p.program = program_saved >= 0;
+  p.program_saved = p.program ? static_cast<int>(program_saved) : 0;
+  p.program_input = static_cast<int>(program_input);
   p.batch = batch;
   p.dim = static_cast<int>(dim);
   p.num_steps = static_cast<int>(num_steps);
@@ -38,7 +49,7 @@ std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, i
   TORCH_CHECK(p.num_layers <= plan::kMaxLayers, "ddpm::cuda_plan: at most ", plan::kMaxLayers, " layers");
   TORCH_CHECK(aligned.empty() || static_cast<int>(aligned.size()) == p.num_layers,
               "ddpm::cuda_plan: aligned needs one flag per layer (", p.num_layers, "), got ", aligned.size());
-  int in = general_step ? p.dim : p.dim + 1;
+  int in = p.program_input > 0 ? p.program_input : general_step ? p.dim : p.dim + 1;
   for (int l = 0; l < p.num_layers; ++l) {
     TORCH_CHECK(l + 1 == p.num_layers || (hidden[l] >= 1 && hidden[l] <= INT32_MAX),
                 "ddpm::cuda_plan: hidden widths must be between 1 and 2^31 - 1, got ", hidden[l]);
@@ -96,7 +107,8 @@ std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, i
 TORCH_LIBRARY_FRAGMENT(ddpm, m) {
   m.def(
       "cuda_plan(int batch, int dim, int[] hidden, int num_steps, str precision, int[] device, "
-      "int[] aligned, str overrides, bool general_step=False, bool previous_x0=False) -> str",
+      "int[] aligned, str overrides, bool general_step=False, bool previous_x0=False, int program_saved=-1, "
+      "int program_input=0) -> str",
       &cuda_plan);
 }
 

@@ -95,8 +95,9 @@ struct GeneratorArgs {
 
 // The epilogue's arguments (common/step_epilogue.cuh): one step of the rule
 //   x0 = A x - B e, clipped;  x = C x0 + D x + E e + S z + P x0_prev, clipped
-// with the coefficients of the row's step index s. A null table is the
-// identity's: A = 1, the others 0 (the time-column overload gives B and C).
+// with the coefficients of the row's step index s (z clamped to
+// +-noise_clip where that is set). A null table is the identity's: A = 1,
+// the others 0 (the time-column overload gives B and C).
 struct StepArgs {
   const float* tables[kStepTablesWithPrevious];  // each (table_length,), or null
   bool clip, post_clip;
@@ -107,6 +108,7 @@ struct StepArgs {
   const int64_t* noise_seed;      // device memory: one seed, or one per row (seed_per_row); or null
   bool seed_per_row;
   GeneratorArgs generator;  // where noise_seed is null: the call's seed from a generator
+  float noise_clip;         // > 0: z (given or drawn) clamped to [-noise_clip, noise_clip]; 0: no clamp
   float* out;  // (batch, dim), or with chain (num_steps + 1, batch, dim)
   bool chain;
 };

@@ -59,15 +59,17 @@ __device__ __forceinline__ bool has_noise(const StepArgs& st) {
   return st.noise != nullptr || st.noise_seed != nullptr || st.generator.used;
 }
 
-// z[k, row, j], step k's noise at (row, column j), 0 without noise. It does
-// not depend on x, so a kernel can compute it where its warps would wait for
-// the step's last layer anyway: a draw is about a hundred dependent
-// instructions, and the given noise a load.
+// z[k, row, j], step k's noise at (row, column j) clamped to the call's
+// noise_clip, 0 without noise. It does not depend on x, so a kernel can
+// compute it where its warps would wait for the step's last layer anyway: a
+// draw is about a hundred dependent instructions, and the given noise a load.
 __device__ __forceinline__ float step_noise(const EngineArgs& a, int k, int row, int j) {
   const StepArgs& st = a.step;
-  if (st.noise != nullptr) return __ldg(st.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j);
-  if (st.noise_seed != nullptr || st.generator.used) return seeded_normal(a, k, row, j);
-  return 0.f;
+  if (!has_noise(st)) return 0.f;
+  float z = st.noise != nullptr ? __ldg(st.noise + (static_cast<size_t>(k) * a.batch + row) * a.dim + j)
+                                : seeded_normal(a, k, row, j);
+  if (st.noise_clip > 0.f) z = clamp_keep_nan(z, -st.noise_clip, st.noise_clip);
+  return z;
 }
 
 // x after a step at column j, from x, the network's output e, the step's

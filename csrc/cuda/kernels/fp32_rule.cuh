@@ -11,6 +11,12 @@
 // evaluated into shared memory, the condition rows once, the time rows a
 // window of steps at a time); the last layer ends
 // in the epilogue's step (step_epilogue.cuh).
+//
+// A network program (ProgramArgs, fp32_rule.h) replaces the chain of layers
+// by its instructions, run in order by the whole block (rule_program): its
+// Linear layers are rule_layer's, the concatenated input, the activations and
+// the residual adds are element-wise passes over shared memory, a LayerNorm a
+// warp per row; the residual stack is more activation buffers.
 #pragma once
 
 #include "../common/activation.cuh"
@@ -110,11 +116,119 @@ __device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const flo
   }
 }
 
+// The sum of a value over the warp's lanes, in every lane.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// dst = LayerNorm(src) over n columns of each of the R rows, a warp per row:
+// two passes over the row (the mean, then the centred squares: the one-pass
+// E[h^2] - mean^2 loses the variance of rows far from zero mean), biased
+// variance, then the affine part. In place (dst == src) is safe: a lane
+// writes only the columns it read.
 template <int R>
-__global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const __grid_constant__ EngineArgs a) {
+__device__ __forceinline__ void rule_layer_norm(const float* src, int src_ld, float* dst, int dst_ld, int n, float eps,
+                                                const float* gamma, const float* beta) {
+  constexpr int kWarps = rule_threads(R) / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int r = warp; r < R; r += kWarps) {
+    const float* in = src + r * src_ld;
+    float sum = 0.f;
+    for (int j = lane; j < n; j += 32) sum += in[j];
+    const float mean = warp_sum(sum) / static_cast<float>(n);
+    float squares = 0.f;
+    for (int j = lane; j < n; j += 32) {
+      const float d = in[j] - mean;
+      squares = fmaf(d, d, squares);
+    }
+    const float rstd = 1.f / sqrtf(warp_sum(squares) / static_cast<float>(n) + eps);
+    float* out = dst + r * dst_ld;
+    for (int j = lane; j < n; j += 32) {
+      const float y = (in[j] - mean) * rstd;
+      out[j] = gamma != nullptr ? fmaf(y, __ldg(gamma + j), __ldg(beta + j)) : y;
+    }
+  }
+}
+
+// Step k's network program (ProgramArgs) on the block's rows; returns the
+// buffer that holds e. Buffer b >= 0 is buffers + b * R * width, all of
+// row stride width; the samples xs have dim_ld. A barrier follows every
+// instruction (each reads what the one before wrote, across warps).
+template <int R>
+__device__ const float* rule_program(const EngineArgs& a, const ProgramArgs& prog, const float* xs, int dim_ld,
+                                     float* buffers, int width, const RuleRows<R>& rr, const BiasNetRows& nets, int k,
+                                     int row0) {
+  constexpr int kThreads = rule_threads(R);
+  const auto buffer = [&](int b) { return b == kProgramX ? const_cast<float*>(xs) : buffers + b * R * width; };
+  const auto ld = [&](int b) { return b == kProgramX ? dim_ld : width; };
+  const float* out = xs;
+  for (int i = 0; i < prog.num_ops; ++i) {
+    const ProgramOpArgs& op = prog.ops[i];
+    const float* src = buffer(op.src);
+    const int src_ld = ld(op.src), n = op.width;
+    float* const dst = buffer(op.dst);
+    switch (op.kind) {
+      case ProgramOpArgs::kInput:
+        for (int e = threadIdx.x; e < R * n; e += kThreads) {
+          const int r = e / n, column = e - r * n;
+          int c = column;  // the column within the part
+          float v = 0.f;
+          for (int p = 0; p < prog.num_input_parts; ++p) {
+            const int part = prog.input_parts[p];
+            const int cols = part == kPartX ? a.dim : (part == kPartCond ? prog.cond_cols : prog.time_cols);
+            if (c < cols) {
+              v = part == kPartX    ? xs[r * dim_ld + c]
+                  : part == kPartCond ? __ldg(prog.cond_input + static_cast<size_t>(min(row0 + r, a.batch - 1)) *
+                                                                    prog.cond_cols + c)
+                                      : __ldg(prog.time_input + static_cast<size_t>(clamp_index(rr.t[r], a.table_length)) *
+                                                                    prog.time_cols + c);
+              break;
+            }
+            c -= cols;
+          }
+          dst[r * width + column] = v;
+        }
+        break;
+      case ProgramOpArgs::kLinear:
+        rule_layer<R>(a, op.index, src, src_ld, dst, width, rr, nets, k, row0);
+        break;
+      case ProgramOpArgs::kActivation:
+        for (int e = threadIdx.x; e < R * n; e += kThreads) {
+          const int r = e / n, c = e - r * n;
+          dst[r * width + c] = activate(src[r * src_ld + c], static_cast<Activation>(op.act));
+        }
+        break;
+      case ProgramOpArgs::kLayerNorm:
+        rule_layer_norm<R>(src, src_ld, dst, width, n, op.eps, op.index >= 0 ? prog.norm_weights[op.index] : nullptr,
+                           op.index >= 0 ? prog.norm_biases[op.index] : nullptr);
+        break;
+      case ProgramOpArgs::kAdd: {
+        const float* other = buffer(op.other);
+        const int other_ld = ld(op.other);
+        for (int e = threadIdx.x; e < R * n; e += kThreads) {
+          const int r = e / n, c = e - r * n;
+          dst[r * width + c] = src[r * src_ld + c] + other[r * other_ld + c];
+        }
+        break;
+      }
+    }
+    __syncthreads();
+    out = dst;
+  }
+  return out;
+}
+
+// kProgram: the instantiation that runs `prog` (num_ops > 0); the other
+// runs the chain of layers and never reads it, so that a call without a
+// program runs the code it ran before programs existed.
+template <int R, bool kProgram>
+__global__ void __launch_bounds__(rule_threads(R))
+    fp32_rule_kernel(const __grid_constant__ EngineArgs a, const __grid_constant__ ProgramArgs prog) {
   constexpr int kThreads = rule_threads(R);
   extern __shared__ __align__(16) float smem[];
-  int widest = a.dim;
+  int widest = kProgram ? max(a.dim, prog.input_width) : a.dim;
   for (int l = 0; l < a.num_layers; ++l) widest = max(widest, a.layers[l].out);
   const int width = round_up4(widest), dim_ld = round_up4(a.dim);
   RuleRows<R> rr;
@@ -125,7 +239,8 @@ __global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const __grid
   float* const xs = smem + rule_row_header_floats(R);  // (R, dim_ld): the samples
   float* const x0_prev = xs + R * dim_ld;                  // (R, dim_ld)
   float* const buffers[2] = {x0_prev + R * dim_ld, x0_prev + R * dim_ld + R * width};
-  BiasNetRows nets(a.bias_rows, buffers[1] + R * width, R, a.layers[0].out, 0);
+  BiasNetRows nets(a.bias_rows, buffers[1] + (kProgram ? 1 + prog.saved_buffers : 1) * R * width, R,
+                   a.layers[0].out, 0);
 
   const int row0 = blockIdx.x * R;
   const int rows = min(R, a.batch - row0);
@@ -157,7 +272,8 @@ __global__ void __launch_bounds__(rule_threads(R)) fp32_rule_kernel(const __grid
     __syncthreads();
     const float* in = xs;
     int in_ld = dim_ld;
-    for (int l = 0; l < a.num_layers; ++l) {
+    if constexpr (kProgram) in = rule_program<R>(a, prog, xs, dim_ld, buffers[0], width, rr, nets, k, row0);
+    for (int l = 0; !kProgram && l < a.num_layers; ++l) {
       rule_layer<R>(a, l, in, in_ld, buffers[l & 1], width, rr, nets, k, row0);
       __syncthreads();
       in = buffers[l & 1];

@@ -26,15 +26,60 @@ DDPM_HD constexpr int rule_columns(int rows) { return rows == 1 ? 8 : (rows <= 8
 // ask for the device's whole opt-in size, which leaves no room for static
 // arrays): per row its first step index, its step index now, whether it is
 // valid and its coefficients, rounded up to float4s; then the samples and the
-// previous x0 (rows, dim_ld each), two activation buffers (rows, width) and
-// the bias networks' rows (bias_net_floats).
+// previous x0 (rows, dim_ld each), two activation buffers (rows, width), a
+// network program's `saved_buffers` more (its residual stack) and the bias
+// networks' rows (bias_net_floats).
 DDPM_HD inline int rule_row_header_floats(int rows) {
   return round_up4(static_cast<int>(3 + kStepTablesWithPrevious) * rows);
 }
-DDPM_HD inline size_t rule_smem_bytes(int rows, int dim_ld, int width, int bias_floats = 0) {
+DDPM_HD inline size_t rule_smem_bytes(int rows, int dim_ld, int width, int bias_floats = 0, int saved_buffers = 0) {
   return sizeof(float) * (rule_row_header_floats(rows) + static_cast<size_t>(bias_floats) +
-                          static_cast<size_t>(rows) * (2 * static_cast<size_t>(dim_ld) + 2 * static_cast<size_t>(width)));
+                          static_cast<size_t>(rows) * (2 * static_cast<size_t>(dim_ld) +
+                                                       (2 + static_cast<size_t>(saved_buffers)) * static_cast<size_t>(width)));
 }
+
+// A network program (fused_sample.rule's `network`) as fp32_rule runs it,
+// compiled on the host (fused_sample_cuda.cu): each instruction reads buffer
+// `src` and writes buffer `dst`, where kProgramX is the samples (never
+// written) and 0, 1, ... the block's activation buffers (rows, width). A
+// "save" is no instruction: the host keeps the saved buffer untouched until
+// its "add" reads it as `other`, so the residual stack costs no copies, only
+// the buffers beyond the two (ProgramArgs::saved_buffers). A Linear's
+// activation is EngineArgs::activations[layer], as without a program.
+constexpr int kMaxProgramOps = 64;
+constexpr int kMaxProgramNorms = 32;
+constexpr int kProgramX = -1;
+// The parts of a concatenated input (ProgramArgs::input_parts).
+enum ProgramPart : int8_t { kPartX, kPartCond, kPartTime };
+
+struct ProgramOpArgs {
+  // kInput: dst = cat(input_parts); kLinear: dst = layer `index` of src (its
+  // bias rows for layer 0); kActivation: dst = act(src); kLayerNorm: dst =
+  // LayerNorm(src) with eps and the affine parameters norm_*[index] (index
+  // -1: none); kAdd: dst = src + other.
+  enum Kind : int8_t { kInput, kLinear, kActivation, kLayerNorm, kAdd };
+  float eps;
+  int width;  // the columns of h it writes
+  int8_t kind;
+  int8_t act;  // kActivation: an Activation
+  int8_t index;
+  int8_t src, dst, other;
+};
+
+struct ProgramArgs {
+  int num_ops;  // 0: no program (the chain of EngineArgs::layers)
+  ProgramOpArgs ops[kMaxProgramOps];
+  const float* norm_weights[kMaxProgramNorms];
+  const float* norm_biases[kMaxProgramNorms];
+  int8_t input_parts[3];  // ProgramPart, in column order
+  int num_input_parts;
+  int input_width;        // the concatenated input's columns (0 without one)
+  const float* cond_input;  // (batch, cond_cols) contiguous
+  int cond_cols;
+  const float* time_input;  // (table_length, time_cols) contiguous
+  int time_cols;
+  int saved_buffers;  // activation buffers beyond the two (rule_smem_bytes)
+};
 
 }  // namespace cuda_kernels
 }  // namespace ddpm_ops
