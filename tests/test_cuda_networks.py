@@ -13,7 +13,7 @@ from ddpm_ops.ops import _clamp_args
 from network_problems import dppo_program, dppo_rule, idql_mlp_program, idql_rule, make_program_problem
 from problems import make_rule, relative_error
 from test_cuda_engine import ENGINE_KERNELS, engine, kernels_of, launched, log_name  # noqa: F401 (engine: a fixture)
-from test_networks import ACTION, HIDDEN, STATE, TOLERANCE, idql_problem
+from test_networks import ACTION, HIDDEN, STATE, TOLERANCE, _to, idql_problem
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -58,22 +58,6 @@ def logged(monkeypatch):
     monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
     for variable in ("DDPM_OPS_CUDA_KERNEL", "DDPM_OPS_CUDA_CLUSTER_SIZE", "DDPM_OPS_CUDA_CAPABILITY"):
         monkeypatch.delenv(variable, raising=False)
-
-
-def _to(problem, device):
-    """The problem's tensors on ``device``: the rule's, the lists' and the bias networks' too."""
-    def move(value):
-        if isinstance(value, torch.Tensor):
-            return value.to(device)
-        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
-            return [v.to(device) for v in value]
-        if isinstance(value, ddpm_ops.BiasNet):
-            return dataclasses.replace(value, input=move(value.input), weights=move(list(value.weights)),
-                                       biases=move(list(value.biases)))
-        return value
-    problem.x, problem.t_start, problem.rule = problem.x.to(device), problem.t_start.to(device), problem.rule.to(device)
-    problem.kwargs = {k: move(v) for k, v in problem.kwargs.items()}
-    return problem
 
 
 def with_noise_clip(rule, noise_clip):

@@ -1,6 +1,7 @@
 """Network programs (the op's ``network``, ``norm_weights``, ``norm_biases`` arguments) and the
 noise clamp (``noise_clip``): IDQL's and DPPO's shapes against float64 on the CPU kernel and the
 ATen loop, poisoned outputs, bad programs, opcheck."""
+import dataclasses
 import textwrap
 
 import pytest
@@ -328,12 +329,15 @@ def test_program_cpu_paths(path):
 
 
 def _to(problem, device):
-    """The problem's tensors on ``device`` (the rule too)."""
+    """The problem's tensors on ``device``: the rule's, the lists' and the bias networks' too."""
     def move(value):
         if isinstance(value, torch.Tensor):
             return value.to(device)
         if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
             return [v.to(device) for v in value]
+        if isinstance(value, ddpm_ops.BiasNet):
+            return dataclasses.replace(value, input=move(value.input), weights=move(list(value.weights)),
+                                       biases=move(list(value.biases)))
         return value
     problem.x, problem.t_start, problem.rule = problem.x.to(device), problem.t_start.to(device), problem.rule.to(device)
     problem.kwargs = {k: move(v) for k, v in problem.kwargs.items()}
