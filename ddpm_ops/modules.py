@@ -191,17 +191,11 @@ class DiffusionSampler(nn.Module):
 
     # ------------------------------------------------------------------ the eager call, direct
 
-    def _direct_plan(self):
-        """What a direct call needs that depends on the modules' structure only (which Linear
-        is which, the activations, the op's argument slots), rebuilt when a layer of the
+    def _direct_plan(self, structure: tuple):
+        """What a direct call needs that depends on the modules' ``structure`` only (which Linear
+        is which, the activations, the op's argument slots), made again when a layer of the
         network or the time MLP is replaced; or ``False`` when the form is not the direct
         call's (a time embedding evaluated in Python)."""
-        modules = self._modules  # read directly: nn.Module.__getattr__ is a Python call per read
-        mlp, embedding = modules["mlp"], modules.get("time_embedding", self.__dict__.get("time_embedding"))
-        structure = (mlp, tuple(mlp._modules.values()), embedding,
-                     tuple(embedding._modules.values()) if isinstance(embedding, nn.Module) else ())
-        if self._direct is not None and self._direct[0] == structure:  # module identity
-            return self._direct[1]
         if self._time_mlp is not None and self._time_mlp[0] is not None:
             # A layer of the time embedding may have been replaced: its MLP is read again.
             split = _split_time_embedding(self.time_embedding)
@@ -238,11 +232,16 @@ class DiffusionSampler(nn.Module):
         (by about its own time, measured): the common call reads the parameters and checks
         that nothing the list was made from has changed, no more. Dictionaries are read
         directly (``nn.Module.__getattr__`` is a Python call per read)."""
-        plan = self._direct_plan()
-        if not plan or plan.has_cond != (cond is not None):
-            return None  # the general path builds the call, or names the mismatch
-        if any(plan.hooks):
-            return None  # mlp_layers refuses them, naming the module
+        # The modules read by identity (the network, the time embedding and their layers), here
+        # rather than in a call of its own: on the common call every step counts.
+        modules = self._modules
+        mlp, embedding = modules["mlp"], modules.get("time_embedding", self.__dict__.get("time_embedding"))
+        structure = (mlp, tuple(mlp._modules.values()), embedding,
+                     tuple(embedding._modules.values()) if isinstance(embedding, nn.Module) else ())
+        direct = self._direct
+        plan = direct[1] if direct is not None and direct[0] == structure else self._direct_plan(structure)
+        if not plan or plan.has_cond != (cond is not None) or any(plan.hooks):
+            return None  # the general path builds the call, names the mismatch, or refuses hooks
         if plan.owners is None:  # a parametrized Linear: its weight is computed when read
             params = tuple(getattr(m, name) for m in plan.linears + plan.time_linears for name in ("weight", "bias"))
         else:
