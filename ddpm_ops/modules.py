@@ -1,5 +1,6 @@
 """nn.Modules that run a whole sampler of a user's own MLP as one fused op."""
 from collections.abc import Callable, Sequence
+from operator import getitem, is_
 
 import torch
 from torch import nn
@@ -144,8 +145,6 @@ class DiffusionSampler(nn.Module):
         self.register_buffer("time_features", features)
         self._t_start_cache = (None, None)
         self._direct = None          # what an eager call reads, by structure (see _direct_plan)
-        self._x_columns = (None, 0, None)
-        self._rule_args = (None, None, None, None, None)
 
     def _rule_on(self, device: torch.device) -> StepRule:
         """The rule on ``device``, moved once (a move builds and checks the
@@ -192,17 +191,11 @@ class DiffusionSampler(nn.Module):
 
     # ------------------------------------------------------------------ the eager call, direct
 
-    def _direct_plan(self):
-        """What a direct call needs that depends on the modules' structure only (which Linear
-        is which, the activations, the op's argument slots), rebuilt when a layer of the
+    def _direct_plan(self, structure: tuple):
+        """What a direct call needs that depends on the modules' ``structure`` only (which Linear
+        is which, the activations, the op's argument slots), made again when a layer of the
         network or the time MLP is replaced; or ``False`` when the form is not the direct
         call's (a time embedding evaluated in Python)."""
-        modules = self._modules  # read directly: nn.Module.__getattr__ is a Python call per read
-        mlp, embedding = modules["mlp"], modules.get("time_embedding", self.__dict__.get("time_embedding"))
-        structure = (mlp, tuple(mlp._modules.values()), embedding,
-                     tuple(embedding._modules.values()) if isinstance(embedding, nn.Module) else ())
-        if self._direct is not None and self._direct[0] == structure:  # module identity
-            return self._direct[1]
         if self._time_mlp is not None and self._time_mlp[0] is not None:
             # A layer of the time embedding may have been replaced: its MLP is read again.
             split = _split_time_embedding(self.time_embedding)
@@ -233,79 +226,92 @@ class DiffusionSampler(nn.Module):
         return plan
 
     def _direct_call(self, x, cond, num_steps, noise, generator, return_chain, t_start):
-        """The op called with the argument list kept from the last call, this call's tensors
+        """The op called with the argument list prepared at an earlier call, this call's tensors
         in their slots; ``None`` where the call is not of the direct form. At batch 1 the op
-        takes some 80 us on a CPU: every attribute read here counts, hence the dictionaries
-        read directly (``nn.Module.__getattr__`` is a Python call per read)."""
-        plan = self._direct_plan()
-        if not plan or plan.has_cond != (cond is not None):
-            return None  # the general path builds the call, or names the mismatch
-        for m in plan.modules:
-            if m._forward_hooks or m._forward_pre_hooks:
-                return None  # mlp_layers refuses them, naming the module
-        if plan.parameters is None:  # a parametrized Linear: its weight is computed when read
-            weights = [m.weight for m in plan.linears]
-            biases = [m.bias for m in plan.linears]
-            time_weights = [m.weight for m in plan.time_linears]
-            time_biases = [m.bias for m in plan.time_linears]
+        takes some 65 us on a CPU, and the Python run before it slows the op itself down too
+        (by about its own time, measured): the common call reads the parameters and checks
+        that nothing the list was made from has changed, no more. Dictionaries are read
+        directly (``nn.Module.__getattr__`` is a Python call per read)."""
+        # The modules read by identity (the network, the time embedding and their layers), here
+        # rather than in a call of its own: on the common call every step counts.
+        modules = self._modules
+        mlp, embedding = modules["mlp"], modules.get("time_embedding", self.__dict__.get("time_embedding"))
+        structure = (mlp, tuple(mlp._modules.values()), embedding,
+                     tuple(embedding._modules.values()) if isinstance(embedding, nn.Module) else ())
+        direct = self._direct
+        plan = direct[1] if direct is not None and direct[0] == structure else self._direct_plan(structure)
+        if not plan or plan.has_cond != (cond is not None) or any(plan.hooks):
+            return None  # the general path builds the call, names the mismatch, or refuses hooks
+        if plan.owners is None:  # a parametrized Linear: its weight is computed when read
+            params = tuple(getattr(m, name) for m in plan.linears + plan.time_linears for name in ("weight", "bias"))
         else:
             try:
-                weights = [p["weight"] for p in plan.parameters]
-                biases = [p["bias"] for p in plan.parameters]
-                time_weights = [p["weight"] for p in plan.time_parameters]
-                time_biases = [p["bias"] for p in plan.time_parameters]
+                params = tuple(map(getitem, plan.owners, plan.keys))
             except KeyError:  # a Linear parametrized since (its class swapped in place)
                 self._direct = None
                 return None
-        w0 = weights[0]
-        key, pointer, columns = self._x_columns
-        if key is not w0 or pointer != w0.data_ptr():
-            # Views of the first weight's column blocks: they follow in-place updates; a new
-            # parameter, or new storage under it (``.data =``), makes new ones.
-            columns = dict(zip(plan.names, w0.detach().split(plan.widths, dim=1)))
-            self._x_columns = (w0, w0.data_ptr(), columns)
-        weights[0] = columns["x"]
         device = x.device
-        cached = self._rule_args
-        if cached[0] is not self.rule or cached[1] != device:
-            rule = self._rule_on(device)
-            cached = self._rule_args = (self.rule, device, rule, rule.tables(),
-                                        (*_clamp_args("clip", rule.clip, x), *_clamp_args("post_clip", rule.post_clip, x)))
-        rule = cached[2]
-        steps = len(rule) if num_steps is None else num_steps
-        slot = plan.slot
-        args = list(plan.template)
-        args[slot["x"]] = x
-        args[slot["weights"]] = weights
-        args[slot["biases"]] = biases
-        (args[slot["clip"]], args[slot["clip_bounds"]], args[slot["post_clip"]],
-         args[slot["post_clip_bounds"]]) = cached[4]
+        ready = plan.ready
+        if ready is None or ready.rule is not self.rule or ready.device != device \
+                or ready.features is not self._buffers["time_features"] \
+                or ready.pointer != params[0].data_ptr() or not all(map(is_, ready.params, params)):
+            ready = plan.ready = self._prepare(plan, params, x)
+        steps = ready.steps if num_steps is None else num_steps
+        i_x, i_t_start, i_steps, i_chain, i_cond, i_noise, i_generator = plan.per_call
+        args = list(ready.args)
+        args[i_x] = x
+        args[i_steps] = steps
+        args[i_chain] = return_chain
+        args[i_cond] = cond
         if t_start is None:
-            kept = self._t_start_cache
-            t_start = kept[1] if kept[0] == (x.shape[0], device, len(rule)) else self._t_start(x)
+            kept = ready.t_start  # (batch, t_start): one read, so that threads see a pair
+            if kept[0] != x.shape[0]:
+                kept = ready.t_start = (x.shape[0], self._t_start(x))
+            t_start = kept[1]
         elif not isinstance(t_start, torch.Tensor):
             t_start = torch.full((x.shape[0],), t_start, dtype=torch.int64, device=device)
-        args[slot["t_start"]] = t_start
-        args[slot["step_tables"]] = cached[3]
-        args[slot["num_steps"]] = steps
-        args[slot["return_chain"]] = return_chain
-        if plan.time_net:
-            args[slot["time_input"]] = self._buffers["time_features"]
-            time_weights.append(columns["time"])
-            args[slot["time_weights"]] = time_weights
-            args[slot["time_biases"]] = time_biases
-        if cond is not None:
-            args[slot["cond_input"]] = cond
-            args[slot["cond_weights"]] = [columns["cond"]]
-            args[slot["cond_activations"]] = []
+        args[i_t_start] = t_start
         if noise is not None:
             if noise.shape != (steps, *x.shape):
                 raise ValueError(f"noise: expected shape {(steps, *x.shape)} (num_steps, *x.shape), "
                                  f"got {tuple(noise.shape)}")
-            args[slot["noise"]] = noise
-        elif rule.adds_noise and steps > 0:
-            args[slot["generator"]] = generator if generator is not None else _default_generator(device)
+            args[i_noise] = noise
+            args[i_generator] = None
+        elif not (ready.adds_noise and steps > 0):
+            args[i_generator] = None
+        elif generator is not None:
+            args[i_generator] = generator  # else the list's: the device's default generator
         return RULE(*args)
+
+    def _prepare(self, plan, params, x) -> "_Prepared":
+        """The op's argument list for the parameters ``params`` (the Linears' weights and biases
+        in turn, then the time MLP's) and ``x``'s device, every per-call slot at its default."""
+        n = 2 * len(plan.linears)
+        weights, biases = list(params[0:n:2]), list(params[1:n:2])
+        # Views of the first weight's column blocks: they follow in-place updates; a new
+        # parameter, or new storage under it (``.data =``), makes new ones.
+        columns = dict(zip(plan.names, weights[0].detach().split(plan.widths, dim=1)))
+        weights[0] = columns["x"]
+        device = x.device
+        rule = self._rule_on(device)
+        slot = plan.slot
+        args = list(plan.template)
+        args[slot["weights"]] = weights
+        args[slot["biases"]] = biases
+        args[slot["clip"]], args[slot["clip_bounds"]] = _clamp_args("clip", rule.clip, x)
+        args[slot["post_clip"]], args[slot["post_clip_bounds"]] = _clamp_args("post_clip", rule.post_clip, x)
+        args[slot["step_tables"]] = rule.tables()
+        features = self._buffers["time_features"]
+        if plan.time_net:
+            args[slot["time_input"]] = features
+            args[slot["time_weights"]] = [*params[n::2], columns["time"]]
+            args[slot["time_biases"]] = list(params[n + 1::2])
+        if plan.has_cond:
+            args[slot["cond_weights"]] = [columns["cond"]]
+            args[slot["cond_activations"]] = []
+        if rule.adds_noise:
+            args[slot["generator"]] = _default_generator(device)
+        return _Prepared(params, params[0].data_ptr(), rule, device, features, args, len(rule), rule.adds_noise)
 
     # ------------------------------------------------------------------ every other call
 
@@ -425,18 +431,36 @@ class _TimeColumn(nn.Module):
 
 class _DirectPlan:
     """The structure a direct call reads its parameters through (see
-    :meth:`DiffusionSampler._direct_plan`)."""
+    :meth:`DiffusionSampler._direct_plan`), and the argument list it prepared last."""
 
     def __init__(self, modules, linears, time_linears, template, slot, widths, names, time_net):
         self.modules, self.linears, self.time_linears = modules, linears, time_linears
         self.template, self.slot, self.widths, self.names = template, slot, widths, names
         self.has_cond, self.time_net = "cond" in names, time_net
-        # The Linears' parameter dictionaries, read directly at a call; None where a Linear's
-        # weight or bias is not a plain parameter (torch.nn.utils.parametrize computes it).
+        # Registering a hook adds to these dictionaries: one ``any`` over them sees it.
+        self.hooks = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
+        # The Linears' parameter dictionaries, read directly at a call (each weight, then its
+        # bias); None where a Linear's weight or bias is not a plain parameter
+        # (torch.nn.utils.parametrize computes it).
         plain = all("weight" in m._parameters and "bias" in m._parameters
                     and not parametrize.is_parametrized(m) for m in (*linears, *time_linears))
-        self.parameters = [m._parameters for m in linears] if plain else None
-        self.time_parameters = [m._parameters for m in time_linears] if plain else None
+        self.owners = tuple(m._parameters for m in (*linears, *time_linears) for _ in range(2)) if plain else None
+        self.keys = ("weight", "bias") * (len(linears) + len(time_linears))
+        self.per_call = tuple(slot[name] for name in ("x", "t_start", "num_steps", "return_chain", "cond_input",
+                                                      "noise", "generator"))
+        self.ready = None
+
+
+class _Prepared:
+    """A direct call's argument list and what it was made from (see
+    :meth:`DiffusionSampler._prepare`)."""
+
+    __slots__ = ("params", "pointer", "rule", "device", "features", "args", "steps", "adds_noise", "t_start")
+
+    def __init__(self, params, pointer, rule, device, features, args, steps, adds_noise):
+        self.params, self.pointer, self.rule, self.device, self.features = params, pointer, rule, device, features
+        self.args, self.steps, self.adds_noise = args, steps, adds_noise
+        self.t_start = (None, None)
 
 
 def _parameter_free(module) -> bool:

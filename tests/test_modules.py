@@ -244,7 +244,8 @@ def test_direct_call_reads_the_parameters_of_every_call():
     """An eager call goes to the op with an argument list kept from the last call: it must
     still read every change of the modules between calls (in place, a new parameter, new
     storage under the first weight, a replaced layer of the network or of the time MLP, a
-    new rule), give the numbers of the general path bit for bit and the float64 loop's."""
+    new rule, new time features), at any batch size, and give the numbers of the general
+    path bit for bit and the float64 loop's."""
     torch.manual_seed(torch.seed())
     time_mlp, mid = diffusion_ql_net()
     rule = ddpm_ops.step_rules.ddpm(ddpm_ops.linear_betas(5, 1e-4, 0.1), clip=1.0)
@@ -262,15 +263,21 @@ def test_direct_call_reads_the_parameters_of_every_call():
         lambda: time_mlp.__setitem__(3, nn.Linear(32, 16)),                    # the time MLP's
         lambda: setattr(sampler, "rule", ddpm_ops.step_rules.ddpm(ddpm_ops.linear_betas(5, 1e-3, 0.2), clip=0.5)),
     ]
-    for change in changes:
+    # New time features (halved: the float64 loop's are not), then the first ones back.
+    features = sampler.time_features
+    halved = lambda: setattr(sampler, "time_features", features * 0.5)  # noqa: E731
+    changes[5:5] = [halved, lambda: setattr(sampler, "time_features", features)]
+    for i, change in enumerate(changes):
         with torch.no_grad():
             change()
-            x, state, noise = torch.randn(7, 6), torch.randn(7, 17), torch.randn(5, 7, 6)
+            batch = 5 + i % 3  # the kept t_start follows the batch size
+            x, state, noise = torch.randn(batch, 6), torch.randn(batch, 17), torch.randn(5, batch, 6)
             out = sampler(x, cond=state, noise=noise)
             general = sampler._sample(x, state, None, noise, None, False, None)
             expected = _reference_loop(mid, time_mlp, sampler.rule, timesteps, x, state, noise)
         assert torch.equal(out, general), change
-        assert relative_error(out, expected) <= 1e-5, changes.index(change)
+        assert (relative_error(out, expected) > 1e-3) if change is halved else \
+            (relative_error(out, expected) <= 1e-5), changes.index(change)
 
 
 def test_direct_call_draws_as_the_general_path_and_refuses_hooks():

@@ -80,8 +80,11 @@ def test_rewritten_loop_computes_the_op_and_one_seed_per_call():
         if n not in live:
             live.add(n)
             todo.extend(n.all_input_nodes)
+    # The seed is one of the seeds inductor draws for the graph's random ops in one randint (that
+    # of a replaced draw), cut to the op's range: one fused pointwise kernel, no call of its own.
     work = [n for n in graph.nodes if n in live and n.op == "call_function" and n.target not in VIEWS]
-    assert sorted(str(n.target) for n in work) == sorted([str(RULE), "aten.randint.low"]), \
+    assert sorted(str(n.target) for n in work) == sorted([
+        str(RULE), "aten.bitwise_and.Scalar", "prims.inductor_lookup_seed.default", "prims.inductor_seeds.default"]), \
         [str(n.target) for n in work]
     _, slot = arg_slots(RULE)
     args = fused[0].args
@@ -91,7 +94,9 @@ def test_rewritten_loop_computes_the_op_and_one_seed_per_call():
         assert _source(args[slot[name]]).op == "placeholder", name
     weights = [_source(w) for w in args[slot["weights"]] + args[slot["time_weights"]]]
     assert all(w.op == "placeholder" for w in weights)  # parameters, read at the call
-    assert _source(args[slot["noise_seed"]]).target is aten.randint.low
+    seed = _source(args[slot["noise_seed"]])
+    assert seed.target is aten.bitwise_and.Scalar and seed.args[1] == ddpm_ops.ops.NOISE_SEED_BOUND - 1
+    assert seed.args[0].target is torch.ops.prims.inductor_lookup_seed.default
     assert args[slot["noise"]] is None
     # The op draws the noise; its distribution is tested in test_rewrite_projects.py. Without
     # noise (its S table zeroed) the numbers are eager's.

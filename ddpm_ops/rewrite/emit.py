@@ -351,6 +351,9 @@ def _noise(em: _Emitter, updates: list[_Update], K: int) -> tuple[Node | None, N
     shape = list(_val(present[0]).shape)
     first = present[0]
     if all(_is_draw(d) for d in present) and len(set(present)) == len(present):
+        seed = _inductor_seed(em, present[0])
+        if seed is not None:
+            return None, seed
         # aten.randint has no inductor lowering: one ATen call, one kernel on CUDA, drawn from
         # the default generator as the loop's own randn was.
         return None, em(aten.randint.low, 0, NOISE_SEED_BOUND, [1], dtype=torch.int64, device=em.device)
@@ -364,3 +367,16 @@ def _noise(em: _Emitter, updates: list[_Update], K: int) -> tuple[Node | None, N
     return em.stack(rows), None
 
 
+
+
+def _inductor_seed(em: _Emitter, draw: Node) -> Node | None:
+    """On the CPU, under inductor, the seed of the first replaced draw: inductor draws one seed
+    per random op of the graph in one ``randint`` (from the default generator), and this one
+    has no other user once the loop is fused. Cut to the op's seed range, it costs the call a
+    fused pointwise kernel instead of a ``randint`` of its own (some 6 us at batch 1, with the
+    checks inductor puts around a fallback's output). ``None`` where the draw is not inductor's
+    (an exported program's ``randn``) or not on the CPU (CUDA keeps its one randint kernel)."""
+    seed = draw.args[1] if _is(draw, prims.inductor_random.default) else None
+    if em.device.type != "cpu" or not _is(seed, prims.inductor_lookup_seed.default):
+        return None
+    return em(aten.view.default, em(aten.bitwise_and.Scalar, seed, NOISE_SEED_BOUND - 1), [1])
