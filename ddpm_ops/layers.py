@@ -204,6 +204,15 @@ _ADDS = (operator.add, operator.iadd, torch.add)
 _DROPOUTS = (F.dropout,)
 
 
+def refuse_hooks(module: nn.Module, name: str) -> None:
+    """Raise ``ValueError`` naming the first of ``module``'s modules that has forward hooks (the
+    op computes the modules' own ``forward``, which a hook may change); ``name``: the argument's."""
+    for path, sub in module.named_modules():
+        if sub._forward_hooks or sub._forward_pre_hooks:
+            raise ValueError(f"{name}: {path or 'the module'} ({type(sub).__name__}) has forward hooks, which "
+                             "may change what it computes")
+
+
 def read_network(module: nn.Module, *, name: str = "mlp") -> Program:
     """Read ``module`` as a network program, once: a chain of layers and residual blocks.
 
@@ -230,10 +239,7 @@ def read_network(module: nn.Module, *, name: str = "mlp") -> Program:
             a forward torch.fx cannot trace, a layer the op does not compute, a module with
             forward hooks, a value used other than as a chain or a residual.
     """
-    for path, sub in module.named_modules():
-        if sub._forward_hooks or sub._forward_pre_hooks:
-            raise ValueError(f"{name}: {path or 'the module'} ({type(sub).__name__}) has forward hooks, which "
-                             "may change what it computes")
+    refuse_hooks(module, name)
     try:
         traced = torch.fx.symbolic_trace(module)
     except Exception as error:  # noqa: BLE001 (any tracing failure means: cannot read it)

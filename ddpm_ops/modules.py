@@ -8,7 +8,7 @@ from torch.nn.utils import parametrize
 
 from .calls import RULE, arg_slots
 from .conditioning import BiasNet, cond_bias, time_bias_from_module
-from .layers import VOCABULARY, Program, mlp_layers, read_network
+from .layers import VOCABULARY, Program, mlp_layers, read_network, refuse_hooks
 from .ops import PRECISIONS, _as_int, _clamp_args, _default_generator, mlp_parameters, sample
 from .step_rules import StepRule
 
@@ -177,12 +177,13 @@ class DiffusionSampler(nn.Module):
         ``return_chain`` as :func:`ddpm_ops.sample`.
 
         Every call reads the modules' current parameters. An eager call of
-        the common form (a ``(batch, dim)`` tensor, a ``(batch, n)`` or no
+        the common form (a ``(batch, dim)`` tensor or an action chunk ``(batch, horizon,
+        action_dim)`` the network reads flattened, a ``(batch, n)`` or no
         condition, a time embedding the op evaluates) goes straight to the op
         with an argument list kept from the last call; anything else, and
         every call under torch.compile or export, goes through
         :func:`ddpm_ops.sample`."""
-        if type(x) is torch.Tensor and x.dim() == 2 and (cond is None or cond.dim() == 2) \
+        if type(x) is torch.Tensor and x.dim() >= 2 and (cond is None or cond.dim() == 2) \
                 and not torch.compiler.is_compiling():
             direct = self._direct_call(x, cond, num_steps, noise, generator, return_chain, t_start)
             if direct is not None:
@@ -201,13 +202,23 @@ class DiffusionSampler(nn.Module):
             split = _split_time_embedding(self.time_embedding)
             self._time_mlp = None if split is None else (split[1], split[2])
         plan = False
-        if self._program is None and (self.time_embedding is None or self._time_mlp is not None):
-            # A network program (LayerNorm, residual blocks) goes through sample() (its arguments
-            # read by Program.parameters()).
+        program = self._program
+        # A network program (LayerNorm, residual blocks) whose input is not split into bias rows
+        # (an "input:" instruction), or with a Linear or LayerNorm without a bias (zeros stand in
+        # for it), goes through sample() (its arguments read by Program.parameters()).
+        direct_form = program is None or (program.first_is_linear and all(
+            m.bias is not None for m in (*program.linears, *program.norms)))
+        if direct_form and (self.time_embedding is None or self._time_mlp is not None):
             children = _children(self.mlp)
-            modules = [self.mlp, *children]
-            weights, _, activations = mlp_layers(self.mlp)
-            linears = [m for m in (children or (self.mlp,)) if isinstance(m, nn.Linear)]
+            if program is None:
+                modules = [self.mlp, *children]
+                activations = mlp_layers(self.mlp)[2]
+                linears = [m for m in (children or (self.mlp,)) if isinstance(m, nn.Linear)]
+                norms = []
+            else:  # the program's modules as read at construction; hooks anywhere in the network
+                modules = list(self.mlp.modules())
+                activations = []
+                linears, norms = list(program.linears), list(program.norms)
             time_linears, time_activations = [], []
             if self._time_mlp is not None and self._time_mlp[0] is not None:
                 mlp, last = self._time_mlp
@@ -219,7 +230,9 @@ class DiffusionSampler(nn.Module):
             template[slot["precision"]] = self.precision
             if self._time_mlp is not None:
                 template[slot["time_activations"]] = time_activations
-            plan = _DirectPlan(modules, linears, time_linears, template, slot,
+            if program is not None:
+                template[slot["network"]] = list(program.instructions)
+            plan = _DirectPlan(modules, linears, time_linears, norms, template, slot,
                                [n for _, n in self.layout], [name for name, _ in self.layout],
                                self._time_mlp is not None)
         self._direct = (structure, plan)
@@ -243,13 +256,16 @@ class DiffusionSampler(nn.Module):
         if not plan or plan.has_cond != (cond is not None) or any(plan.hooks):
             return None  # the general path builds the call, names the mismatch, or refuses hooks
         if plan.owners is None:  # a parametrized Linear: its weight is computed when read
-            params = tuple(getattr(m, name) for m in plan.linears + plan.time_linears for name in ("weight", "bias"))
+            params = tuple(getattr(m, name) for m in plan.linears_and_norms for name in ("weight", "bias"))
         else:
             try:
                 params = tuple(map(getitem, plan.owners, plan.keys))
             except KeyError:  # a Linear parametrized since (its class swapped in place)
                 self._direct = None
                 return None
+        shape = x.shape
+        if len(shape) > 2:  # an action chunk: the op runs the flattened rows
+            x = x.reshape(shape[0], -1)
         device = x.device
         ready = plan.ready
         if ready is None or ready.rule is not self.rule or ready.device != device \
@@ -272,21 +288,24 @@ class DiffusionSampler(nn.Module):
             t_start = torch.full((x.shape[0],), t_start, dtype=torch.int64, device=device)
         args[i_t_start] = t_start
         if noise is not None:
-            if noise.shape != (steps, *x.shape):
-                raise ValueError(f"noise: expected shape {(steps, *x.shape)} (num_steps, *x.shape), "
+            if noise.shape != (steps, *shape):
+                raise ValueError(f"noise: expected shape {(steps, *shape)} (num_steps, *x.shape), "
                                  f"got {tuple(noise.shape)}")
-            args[i_noise] = noise
+            args[i_noise] = noise if len(shape) == 2 else noise.reshape(steps, *x.shape)
             args[i_generator] = None
         elif not (ready.adds_noise and steps > 0):
             args[i_generator] = None
         elif generator is not None:
             args[i_generator] = generator  # else the list's: the device's default generator
-        return RULE(*args)
+        out = RULE(*args)
+        return out if len(shape) == 2 else out.view(*out.shape[:-2], *shape)
 
     def _prepare(self, plan, params, x) -> "_Prepared":
         """The op's argument list for the parameters ``params`` (the Linears' weights and biases
-        in turn, then the time MLP's) and ``x``'s device, every per-call slot at its default."""
+        in turn, then the time MLP's, then the LayerNorms') and ``x``'s device, every per-call
+        slot at its default."""
         n = 2 * len(plan.linears)
+        m = n + 2 * len(plan.time_linears)
         weights, biases = list(params[0:n:2]), list(params[1:n:2])
         # Views of the first weight's column blocks: they follow in-place updates; a new
         # parameter, or new storage under it (``.data =``), makes new ones.
@@ -301,11 +320,15 @@ class DiffusionSampler(nn.Module):
         args[slot["clip"]], args[slot["clip_bounds"]] = _clamp_args("clip", rule.clip, x)
         args[slot["post_clip"]], args[slot["post_clip_bounds"]] = _clamp_args("post_clip", rule.post_clip, x)
         args[slot["step_tables"]] = rule.tables()
+        args[slot["noise_clip"]] = rule.noise_clip
         features = self._buffers["time_features"]
         if plan.time_net:
             args[slot["time_input"]] = features
-            args[slot["time_weights"]] = [*params[n::2], columns["time"]]
-            args[slot["time_biases"]] = list(params[n + 1::2])
+            args[slot["time_weights"]] = [*params[n:m:2], columns["time"]]
+            args[slot["time_biases"]] = list(params[n + 1:m:2])
+        if plan.norms:
+            args[slot["norm_weights"]] = list(params[m::2])
+            args[slot["norm_biases"]] = list(params[m + 1::2])
         if plan.has_cond:
             args[slot["cond_weights"]] = [columns["cond"]]
             args[slot["cond_activations"]] = []
@@ -325,6 +348,7 @@ class DiffusionSampler(nn.Module):
             weights, biases, activations = mlp_layers(self.mlp)
             program = {}
         else:
+            refuse_hooks(self.mlp, "mlp")  # registered since the program was read
             weights, biases, norm_weights, norm_biases = self._program.parameters()
             activations = "silu"
             program = dict(network=list(self._program.instructions), norm_weights=norm_weights,
@@ -433,19 +457,21 @@ class _DirectPlan:
     """The structure a direct call reads its parameters through (see
     :meth:`DiffusionSampler._direct_plan`), and the argument list it prepared last."""
 
-    def __init__(self, modules, linears, time_linears, template, slot, widths, names, time_net):
-        self.modules, self.linears, self.time_linears = modules, linears, time_linears
+    def __init__(self, modules, linears, time_linears, norms, template, slot, widths, names, time_net):
+        self.modules, self.linears, self.time_linears, self.norms = modules, linears, time_linears, norms
         self.template, self.slot, self.widths, self.names = template, slot, widths, names
         self.has_cond, self.time_net = "cond" in names, time_net
         # Registering a hook adds to these dictionaries: one ``any`` over them sees it.
         self.hooks = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
-        # The Linears' parameter dictionaries, read directly at a call (each weight, then its
-        # bias); None where a Linear's weight or bias is not a plain parameter
+        # The Linears' and LayerNorms' parameter dictionaries, read directly at a call (each
+        # weight, then its bias); None where a weight or bias is not a plain parameter
         # (torch.nn.utils.parametrize computes it).
+        owners = (*linears, *time_linears, *norms)
         plain = all("weight" in m._parameters and "bias" in m._parameters
-                    and not parametrize.is_parametrized(m) for m in (*linears, *time_linears))
-        self.owners = tuple(m._parameters for m in (*linears, *time_linears) for _ in range(2)) if plain else None
-        self.keys = ("weight", "bias") * (len(linears) + len(time_linears))
+                    and not parametrize.is_parametrized(m) for m in owners)
+        self.linears_and_norms = owners
+        self.owners = tuple(m._parameters for m in owners for _ in range(2)) if plain else None
+        self.keys = ("weight", "bias") * len(owners)
         self.per_call = tuple(slot[name] for name in ("x", "t_start", "num_steps", "return_chain", "cond_input",
                                                       "noise", "generator"))
         self.ready = None

@@ -300,6 +300,24 @@ def test_direct_call_draws_as_the_general_path_and_refuses_hooks():
             sampler(x, cond=state)
 
 
+def test_direct_call_clamps_the_noise_as_the_rule_says():
+    """A rule's noise_clip reaches the op on the direct call too: the general path's numbers,
+    which a clamp of large given noise changes."""
+    torch.manual_seed(torch.seed())
+    time_mlp, mid = diffusion_ql_net()
+    betas = ddpm_ops.linear_betas(5, 1e-4, 0.1)
+    clipped = ddpm_ops.step_rules.ddpm(betas, clip=1.0, noise_clip=0.5)
+    sampler = ddpm_ops.DiffusionSampler(mid, clipped, torch.arange(5), layout=(("x", 6), ("time", 16), ("cond", 17)),
+                                        time_embedding=time_mlp)
+    x, state, noise = torch.randn(4, 6), torch.randn(4, 17), 3 * torch.randn(5, 4, 6)
+    with torch.no_grad():
+        out = sampler(x, cond=state, noise=noise)
+        assert sampler._direct[1], "the direct form"
+        assert torch.equal(out, sampler._sample(x, state, None, noise, None, False, None))
+        sampler.rule = ddpm_ops.step_rules.ddpm(betas, clip=1.0)
+        assert relative_error(sampler(x, cond=state, noise=noise), out.double()) > 1e-3
+
+
 def test_fused_ddpm_sampler_is_a_diffusion_sampler():
     """The time-column sampler kept for earlier code: a DiffusionSampler with the t/T column
     as its time embedding, equal to the time-column reference loop."""

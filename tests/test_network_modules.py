@@ -152,6 +152,8 @@ def test_dppo_residual_mlp(activation, batch):
     state, x, noise = torch.randn(batch, 11), torch.randn(batch, 4, 3), 1.5 * torch.randn(20, batch, 4, 3)
     with torch.no_grad():
         chain = sampler(x, cond=state, noise=noise, return_chain=True)
+        assert sampler._direct[1], "an action chunk takes the direct call"
+        assert torch.equal(chain, sampler._sample(x, state, None, noise, None, True, None))
     assert chain.shape == (21, batch, 4, 3)
     expected = dppo_loop(model, betas, state, x, noise, min_std=1e-3, randn_clip=3.0, return_chain=True)
     assert relative_error(chain, expected) <= TOLERANCE
@@ -172,6 +174,41 @@ def test_parameters_are_read_at_every_call():
         after = sampler(x, cond=state, noise=noise)
     assert relative_error(after, before) > 1e-3
     assert relative_error(after, idql_loop(reverse, time_encoder, rule, state, x, noise)) <= TOLERANCE
+
+
+def test_direct_call_of_a_program_is_the_general_path():
+    """An eager call of a program whose first layer is a Linear (DPPO's residual MLP on a flat
+    sample) goes to the op with the argument list kept from the last call: the general path's
+    numbers bit for bit, every change of a block's parameters seen, a hook inside a block
+    refused."""
+    torch.manual_seed(torch.seed())
+    model = DiffusionMLP(3, 4, 11, mlp_dims=(64, 64, 64), activation_type="Mish").eval()
+    betas = ddpm_ops.cosine_betas(20)
+    rule = ddpm_ops.step_rules.ddpm(betas, clip=1.0, min_std=1e-3, noise_clip=3.0)
+    sampler = ddpm_ops.DiffusionSampler(model.mlp_mean, rule, torch.arange(20), layout=(("x", 12), ("time", 16),
+                                        ("cond", 11)), time_embedding=model.time_embedding)
+    linears = [m for m in model.mlp_mean.modules() if isinstance(m, nn.Linear)]
+    changes = [
+        lambda: None,
+        lambda: linears[2].weight.mul_(1.5),                                      # in place, inside a block
+        lambda: setattr(linears[1], "bias", nn.Parameter(torch.randn(64) / 4)),  # a new parameter
+        lambda: linears[0].weight[:, :12].mul_(-1),                               # the x columns
+    ]
+    for i, change in enumerate(changes):
+        batch = 3 + i
+        state, x, noise = torch.randn(batch, 11), torch.randn(batch, 12), 1.5 * torch.randn(20, batch, 12)
+        with torch.no_grad():
+            change()
+            out = sampler(x, cond=state, noise=noise)
+            assert sampler._direct[1], "the direct form"
+            general = sampler._sample(x, state, None, noise, None, False, None)
+        assert torch.equal(out, general), i
+        expected = dppo_loop(model, betas, state, x.view(batch, 4, 3), noise.view(20, batch, 4, 3), min_std=1e-3,
+                             randn_clip=3.0)
+        assert relative_error(out, expected.reshape(batch, 12)) <= TOLERANCE, i
+    linears[2].register_forward_hook(lambda *args: None)
+    with torch.no_grad(), pytest.raises(ValueError, match="forward hooks"):
+        sampler(x, cond=state)
 
 
 class Scaled(nn.Module):
