@@ -53,7 +53,7 @@ struct BiasNetArgs {
   int widest_hidden;  // the widest output but the last's (0 for one layer)
 };
 
-// The prologue's arguments (common/bias_rows.cuh): what is added to layer 0's
+// The prologue's arguments (common/prologue.cuh): what is added to layer 0's
 // output besides its bias, per (row, step index s, column c):
 //   time_rows[s][c] + time_column[c * time_column_ld] * s / time_divisor + cond_rows[row][c]
 //   + time_net(time_net.input[s])[c] + cond_net(cond_net.input[row])[c]
@@ -93,7 +93,7 @@ struct GeneratorArgs {
   uint64_t offset_intragraph;
 };
 
-// The epilogue's arguments (common/step_epilogue.cuh): one step of the rule
+// The epilogue's arguments (common/epilogue.cuh): one step of the rule
 //   x0 = A x - B e, clipped;  x = C x0 + D x + E e + S z + P x0_prev, clipped
 // with the coefficients of the row's step index s (z clamped to
 // +-noise_clip where that is set). A null table is the identity's: A = 1,

@@ -1,8 +1,8 @@
 // The small-batch kernel of the engine (exact fp32 on CUDA cores):
 // fp32_resident_kernel<kOpw, kRows, kLayers>, every weight in registers. It
 // runs the general step of both overloads: layer 0 adds the prologue's bias
-// rows (bias_rows.cuh), each hidden layer its activation, and the x update is
-// the epilogue's step (step_epilogue.cuh).
+// rows (prologue.cuh), each hidden layer its activation, and the x update is
+// the epilogue's step (epilogue.cuh).
 //
 // At a handful of rows a step is a chain of dependent layers, each one short
 // dot product per lane, a shuffle reduction and a trip through distributed
@@ -41,10 +41,10 @@
 #pragma once
 
 #include "../common/activation.cuh"
-#include "../common/bias_rows.cuh"
+#include "../common/prologue.cuh"
 #include "../common/ptx.cuh"
 #include "../common/rows.cuh"
-#include "../common/step_epilogue.cuh"
+#include "../common/epilogue.cuh"
 #include "../common/warp_reduce.cuh"
 #include "fp32_resident.h"
 

@@ -7,10 +7,10 @@
 // columns of a layer for all R rows at once (rule_layer), reading their weight
 // rows from global memory (L2 serves the repeats: small MLPs' weights do not
 // fit one SM's shared memory) and the layer's input from shared memory.
-// Layer 0 adds the prologue's bias rows (bias_rows.cuh: the bias networks
+// Layer 0 adds the prologue's bias rows (prologue.cuh: the bias networks
 // evaluated into shared memory, the condition rows once, the time rows a
 // window of steps at a time); the last layer ends
-// in the epilogue's step (step_epilogue.cuh).
+// in the epilogue's step (epilogue.cuh).
 //
 // A network program (ProgramArgs, fp32_rule.h) replaces the chain of layers
 // by its instructions, run in order by the whole block (rule_program): its
@@ -20,9 +20,9 @@
 #pragma once
 
 #include "../common/activation.cuh"
-#include "../common/bias_rows.cuh"
+#include "../common/prologue.cuh"
 #include "../common/rows.cuh"
-#include "../common/step_epilogue.cuh"
+#include "../common/epilogue.cuh"
 #include "../common/warp_reduce.cuh"
 #include "fp32_rule.h"
 

@@ -15,16 +15,16 @@
 // path) a tile is one CTA and every chunk comes by cp.async: mma.sync,
 // ldmatrix and cp.async are sm_80 instructions.
 //
-// Layer 0's outputs add the prologue's rows (bias_rows.cuh: first_layer_bias,
+// Layer 0's outputs add the prologue's rows (prologue.cuh: first_layer_bias,
 // the bias networks evaluated into shared memory), each hidden layer its
-// activation, and x moves by the epilogue's step (step_epilogue.cuh).
+// activation, and x moves by the epilogue's step (epilogue.cuh).
 #pragma once
 
 #include "../common/activation.cuh"
-#include "../common/bias_rows.cuh"
+#include "../common/prologue.cuh"
 #include "../common/ptx.cuh"
 #include "../common/rows.cuh"
-#include "../common/step_epilogue.cuh"
+#include "../common/epilogue.cuh"
 #include "tf32x3_tiled.h"
 
 namespace ddpm_ops {
