@@ -19,7 +19,7 @@ from ddpm_ops import graph_pass
 from loops import dpm_solver, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 from test_rewrite_models import relative_error
-from loops.cases import CASES
+from loops.cases import CASES, LEFT_ALONE
 
 RULE_CALL = re.compile(r"torch\.ops\.ddpm\.fused_sample\.(rule|default)\(")
 MATMUL = re.compile(r"extern_kernels\.(mm|addmm|bmm)\b|cpp_gemm|_mkl_linear|mkldnn")
@@ -69,7 +69,8 @@ def test_padded_matmuls_fuse_with_eager_numbers(name, pad_mm_on_cpu):
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "v1_full_noise_clamps", "v1_posterior", "cleandiffuser_dql_ddim",
                                   "tabddpm", "cleandiffuser_dpmsolver++_2M_eps_clip",
-                                  "flow_policy_euler_linspace_expand_fourier"])
+                                  "flow_policy_euler_linspace_expand_fourier", "cleandiffuser_sample_ddpm_at_least_ndim",
+                                  "diffusion_ql_t_arg"])
 def test_dynamic_batch_fuses_with_eager_numbers(name):
     """A batch dimension compiled as a symbol: the op's sizes (its timesteps, the noise drawn)
     are read from the sample by ``sym_size`` nodes."""
@@ -99,7 +100,7 @@ def test_loop_fuses_on_cuda_with_eager_numbers(name):
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "tabddpm", "tiny_diffusion", "v1_full_noise_clamps",
-                                  "cleandiffuser_sde_dpmsolver++_2M_eps_clip"])
+                                  "cleandiffuser_sde_dpmsolver++_2M_eps_clip", "diffusion_ql_t_arg_where_mask"])
 def test_drawn_noise_keeps_its_distribution(name):
     model, args, _ = CASES[name]()
     if name == "tiny_diffusion":
@@ -480,3 +481,19 @@ def test_rewrite_stats_count_fused_loops():
     after = ddpm_ops.rewrite_stats()
     assert after["loops_fused"] == before["loops_fused"] + 1
     assert after["steps_fused"] == before["steps_fused"] + model.num_steps
+
+
+@pytest.mark.parametrize("name", sorted(LEFT_ALONE))
+def test_project_loop_the_op_cannot_run_is_left_alone_and_says_why(name, caplog):
+    """A project's loop outside what the op computes (tests/loops/cases.py's LEFT_ALONE): no fused
+    call, eager's numbers (the noise given as tensors), and the DEBUG line naming why."""
+    make, reason = LEFT_ALONE[name]
+    model, args, noise_shape = make()
+    args = (*args, torch.randn(noise_shape)) if noise_shape else args
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, *args)
+    with torch.no_grad():
+        ref = model(*args)
+    assert not RULE_CALL.search(code)
+    assert relative_error(out, ref) < 1e-5
+    assert_general_reason(caplog, reason)
