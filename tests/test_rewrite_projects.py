@@ -219,6 +219,71 @@ def test_exported_idql_ln_resnet_fuses_with_eager_numbers():
         assert relative_error(fused.module()(*args), model(*args)) < 1e-5
 
 
+class WhereSelect(v1_variants.PosteriorSampler):
+    """The posterior step whose result is picked by ``torch.where`` between two updates that
+    differ at every timestep: the noised posterior mean where ``t >= split``, the clamped x0
+    elsewhere (``condition="sample"``: picked by the sample's sign, not one boolean per sample)."""
+
+    def __init__(self, split=12, condition="timestep", **kw):
+        super().__init__(clip=(-1.0, 1.0), **kw)  # tensor timesteps: extract's gather
+        self.split, self.condition = split, condition
+
+    def forward(self, x, t_start, noise):
+        b = x.shape[0]
+        for k in range(self.num_steps):
+            if isinstance(t_start, int):  # shared timesteps
+                t = torch.full((b,), t_start - k, dtype=torch.long)
+            else:
+                t = t_start - k
+            eps = self.eps_net(torch.cat([x, (t.float() / self.T)[:, None]], dim=1))
+            x0 = (self.coef(self.sqrt_recip_alphas_cumprod, t, x) * x
+                  - self.coef(self.sqrt_recipm1_alphas_cumprod, t, x) * eps).clamp(*self.clip)
+            mean = self.coef(self.posterior_mean_coef1, t, x) * x0 + self.coef(self.posterior_mean_coef2, t, x) * x
+            noised = mean + self.coef(self.posterior_variance, t, x).sqrt() * noise[k]
+            pick = (t >= self.split)[:, None] if self.condition == "timestep" else x > 0
+            x = torch.where(pick, noised, x0)
+        return x
+
+
+@pytest.mark.parametrize("timesteps", ["tensor", "int"])
+def test_where_between_two_updates_fuses_with_eager_numbers(timesteps):
+    """``torch.where`` of a per-sample boolean between two affine updates is read as the
+    per-variable selection of their coefficients: one fused call, eager's numbers. Per-sample
+    timesteps straddle ``split`` inside the loop, so both branches are taken, row by row and step
+    by step; shared ones cross it at one step of the loop."""
+    torch.manual_seed(0)
+    model = WhereSelect()
+    x, noise = torch.randn(16, model.dim), torch.randn(model.num_steps, 16, model.dim)
+    if timesteps == "int":
+        t = model.split + model.num_steps // 2
+    else:
+        t = torch.randint(model.num_steps - 1, model.T, (16,))
+        t[:2], t[2:4] = model.split - 1, model.T - 1  # below split from the first step; above it to the last
+    out, code = compile_run(model, x, t, noise)
+    with torch.no_grad():
+        ref = model(x, t, noise)
+        # Taking either branch everywhere gives other numbers: the selection is what is checked.
+        model.split = -1
+        all_noised = model(x, t, noise)
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(all_noised, ref) > 1e-2
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+
+
+def test_where_on_the_sample_is_left_alone_and_says_why(caplog):
+    torch.manual_seed(0)
+    model = WhereSelect(condition="sample")
+    x, noise = torch.randn(8, model.dim), torch.randn(model.num_steps, 8, model.dim)
+    t = torch.randint(model.num_steps - 1, model.T, (8,))
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, x, t, noise)
+    assert not RULE_CALL.search(code)
+    with torch.no_grad():
+        assert relative_error(out, model(x, t, noise)) < 1e-5
+    assert_general_reason(caplog, "selects with a condition that depends on the sample")
+
+
 NEAR_MISSES = {
     "not affine": (SquaredUpdate(timesteps="int"), "multiplies two sample-dependent values"),
     "unsupported op": (LayerNormNet(norm=nn.RMSNorm), "reading it is not an activation the reader knows"),

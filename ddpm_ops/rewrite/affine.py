@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch.fx import Node
 
 from .nodes import _NoMatch, _is, _known_eq, _no_kwargs, _val, aten, prims
@@ -240,6 +241,8 @@ class _UpdateReader:
             return self.settle(self.form(n.args[0])).scaled(_num(-1.0))
         if _is(n, aten.clamp.default, aten.clip.default, aten.clamp_min.default, aten.clamp_max.default):
             return self._clamp(n)
+        if _is(n, aten.where.self):
+            return self._where(n)
         if _is(n, *_VIEWS, prims.convert_element_type.default) and _same_shape(n, n.args[0]):
             if _is(n, prims.convert_element_type.default) and n.args[1] != _val(n.args[0]).dtype:
                 raise _NoMatch(f"{n.name} changes the sample's dtype")
@@ -295,6 +298,23 @@ class _UpdateReader:
             if z is not None:
                 return z
         return self.operand(a)
+
+    def _where(self, n: Node) -> _Form:
+        """``where(m, a, b)`` with ``m`` a step-only boolean, one per sample (Diffusion-QL's last step
+        spelt ``torch.where((t > 0)[:, None], mean + std * z, mean)``): each variable's coefficient
+        is ``where(m, its coefficient in a, its coefficient in b)``, the selection the loop makes,
+        row by row (0 where a branch lacks the variable)."""
+        m, a, b = n.args[:3]
+        if n.kwargs or not isinstance(m, Node) or self._is_form(m) or not self.step_only(m):
+            raise _NoMatch(f"{n.name} selects with a condition that depends on the sample")
+        v = _val(m)
+        if v is None or v.dtype != torch.bool or not _row_wise(v, self.shape):
+            raise _NoMatch(f"{n.name} selects with {m.name}, not one boolean per sample")
+        fa, fb = (self._term(x) for x in (a, b))
+        self.leaves.add(m)
+        cond = _Coef("leaf", (m,))
+        return _Form({var: _Coef("where", (cond, fa.coef.get(var, ZERO), fb.coef.get(var, ZERO)))
+                      for var in VARS if var in fa.coef or var in fb.coef})
 
     def _clamp(self, n: Node) -> _Form:
         f = self.form(n.args[0])

@@ -227,6 +227,8 @@ CASES = {
     "diffusion_ql_t_arg": _dql_variant(t_arg=True),
     "diffusion_ql_t_arg_where_mask": _dql_variant(t_arg=True, mask="where"),
     "cleandiffuser_sample_ddpm_float_tables": _cd_sample(tables="floats"),
+    "diffusion_ql_select_mask": _dql_variant(mask="select"),
+    "diffusion_ql_t_arg_select_mask": _dql_variant(t_arg=True, mask="select"),
     "dppo_ddim_eta1": _dppo_ddim(),
 }
 
