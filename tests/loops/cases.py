@@ -158,6 +158,13 @@ def _dppo_ddim(**kw):
     return make
 
 
+def _tiny_project(**kw):
+    def make():
+        torch.manual_seed(0)
+        return tiny_diffusion.ProjectSampler(**kw), (32,), (11, 32, 2)
+    return make
+
+
 CASES = {
     "diffusion_ql": _dql,
     "cleandiffuser_dql_ddpm": _cd("dql", "ddpm"),
@@ -229,7 +236,9 @@ CASES = {
     "cleandiffuser_sample_ddpm_float_tables": _cd_sample(tables="floats"),
     "diffusion_ql_select_mask": _dql_variant(mask="select"),
     "diffusion_ql_t_arg_select_mask": _dql_variant(t_arg=True, mask="select"),
-    "dppo_ddim_eta1": _dppo_ddim(),
+    "dppo_ddim": _dppo_ddim(),
+    "tiny_diffusion_numpy_t_blocks": _tiny_project(),
+    "dppo_ddim_eta1": _dppo_ddim(eta=1.0),
 }
 
 
@@ -244,4 +253,9 @@ LEFT_ALONE = {
     # The fix_mask blend scales the sample by a (dim,) vector: the op's coefficients are one per sample.
     "cleandiffuser_sample_ddim_fix_mask": (
         _cd_sample(solver="ddim", fix_mask=True), "is not one number per sample (a (B, 1) column or a scalar)"),
+    # tiny-diffusion's default input embedding: sin and cos of each coordinate of the sample, a
+    # function of the sample that is not the first Linear's (one line per step: each application
+    # of the network reads the previous sample through two pieces).
+    "tiny_diffusion_numpy_t_sinusoidal_input": (
+        _tiny_project(input_emb="sinusoidal"), "reads the previous step's sample in more than one piece"),
 }
