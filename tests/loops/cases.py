@@ -33,9 +33,9 @@ def _tiny():
     return tiny_diffusion.TinyDiffusion(num_timesteps=10), (32,), (11, 32, 2)
 
 
-def _tabddpm():
+def _tabddpm(**kw):
     torch.manual_seed(0)
-    m = tabddpm.GaussianSampler(num_timesteps=8, as_project=False)
+    m = tabddpm.GaussianSampler(num_timesteps=8, as_project=False, **kw)
     return m, (torch.randint(0, 3, (64,)),), (9, 64, 6)
 
 
@@ -177,6 +177,7 @@ CASES = {
     "diffusers_ddim_noclip": _diffusers("ddim", False),
     "tiny_diffusion": _tiny,
     "tabddpm": _tabddpm,
+    "tabddpm_long_after_full": lambda: _tabddpm(long_after_full=True),
     "v1_posterior": _v1(),
     "v1_expand": _v1(lookup="expand"),
     "v1_int_t": _v1(timesteps="int"),
@@ -192,6 +193,7 @@ CASES = {
     "int_t_scheduler_step": _int_scheduler,
     "idql": _idql(),
     "idql_ln_resnet": _idql(network="ln_resnet"),
+    "idql_repeat_time": _idql(time_spelling="repeat"),
     "dppo": _dppo(),
     "dppo_residual_mlp": _dppo(residual_style=True),
     "dppo_residual_mlp_flat": _residual(),
