@@ -333,6 +333,65 @@ def test_sample_columns_out_of_order_are_left_alone(caplog):
                for m in lines), lines
 
 
+class TensorBounds(v1_variants.PosteriorSampler):
+    """x0 clamped to per-column bounds held in buffers (CleanDiffuser's ``x_min`` / ``x_max``),
+    ``bounds``: "both" (``x0.clip(lo, hi)``), "number_low" (``x0.clamp(min=-0.7).clamp(max=hi)``)
+    or "per_row" (a ``(B, dim)`` bound: not one value per column)."""
+
+    def __init__(self, bounds="both", **kw):
+        super().__init__(timesteps="int", **kw)
+        self.bounds = bounds
+        self.register_buffer("lo", -torch.linspace(0.3, 1.2, self.dim))
+        self.register_buffer("hi", torch.linspace(1.1, 0.2, self.dim))
+
+    def forward(self, x, t_start, noise=None):
+        for k in range(self.num_steps):
+            i = int(t_start) - k
+            eps = self.eps_net(torch.cat([x, torch.full((x.shape[0], 1), i / self.T)], dim=1))
+            x0 = self.sqrt_recip_alphas_cumprod[i] * x - self.sqrt_recipm1_alphas_cumprod[i] * eps
+            if self.bounds == "both":
+                x0 = x0.clip(self.lo, self.hi)
+            elif self.bounds == "number_low":
+                x0 = x0.clamp(min=-0.7).clamp(max=self.hi)
+            else:
+                x0 = x0.clip(self.lo.expand(x.shape), self.hi.expand(x.shape))
+            x = self.posterior_mean_coef1[i] * x0 + self.posterior_mean_coef2[i] * x
+        return x
+
+
+@pytest.mark.parametrize("bounds", ["both", "number_low"])
+def test_x0_clamped_to_per_column_tensors_fuses_with_eager_numbers(bounds):
+    """The bounds go to the op as its per-column ``clip_bounds``: one fused call, eager's numbers.
+    The bounds are tight enough to clamp (without them the numbers differ), and differ by column
+    (a bound read as one number for every column would give other numbers)."""
+    torch.manual_seed(0)
+    model = TensorBounds(bounds=bounds)
+    x = 3 * torch.randn(16, model.dim)
+    out, code = compile_run(model, x, model.T - 1)
+    with torch.no_grad():
+        ref = model(x, model.T - 1)
+        lo, hi = model.lo.clone(), model.hi.clone()
+        model.lo.fill_(-1e9), model.hi.fill_(1e9)
+        unclamped = model(x, model.T - 1)
+        model.lo.copy_(lo), model.hi.copy_(hi)
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(unclamped, ref) > 1e-2
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+
+
+def test_x0_clamped_to_per_row_tensors_is_left_alone(caplog):
+    torch.manual_seed(0)
+    model = TensorBounds(bounds="per_row")
+    x = 3 * torch.randn(8, model.dim)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, x, model.T - 1)
+    assert not RULE_CALL.search(code)
+    with torch.no_grad():
+        assert relative_error(out, model(x, model.T - 1)) < 1e-5
+    assert_general_reason(caplog, "that is not one float32 value per column of a (batch, dim) sample")
+
+
 NEAR_MISSES = {
     "not affine": (SquaredUpdate(timesteps="int"), "multiplies two sample-dependent values"),
     "unsupported op": (LayerNormNet(norm=nn.RMSNorm), "reading it is not an activation the reader knows"),
