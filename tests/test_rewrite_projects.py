@@ -19,7 +19,7 @@ from ddpm_ops import graph_pass
 from loops import dpm_solver, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 from test_rewrite_models import relative_error
-from loops.cases import CASES
+from loops.cases import CASES, LEFT_ALONE
 
 RULE_CALL = re.compile(r"torch\.ops\.ddpm\.fused_sample\.(rule|default)\(")
 MATMUL = re.compile(r"extern_kernels\.(mm|addmm|bmm)\b|cpp_gemm|_mkl_linear|mkldnn")
@@ -69,7 +69,8 @@ def test_padded_matmuls_fuse_with_eager_numbers(name, pad_mm_on_cpu):
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "v1_full_noise_clamps", "v1_posterior", "cleandiffuser_dql_ddim",
                                   "tabddpm", "cleandiffuser_dpmsolver++_2M_eps_clip",
-                                  "flow_policy_euler_linspace_expand_fourier"])
+                                  "flow_policy_euler_linspace_expand_fourier", "cleandiffuser_sample_ddpm_at_least_ndim",
+                                  "diffusion_ql_t_arg"])
 def test_dynamic_batch_fuses_with_eager_numbers(name):
     """A batch dimension compiled as a symbol: the op's sizes (its timesteps, the noise drawn)
     are read from the sample by ``sym_size`` nodes."""
@@ -99,7 +100,7 @@ def test_loop_fuses_on_cuda_with_eager_numbers(name):
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "tabddpm", "tiny_diffusion", "v1_full_noise_clamps",
-                                  "cleandiffuser_sde_dpmsolver++_2M_eps_clip"])
+                                  "cleandiffuser_sde_dpmsolver++_2M_eps_clip", "diffusion_ql_t_arg_where_mask"])
 def test_drawn_noise_keeps_its_distribution(name):
     model, args, _ = CASES[name]()
     if name == "tiny_diffusion":
@@ -216,6 +217,179 @@ def test_exported_idql_ln_resnet_fuses_with_eager_numbers():
             next(a for a in calls[0].target._schema.arguments if a.name == "network"))]
         assert program[:2] == ["linear", "save"] and program.count("add") == 2, program
         assert relative_error(fused.module()(*args), model(*args)) < 1e-5
+
+
+class WhereSelect(v1_variants.PosteriorSampler):
+    """The posterior step whose result is picked by ``torch.where`` between two updates that
+    differ at every timestep: the noised posterior mean where ``t >= split``, the clamped x0
+    elsewhere (``condition="sample"``: picked by the sample's sign, not one boolean per sample)."""
+
+    def __init__(self, split=12, condition="timestep", **kw):
+        super().__init__(clip=(-1.0, 1.0), **kw)  # tensor timesteps: extract's gather
+        self.split, self.condition = split, condition
+
+    def forward(self, x, t_start, noise):
+        b = x.shape[0]
+        for k in range(self.num_steps):
+            if isinstance(t_start, int):  # shared timesteps
+                t = torch.full((b,), t_start - k, dtype=torch.long)
+            else:
+                t = t_start - k
+            eps = self.eps_net(torch.cat([x, (t.float() / self.T)[:, None]], dim=1))
+            x0 = (self.coef(self.sqrt_recip_alphas_cumprod, t, x) * x
+                  - self.coef(self.sqrt_recipm1_alphas_cumprod, t, x) * eps).clamp(*self.clip)
+            mean = self.coef(self.posterior_mean_coef1, t, x) * x0 + self.coef(self.posterior_mean_coef2, t, x) * x
+            noised = mean + self.coef(self.posterior_variance, t, x).sqrt() * noise[k]
+            pick = (t >= self.split)[:, None] if self.condition == "timestep" else x > 0
+            x = torch.where(pick, noised, x0)
+        return x
+
+
+@pytest.mark.parametrize("timesteps", ["tensor", "int"])
+def test_where_between_two_updates_fuses_with_eager_numbers(timesteps):
+    """``torch.where`` of a per-sample boolean between two affine updates is read as the
+    per-variable selection of their coefficients: one fused call, eager's numbers. Per-sample
+    timesteps straddle ``split`` inside the loop, so both branches are taken, row by row and step
+    by step; shared ones cross it at one step of the loop."""
+    torch.manual_seed(0)
+    model = WhereSelect()
+    x, noise = torch.randn(16, model.dim), torch.randn(model.num_steps, 16, model.dim)
+    if timesteps == "int":
+        t = model.split + model.num_steps // 2
+    else:
+        t = torch.randint(model.num_steps - 1, model.T, (16,))
+        t[:2], t[2:4] = model.split - 1, model.T - 1  # below split from the first step; above it to the last
+    out, code = compile_run(model, x, t, noise)
+    with torch.no_grad():
+        ref = model(x, t, noise)
+        # Taking either branch everywhere gives other numbers: the selection is what is checked.
+        model.split = -1
+        all_noised = model(x, t, noise)
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(all_noised, ref) > 1e-2
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+
+
+def test_where_on_the_sample_is_left_alone_and_says_why(caplog):
+    torch.manual_seed(0)
+    model = WhereSelect(condition="sample")
+    x, noise = torch.randn(8, model.dim), torch.randn(model.num_steps, 8, model.dim)
+    t = torch.randint(model.num_steps - 1, model.T, (8,))
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, x, t, noise)
+    assert not RULE_CALL.search(code)
+    with torch.no_grad():
+        assert relative_error(out, model(x, t, noise)) < 1e-5
+    assert_general_reason(caplog, "selects with a condition that depends on the sample")
+
+
+class ColumnsOneByOne(v1_variants.PosteriorSampler):
+    """The network reads each coordinate of the sample as a column of its own (tiny-diffusion's
+    per-coordinate input embedding), ``order``: "in order" (``x[:, 0:1], x[:, 1:2], ...``, the
+    sample's columns as they are) or "swapped" (the first two exchanged: not the sample)."""
+
+    def __init__(self, order="in order", spelling="select", **kw):
+        super().__init__(timesteps="int", **kw)
+        self.order, self.spelling = order, spelling
+
+    def forward(self, x, t_start, noise=None):
+        for k in range(self.num_steps):
+            i = int(t_start) - k
+            idx = list(range(self.dim))
+            if self.order == "swapped":
+                idx[0], idx[1] = 1, 0
+            cols = [x[:, j].unsqueeze(-1) if self.spelling == "select" else x[:, j:j + 1] for j in idx]
+            eps = self.eps_net(torch.cat([*cols, torch.full((x.shape[0], 1), i / self.T)], dim=1))
+            x = self.sqrt_recip_alphas_cumprod[i] * x - self.sqrt_recipm1_alphas_cumprod[i] * eps
+        return x
+
+
+@pytest.mark.parametrize("spelling", ["select", "slice"])
+def test_sample_read_column_by_column_fuses_with_eager_numbers(spelling):
+    torch.manual_seed(0)
+    model = ColumnsOneByOne(spelling=spelling)
+    x = torch.randn(8, model.dim)
+    out, code = compile_run(model, x, model.T - 1)
+    with torch.no_grad():
+        assert relative_error(out, model(x, model.T - 1)) < 1e-5
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+
+
+def test_sample_columns_out_of_order_are_left_alone(caplog):
+    """Columns of the sample in another order are a permutation of it, not the sample: not
+    joined, so the network reads the sample in several pieces and the loop is left alone."""
+    torch.manual_seed(0)
+    model = ColumnsOneByOne(order="swapped")
+    x = torch.randn(8, model.dim)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, x, model.T - 1)
+    assert not RULE_CALL.search(code)
+    with torch.no_grad():
+        assert relative_error(out, model(x, model.T - 1)) < 1e-5
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    assert any(m.startswith(REWRITE) and "reads the previous step's sample in more than one piece" in m
+               for m in lines), lines
+
+
+class TensorBounds(v1_variants.PosteriorSampler):
+    """x0 clamped to per-column bounds held in buffers (CleanDiffuser's ``x_min`` / ``x_max``),
+    ``bounds``: "both" (``x0.clip(lo, hi)``), "number_low" (``x0.clamp(min=-0.7).clamp(max=hi)``)
+    or "per_row" (a ``(B, dim)`` bound: not one value per column)."""
+
+    def __init__(self, bounds="both", **kw):
+        super().__init__(timesteps="int", **kw)
+        self.bounds = bounds
+        self.register_buffer("lo", -torch.linspace(0.3, 1.2, self.dim))
+        self.register_buffer("hi", torch.linspace(1.1, 0.2, self.dim))
+
+    def forward(self, x, t_start, noise=None):
+        for k in range(self.num_steps):
+            i = int(t_start) - k
+            eps = self.eps_net(torch.cat([x, torch.full((x.shape[0], 1), i / self.T)], dim=1))
+            x0 = self.sqrt_recip_alphas_cumprod[i] * x - self.sqrt_recipm1_alphas_cumprod[i] * eps
+            if self.bounds == "both":
+                x0 = x0.clip(self.lo, self.hi)
+            elif self.bounds == "number_low":
+                x0 = x0.clamp(min=-0.7).clamp(max=self.hi)
+            else:
+                x0 = x0.clip(self.lo.expand(x.shape), self.hi.expand(x.shape))
+            x = self.posterior_mean_coef1[i] * x0 + self.posterior_mean_coef2[i] * x
+        return x
+
+
+@pytest.mark.parametrize("bounds", ["both", "number_low"])
+def test_x0_clamped_to_per_column_tensors_fuses_with_eager_numbers(bounds):
+    """The bounds go to the op as its per-column ``clip_bounds``: one fused call, eager's numbers.
+    The bounds are tight enough to clamp (without them the numbers differ), and differ by column
+    (a bound read as one number for every column would give other numbers)."""
+    torch.manual_seed(0)
+    model = TensorBounds(bounds=bounds)
+    x = 3 * torch.randn(16, model.dim)
+    out, code = compile_run(model, x, model.T - 1)
+    with torch.no_grad():
+        ref = model(x, model.T - 1)
+        lo, hi = model.lo.clone(), model.hi.clone()
+        model.lo.fill_(-1e9), model.hi.fill_(1e9)
+        unclamped = model(x, model.T - 1)
+        model.lo.copy_(lo), model.hi.copy_(hi)
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(unclamped, ref) > 1e-2
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+
+
+def test_x0_clamped_to_per_row_tensors_is_left_alone(caplog):
+    torch.manual_seed(0)
+    model = TensorBounds(bounds="per_row")
+    x = 3 * torch.randn(8, model.dim)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, x, model.T - 1)
+    assert not RULE_CALL.search(code)
+    with torch.no_grad():
+        assert relative_error(out, model(x, model.T - 1)) < 1e-5
+    assert_general_reason(caplog, "that is not one float32 value per column of a (batch, dim) sample")
 
 
 NEAR_MISSES = {
@@ -480,3 +654,21 @@ def test_rewrite_stats_count_fused_loops():
     after = ddpm_ops.rewrite_stats()
     assert after["loops_fused"] == before["loops_fused"] + 1
     assert after["steps_fused"] == before["steps_fused"] + model.num_steps
+
+
+@pytest.mark.parametrize("name", sorted(LEFT_ALONE))
+def test_project_loop_the_op_cannot_run_is_left_alone_and_says_why(name, caplog):
+    """A project's loop outside what the op computes (tests/loops/cases.py's LEFT_ALONE): no fused
+    call, eager's numbers (the noise given as tensors), and the DEBUG line naming why."""
+    make, reason = LEFT_ALONE[name]
+    model, args, noise_shape = make()
+    args = (*args, torch.randn(noise_shape)) if noise_shape else args
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, *args)
+    with torch.no_grad():
+        ref = model(*args)
+    assert not RULE_CALL.search(code)
+    assert relative_error(out, ref) < 1e-5
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "ddpm_ops.rewrite" and r.levelno == logging.DEBUG]
+    assert any(m.startswith(REWRITE) and reason in m for m in lines), lines

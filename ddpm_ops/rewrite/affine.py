@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch.fx import Node
 
 from .nodes import _NoMatch, _is, _known_eq, _no_kwargs, _val, aten, prims
@@ -238,8 +239,11 @@ class _UpdateReader:
             return self._mul(n)
         if _is(n, aten.neg.default):
             return self.settle(self.form(n.args[0])).scaled(_num(-1.0))
-        if _is(n, aten.clamp.default, aten.clip.default, aten.clamp_min.default, aten.clamp_max.default):
+        if _is(n, aten.clamp.default, aten.clip.default, aten.clamp_min.default, aten.clamp_max.default,
+               aten.clamp.Tensor, aten.clamp_min.Tensor, aten.clamp_max.Tensor):
             return self._clamp(n)
+        if _is(n, aten.where.self):
+            return self._where(n)
         if _is(n, *_VIEWS, prims.convert_element_type.default) and _same_shape(n, n.args[0]):
             if _is(n, prims.convert_element_type.default) and n.args[1] != _val(n.args[0]).dtype:
                 raise _NoMatch(f"{n.name} changes the sample's dtype")
@@ -296,23 +300,65 @@ class _UpdateReader:
                 return z
         return self.operand(a)
 
+    def _where(self, n: Node) -> _Form:
+        """``where(m, a, b)`` with ``m`` a step-only boolean, one per sample (Diffusion-QL's last step
+        spelt ``torch.where((t > 0)[:, None], mean + std * z, mean)``): each variable's coefficient
+        is ``where(m, its coefficient in a, its coefficient in b)``, the selection the loop makes,
+        row by row (0 where a branch lacks the variable)."""
+        m, a, b = n.args[:3]
+        if n.kwargs or not isinstance(m, Node) or self._is_form(m) or not self.step_only(m):
+            raise _NoMatch(f"{n.name} selects with a condition that depends on the sample")
+        v = _val(m)
+        if v is None or v.dtype != torch.bool or not _row_wise(v, self.shape):
+            raise _NoMatch(f"{n.name} selects with {m.name}, not one boolean per sample")
+        fa, fb = (self._term(x) for x in (a, b))
+        self.leaves.add(m)
+        cond = _Coef("leaf", (m,))
+        return _Form({var: _Coef("where", (cond, fa.coef.get(var, ZERO), fb.coef.get(var, ZERO)))
+                      for var in VARS if var in fa.coef or var in fb.coef})
+
     def _clamp(self, n: Node) -> _Form:
         f = self.form(n.args[0])
-        if _is(n, aten.clamp.default, aten.clip.default):  # torch.clip: torch.export's training IR keeps it
+        if _is(n, aten.clamp.default, aten.clip.default, aten.clamp.Tensor):  # torch.clip: export's training IR
             lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
             hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
-        elif _is(n, aten.clamp_min.default):
+        elif _is(n, aten.clamp_min.default, aten.clamp_min.Tensor):
             lo, hi = n.args[1], None
         else:
             lo, hi = None, n.args[1]
-        for b in (lo, hi):
-            if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float))):
-                raise _NoMatch(f"{n.name} clamps to a tensor bound {b}, not a number")
-        lo = -math.inf if lo is None else float(lo)
-        hi = math.inf if hi is None else float(hi)
+        lo = -math.inf if lo is None else self.bound(n, lo)
+        hi = math.inf if hi is None else self.bound(n, hi)
         if f.clip is not None:  # clamp_min then clamp_max: one clamp
-            lo, hi = max(lo, f.clip[0]), min(hi, f.clip[1])
+            lo, hi = _tighter(n, lo, f.clip[0], max), _tighter(n, hi, f.clip[1], min)
         return _Form(dict(f.coef), (lo, hi))
+
+    def bound(self, n: Node, b: Any) -> float | Node:
+        """A clamp's bound: a number, or a step-only tensor of one value per column of the sample
+        (CleanDiffuser's per-dimension ``x_min`` / ``x_max``: the op's per-column bounds)."""
+        if isinstance(b, (int, float)) and not isinstance(b, bool):
+            return float(b)
+        if not isinstance(b, Node) or self._is_form(b) or not self.step_only(b):
+            raise _NoMatch(f"{n.name} clamps to a bound {getattr(b, 'name', b)} that depends on the sample")
+        v = _val(b)
+        dim = self.shape[-1] if len(self.shape) == 2 else None
+        if v is None or v.dtype != torch.float32 or dim is None or not (
+                v.dim() == 1 and _known_eq(v.shape[0], dim)
+                or v.dim() == 2 and _known_eq(v.shape[0], 1) and _known_eq(v.shape[1], dim)):
+            raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 value per "
+                           "column of a (batch, dim) sample")
+        return b
+
+
+def _tighter(n: Node, a: float | Node, b: float | Node, pick) -> float | Node:
+    """Two bounds of one side as one: the tighter number, or the tensor where the other side is
+    unbounded (two tensors, or a tensor and a number, are not one bound the reader writes)."""
+    if not isinstance(a, Node) and not isinstance(b, Node):
+        return pick(a, b)
+    if not isinstance(b, Node) and math.isinf(b):
+        return a
+    if not isinstance(a, Node) and math.isinf(a):
+        return b
+    raise _NoMatch(f"{n.name} clamps again a value clamped to a tensor bound")
 
 
 _ROW_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)

@@ -85,8 +85,73 @@ def _input_pieces(net: _Net) -> list:
         dim = inp.args[1] if len(inp.args) > 1 else inp.kwargs.get("dim", 0)
         v = _val(inp)
         if v is not None and v.dim() == 2 and dim in (1, -1):
-            return list(inp.args[0])
+            return _join_columns(list(inp.args[0]))
     return [inp]
+
+
+def _columns_of(piece) -> tuple | None:
+    """``(X, start, stop)`` where ``piece`` is columns ``start:stop`` of a 2-D ``X``, in order:
+    ``X[:, j].unsqueeze(-1)`` (``unsqueeze`` or a ``(B, 1)`` view of a ``select``) or
+    ``X[:, a:b]`` (a ``slice`` of step 1); else ``None``."""
+    if not isinstance(piece, Node):
+        return None
+    pv = _val(piece)
+    if pv is None or pv.dim() != 2:
+        return None
+    if _is(piece, aten.unsqueeze.default) and piece.args[1] in (1, -1) or \
+            _is(piece, aten.view.default, aten.reshape.default) and _known_eq(pv.shape[1], 1):
+        sel = piece.args[0]
+        if _is(sel, aten.select.int) and sel.args[1] in (1, -1) and isinstance(sel.args[2], int):
+            src, j = sel.args[0], sel.args[2]
+            sv = _val(src)
+            if sv is not None and sv.dim() == 2 and _known_eq(sv.shape[0], pv.shape[0]) \
+                    and isinstance(sv.shape[1], int) and 0 <= j < sv.shape[1]:
+                return src, j, j + 1
+        return None
+    if _is(piece, aten.slice.Tensor) and piece.args[1] in (1, -1) and (len(piece.args) < 5 or piece.args[4] == 1):
+        src = piece.args[0]
+        sv = _val(src)
+        if sv is not None and sv.dim() == 2 and isinstance(sv.shape[1], int) and isinstance(pv.shape[1], int):
+            start = piece.args[2] if len(piece.args) > 2 and piece.args[2] is not None else 0
+            if isinstance(start, int) and 0 <= start:
+                return src, start, start + pv.shape[1]
+    return None
+
+
+def _column_nodes(net: _Net, x: Node) -> set:
+    """The nodes that take ``x``'s columns one by one into the first layer's ``cat`` (the
+    ``select`` and ``unsqueeze`` of :func:`_columns_of`): part of the network's input."""
+    out: set = set()
+    if _is(net.inp, aten.cat.default):
+        for piece in net.inp.args[0]:
+            c = _columns_of(piece)
+            if c is not None and c[0] is x:
+                out.add(piece)
+                out.update(a for a in piece.all_input_nodes if a is not x)
+    return out
+
+
+def _join_columns(pieces: list) -> list:
+    """``pieces`` with each run of pieces that are all the columns of one node, in order, as that
+    node (tiny-diffusion embeds each coordinate on its own: ``cat([x[:, 0:1], x[:, 1:2], t])`` is
+    ``cat([x, t])``, the same first-layer columns in the same order)."""
+    out, i = [], 0
+    while i < len(pieces):
+        c = _columns_of(pieces[i])
+        if c is not None and c[1] == 0:
+            src, stop, j = c[0], c[2], i + 1
+            while stop < _val(src).shape[1] and j < len(pieces):
+                nxt = _columns_of(pieces[j])
+                if nxt is None or nxt[0] is not src or nxt[1] != stop:
+                    break
+                stop, j = nxt[2], j + 1
+            if stop == _val(src).shape[1] and j - i > 1:
+                out.append(src)
+                i = j
+                continue
+        out.append(pieces[i])
+        i += 1
+    return out
 
 
 def _latest_step(graph: Graph, nets: list[_Net]) -> dict[Node, int]:
@@ -216,7 +281,8 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
     the step are left out of the step's region; :mod:`.plan` proves that the next step's update
     reads it and nothing else does (else the step is named as here). ``None`` when there is none."""
     net, x = loop.nets[k], loop.sample(k)
-    excluded = net.nodes | {net.inp, loop.x(k)}  # x(k): the network's input, a chunk flattened
+    # x(k): the network's input, a chunk flattened; its columns taken one by one (_join_columns)
+    excluded = net.nodes | {net.inp, loop.x(k)} | _column_nodes(net, loop.x(k))
     end = loop.sample(k + 1) if k + 1 < len(loop.nets) else _chunk_of(loop.next_x)
     if end is not None:
         region = _descendants([x, net.out], end, excluded)
@@ -239,7 +305,7 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
             region = _descendants([x, net.out], end, excluded)
     # The loop's own input stays in the graph; a later step's sample is replaced by the op.
     outside = [u for u in x.users if u is not net.inp and u is not loop.x(k) and u not in inside
-               and u not in net.nodes] if k else []
+               and u not in net.nodes and u not in excluded] if k else []
     if outside:
         raise _StepNoMatch(f"the sample {x.name} of step {k} is also used by {[u.name for u in outside]} "
                            "(a trajectory kept?)", k, sample_kept=True)

@@ -58,8 +58,9 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         noise, noise_seed = _noise(em, updates, K)
         if noise is not None and _val(noise).dim() != 3:  # a chunk's draws: rows flattened as x's
             noise = em(aten.reshape.default, noise, [K, batch, dim])
-        clip = None if plan.clip is None else list(plan.clip)
-        post = None if plan.post_clip is None else list(plan.post_clip)
+        clip, clip_bounds = _clamp_arg(em, plan.clip, dim)
+        post, post_bounds = _clamp_arg(em, plan.post_clip, dim)
+        bounds = {k: v for k, v in (("clip_bounds", clip_bounds), ("post_clip_bounds", post_bounds)) if v is not None}
         # A network of LayerNorms or residual blocks goes as the op's program (only then: the
         # trailing arguments stay unwritten for the others).
         program = {} if net0.program is None else dict(
@@ -68,7 +69,7 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
                        num_steps=K, activations=list(net0.activations), time_bias=time_bias,
                        cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise, noise_seed=noise_seed,
                        **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None),
-                       **program)
+                       **program, **bounds)
         try:
             with _meta_refusals_unlogged():
                 fused = em(RULE, *args)
@@ -82,6 +83,17 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         em.rollback()
         raise
     return fused, em
+
+
+def _clamp_arg(em: _Emitter, clip, dim) -> tuple[list | None, Node | None]:
+    """A clamp read as ``(clip, clip_bounds)``: two floats, or (where a bound is a tensor of one
+    value per column) the ``(2, dim)`` per-column bounds, a number of the other side filled in."""
+    if clip is None:
+        return None, None
+    if not any(isinstance(b, Node) for b in clip):
+        return list(clip), None
+    rows = [em(aten.reshape.default, b, [dim]) if isinstance(b, Node) else em.full([dim], b) for b in clip]
+    return None, em.stack(rows)
 
 
 #: The op's arguments that a loop computes from its constants and buffers alone, when it does:

@@ -86,6 +86,8 @@ def _scalar(em: _Emitter, c: _Coef, memo: dict) -> Any:
             memo[leaf] = leaf if v.dim() == 0 else em(aten.select.int, em(aten.reshape.default, leaf, [-1]), 0, 0)
         return memo[leaf]
     parts = [_scalar(em, a, memo) for a in c.args]
+    if c.op == "where":
+        return _where(em, *parts)
     if all(isinstance(p, float) for p in parts):
         a = parts[0]
         return {"neg": lambda: -a, "mul": lambda: a * parts[1], "add": lambda: a + parts[1],
@@ -98,6 +100,12 @@ def _scalar(em: _Emitter, c: _Coef, memo: dict) -> Any:
     if not isinstance(a, Node):
         a, b = b, a
     return em(aten.mul.Tensor if c.op == "mul" else aten.add.Tensor, a, b)
+
+
+def _where(em: _Emitter, cond: Node, a: Any, b: Any) -> Node:
+    """``where(cond, a, b)`` of a boolean node and two coefficients (nodes or floats)."""
+    a, b = (p if isinstance(p, Node) else em.full([], p) for p in (a, b))
+    return em(aten.where.self, cond, a, b)
 
 
 def _stack_rows(em: _Emitter, per_step: list, dtype=torch.float32) -> Node:
@@ -283,6 +291,8 @@ def _vector(em: _Emitter, c: _Coef, reemit, batch, memo: dict) -> Any:
             memo[leaf] = _scalar(em, c, {})
         return memo[leaf]
     parts = [_vector(em, a, reemit, batch, memo) for a in c.args]
+    if c.op == "where":
+        return _where(em, *parts)
     if all(isinstance(p, float) for p in parts):
         return _scalar(em, _Coef(c.op, tuple(_Coef("num", (p,)) for p in parts)), {})
     if c.op == "neg":

@@ -33,9 +33,9 @@ def _tiny():
     return tiny_diffusion.TinyDiffusion(num_timesteps=10), (32,), (11, 32, 2)
 
 
-def _tabddpm():
+def _tabddpm(**kw):
     torch.manual_seed(0)
-    m = tabddpm.GaussianSampler(num_timesteps=8, as_project=False)
+    m = tabddpm.GaussianSampler(num_timesteps=8, as_project=False, **kw)
     return m, (torch.randint(0, 3, (64,)),), (9, 64, 6)
 
 
@@ -118,6 +118,53 @@ def _dpm(kind, **kw):
     return make
 
 
+def _cd_sample(**kw):
+    """CleanDiffuser's DiscreteDiffusionSDE.sample as the library spells it (cleandiffuser.SampleStepSchedule):
+    ``prior`` the known portion (zeros where ``fix_mask`` is zero)."""
+    def make():
+        torch.manual_seed(0)
+        m = cleandiffuser.SampleStepSchedule(**kw)
+        return m, (torch.randn(16, 11), torch.zeros(16, 3)), (m.sampling_steps + 1, 16, 3)
+    return make
+
+
+def _diffusers_step(kind, **kw):
+    def make():
+        torch.manual_seed(0)
+        m = diffusers_style.SchedulerLoop(kind=kind, **kw)
+        return m, (torch.randn(8, 3),), (11, 8, 4)
+    return make
+
+
+def _dql_variant(**kw):
+    def make():
+        torch.manual_seed(0)
+        if kw.get("t_arg"):
+            m = diffusion_ql.DiffusionVariants(state_dim=17, action_dim=6, n_timesteps=20, **kw)
+            # Rows starting at t = 4 reach t = 0 on the last step (no noise there), the others do not.
+            t = torch.randint(m.steps - 1, m.n_timesteps, (50,))
+            t[:3] = m.steps - 1
+            return m, (torch.randn(50, 17), t), (m.steps + 1, 50, 6)
+        m = diffusion_ql.DiffusionVariants(state_dim=17, action_dim=6, n_timesteps=5, **kw)
+        return m, (torch.randn(50, 17),), (6, 50, 6)
+    return make
+
+
+def _dppo_ddim(**kw):
+    def make():
+        torch.manual_seed(0)
+        m = dppo.DPPODDIM(**kw)
+        return m, (torch.randn(16, 11),), (m.ddim_steps + 1, 16, m.horizon, m.action_dim)
+    return make
+
+
+def _tiny_project(**kw):
+    def make():
+        torch.manual_seed(0)
+        return tiny_diffusion.ProjectSampler(**kw), (32,), (11, 32, 2)
+    return make
+
+
 CASES = {
     "diffusion_ql": _dql,
     "cleandiffuser_dql_ddpm": _cd("dql", "ddpm"),
@@ -130,6 +177,7 @@ CASES = {
     "diffusers_ddim_noclip": _diffusers("ddim", False),
     "tiny_diffusion": _tiny,
     "tabddpm": _tabddpm,
+    "tabddpm_long_after_full": lambda: _tabddpm(long_after_full=True),
     "v1_posterior": _v1(),
     "v1_expand": _v1(lookup="expand"),
     "v1_int_t": _v1(timesteps="int"),
@@ -145,6 +193,7 @@ CASES = {
     "int_t_scheduler_step": _int_scheduler,
     "idql": _idql(),
     "idql_ln_resnet": _idql(network="ln_resnet"),
+    "idql_repeat_time": _idql(time_spelling="repeat"),
     "dppo": _dppo(),
     "dppo_residual_mlp": _dppo(residual_style=True),
     "dppo_residual_mlp_flat": _residual(),
@@ -172,4 +221,43 @@ CASES = {
                                                  final_sigmas_type="sigma_min"),
     "dpm_solver_2M_named_previous": _dpm("NamedPrevious2M", clip=None),
     "dpm_solver_2M_named_previous_clip": _dpm("NamedPrevious2M"),
+    "cleandiffuser_sample_ddpm": _cd_sample(),
+    "cleandiffuser_sample_ddim": _cd_sample(solver="ddim"),
+    "cleandiffuser_sample_ddpm_at_least_ndim": _cd_sample(per_sample=True),
+    "diffusers_ddpm_v_prediction_clip": _diffusers_step("ddpm", clip_sample=True, prediction_type="v_prediction"),
+    "diffusers_ddpm_sample_prediction_clip": _diffusers_step("ddpm", clip_sample=True, prediction_type="sample"),
+    "diffusers_ddim_eta1_clip": _diffusers_step("ddim", clip_sample=True, eta=1.0),
+    "diffusers_ddim_eta1_noclip": _diffusers_step("ddim", clip_sample=False, eta=1.0),
+    "diffusers_ddim_unclipped_eps_clip": _diffusers_step("ddim", clip_sample=True, use_clipped_model_output=False),
+    "diffusers_ddim_v_prediction_clip": _diffusers_step("ddim", clip_sample=True, prediction_type="v_prediction"),
+    "diffusion_ql_predict_x0": _dql_variant(predict_epsilon=False),
+    "diffusion_ql_where_mask": _dql_variant(mask="where"),
+    "diffusion_ql_inloop_sqrt": _dql_variant(inloop_sqrt=True),
+    "diffusion_ql_t_arg": _dql_variant(t_arg=True),
+    "diffusion_ql_t_arg_where_mask": _dql_variant(t_arg=True, mask="where"),
+    "cleandiffuser_sample_ddpm_float_tables": _cd_sample(tables="floats"),
+    "cleandiffuser_sample_ddpm_x0_clip_tensor_bounds": _cd_sample(clip="x0"),
+    "diffusion_ql_select_mask": _dql_variant(mask="select"),
+    "diffusion_ql_t_arg_select_mask": _dql_variant(t_arg=True, mask="select"),
+    "dppo_ddim": _dppo_ddim(),
+    "tiny_diffusion_numpy_t_blocks": _tiny_project(),
+    "dppo_ddim_eta1": _dppo_ddim(eta=1.0),
+}
+
+
+# Project loops the op cannot run: name -> (factory as above, what the DEBUG line says). They are
+# compiled unchanged (eager's numbers) and the rewrite names the fact it did not prove.
+LEFT_ALONE = {
+    # CleanDiffuser's predict-noise clip bounds eps by (xt - alpha * x_max) / sigma: bounds that
+    # depend on the sample (the same clamp of x0, written on eps; the op clamps x0 only).
+    "cleandiffuser_sample_ddpm_eps_clip_tensor_bounds": (
+        _cd_sample(clip="eps"), "clamps to a bound div_1 that depends on the sample"),
+    # The fix_mask blend scales the sample by a (dim,) vector: the op's coefficients are one per sample.
+    "cleandiffuser_sample_ddim_fix_mask": (
+        _cd_sample(solver="ddim", fix_mask=True), "is not one number per sample (a (B, 1) column or a scalar)"),
+    # tiny-diffusion's default input embedding: sin and cos of each coordinate of the sample, a
+    # function of the sample that is not the first Linear's (one line per step: each application
+    # of the network reads the previous sample through two pieces).
+    "tiny_diffusion_numpy_t_sinusoidal_input": (
+        _tiny_project(input_emb="sinusoidal"), "reads the previous step's sample in more than one piece"),
 }

@@ -75,3 +75,49 @@ class Diffusion(nn.Module):
         return action.clamp_(-self.max_action, self.max_action)
 
     forward = sample
+
+
+class DiffusionVariants(Diffusion):
+    """Diffusion-QL's other spellings of the same sampler:
+
+    - ``predict_epsilon=False`` (its flag): the network gives x0, ``predict_start_from_noise``
+      returns it unchanged;
+    - ``mask``: "where" spells the last step's mask ``torch.where(t > 0, 1.0, 0.0)[:, None]``
+      and multiplies the noise first, ``noise * (0.5 * log_var).exp()``; "select" picks between
+      the two samples, ``torch.where((t > 0)[:, None], mean + std * z, mean)``;
+    - ``inloop_sqrt``: x0 from ``alphas_cumprod`` gathered per sample and square-rooted in the
+      loop, ``(x - (1 - a).sqrt() * eps) / a.sqrt()``;
+    - ``t_arg``: the per-sample ``t`` given by the caller (a start per row, stepped down by one
+      for ``steps`` steps: rows starting low reach t = 0, where the mask drops the noise)."""
+
+    def __init__(self, predict_epsilon=True, mask="nonzero", inloop_sqrt=False, t_arg=False, steps=5, **kw):
+        super().__init__(**kw)
+        self.predict_epsilon, self.mask, self.inloop_sqrt, self.t_arg = predict_epsilon, mask, inloop_sqrt, t_arg
+        self.steps = steps
+
+    def predict_start_from_noise(self, x_t, t, noise):
+        if not self.predict_epsilon:
+            return noise
+        if self.inloop_sqrt:
+            a = extract(self.alphas_cumprod, t, x_t.shape)
+            return (x_t - (1 - a).sqrt() * noise) / a.sqrt()
+        return super().predict_start_from_noise(x_t, t, noise)
+
+    def p_sample(self, x, t, s, noise=None):
+        if self.mask == "nonzero":
+            return super().p_sample(x, t, s, noise)
+        model_mean, _, model_log_variance = self.p_mean_variance(x=x, t=t, s=s)
+        noise = torch.randn_like(x) if noise is None else noise
+        if self.mask == "select":
+            return torch.where((t > 0)[:, None], model_mean + (0.5 * model_log_variance).exp() * noise, model_mean)
+        return model_mean + torch.where(t > 0, 1.0, 0.0)[:, None] * noise * (0.5 * model_log_variance).exp()
+
+    def forward(self, state, *rest):
+        """``(state, noise=None)``, or ``(state, t_start, noise=None)`` with ``t_arg``."""
+        if not self.t_arg:
+            return super().forward(state, *rest)
+        t_start, noise = (*rest, None)[:2]
+        x = torch.randn(state.shape[0], self.action_dim) if noise is None else noise[0]
+        for k in range(self.steps):
+            x = self.p_sample(x, t_start - k, state, None if noise is None else noise[k + 1])
+        return x.clamp_(-self.max_action, self.max_action)

@@ -117,3 +117,55 @@ class ResidualMLP(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return x
+
+
+class DPPODDIM(DPPODiffusion):
+    """DPPO's DDIM branch (``use_ddim``): ``ddim_steps`` of the training schedule, the tables
+    ``ddim_alphas`` / ``ddim_alphas_prev`` / ``ddim_sqrt_one_minus_alphas`` / ``ddim_sigmas``
+    (``eta``) flipped with ``torch.flip`` so that the loop's position ``i`` indexes them, read with
+    ``extract`` at ``torch.full((B,), i)``, the network at the training timestep ``ddim_t[i]``;
+    x0 clamped in place and eps read again from it, ``dir_xt = (1 - alpha_prev - sigma**2).sqrt()
+    * eps``, ``logvar = torch.log(sigma ** 2)``. At eta = 0 (its evaluation) the standard deviation
+    is replaced by ``torch.zeros_like(std)`` (``log(0) = -inf`` never reaches the sample); at eta > 0
+    (fine-tuning) it is clipped below."""
+
+    def __init__(self, ddim_steps=4, eta=0.0, **kw):
+        super().__init__(denoising_steps=12, **kw)
+        step_ratio = self.denoising_steps // ddim_steps
+        ddim_t = torch.arange(0, self.denoising_steps, step_ratio)
+        self.ddim_steps, self.eta = ddim_steps, eta
+        betas = linear_beta_schedule(self.denoising_steps)
+        alphas_cumprod = torch.cumprod(1 - betas, 0)
+        ddim_alphas = alphas_cumprod[ddim_t]
+        ddim_alphas_prev = torch.cat([torch.tensor([1.0]), alphas_cumprod[ddim_t[:-1]]])
+        ddim_sigmas = eta * ((1 - ddim_alphas_prev) / (1 - ddim_alphas) * (1 - ddim_alphas / ddim_alphas_prev)) ** 0.5
+        self.ddim_t = torch.flip(ddim_t, [0]).tolist()
+        self.register_buffer("ddim_alphas", torch.flip(ddim_alphas, [0]))
+        self.register_buffer("ddim_alphas_prev", torch.flip(ddim_alphas_prev, [0]))
+        self.register_buffer("ddim_sqrt_one_minus_alphas", torch.flip((1.0 - ddim_alphas) ** 0.5, [0]))
+        self.register_buffer("ddim_sigmas", torch.flip(ddim_sigmas, [0]))
+
+    def forward(self, cond, noise):
+        """``noise[0]`` the initial chunk, ``noise[1 + k]`` step ``k``'s draw."""
+        B = cond.shape[0]
+        x = noise[0]
+        for i, t in enumerate(self.ddim_t):
+            t_b = torch.full((B,), t, dtype=torch.long)
+            index_b = torch.full((B,), i, dtype=torch.long)
+            eps = self.network(x, t_b, cond=cond)
+            alpha = extract(self.ddim_alphas, index_b, x.shape)
+            alpha_prev = extract(self.ddim_alphas_prev, index_b, x.shape)
+            sqrt_one_minus_alpha = extract(self.ddim_sqrt_one_minus_alphas, index_b, x.shape)
+            x_recon = (x - sqrt_one_minus_alpha * eps) / (alpha ** 0.5)
+            x_recon.clamp_(-self.denoised_clip_value, self.denoised_clip_value)
+            eps = (x - alpha ** 0.5 * x_recon) / sqrt_one_minus_alpha
+            sigma = extract(self.ddim_sigmas, index_b, x.shape)
+            dir_xt = (1.0 - alpha_prev - sigma ** 2).sqrt() * eps
+            mean = (alpha_prev ** 0.5) * x_recon + dir_xt
+            std = torch.exp(0.5 * torch.log(sigma ** 2))
+            std = torch.zeros_like(std) if self.eta == 0 else torch.clip(std, min=self.min_sampling_denoising_std)
+            z = noise[1 + i].clamp_(-self.randn_clip_value, self.randn_clip_value)
+            x = mean + std * z
+            if i == self.ddim_steps - 1:
+                x = torch.clamp(x, -self.final_action_clip_value, self.final_action_clip_value)
+        return x

@@ -64,7 +64,7 @@ class IDQLActor(nn.Module):
     for sampling, Dropout the identity)."""
 
     def __init__(self, obs_dim=11, action_dim=3, time_dim=16, hidden=64, T=5, temperature=1.0,
-                 clip_sampler=1.0, network="mlp"):
+                 clip_sampler=1.0, network="mlp", time_spelling="full"):
         super().__init__()
         self.time_preprocess = FourierFeatures(time_dim)
         self.cond_encoder = nn.Sequential(nn.Linear(time_dim, time_dim * 2), nn.Mish(),
@@ -75,6 +75,8 @@ class IDQLActor(nn.Module):
             self.reverse_encoder = nn.Sequential(nn.Linear(action_dim + obs_dim + time_dim, hidden), nn.Mish(),
                                                  nn.Linear(hidden, hidden), nn.Mish(), nn.Linear(hidden, action_dim))
         self.action_dim, self.T, self.temperature, self.clip_sampler = action_dim, T, temperature, clip_sampler
+        # "repeat": jaxrl5's ``expand_dims(array([time]).repeat(batch), 1)``, an int column cast to float.
+        self.time_spelling = time_spelling
         betas = linear_beta_schedule(T)
         alphas = 1 - betas
         self.register_buffer("betas", betas)
@@ -86,7 +88,10 @@ class IDQLActor(nn.Module):
         batch = observations.shape[0]
         current_x = noise[0]
         for k, time in enumerate(reversed(range(self.T))):
-            input_time = torch.full((batch, 1), time, dtype=torch.float32)
+            if self.time_spelling == "repeat":
+                input_time = torch.tensor([time]).repeat(batch).unsqueeze(1).float()
+            else:
+                input_time = torch.full((batch, 1), time, dtype=torch.float32)
             cond = self.cond_encoder(self.time_preprocess(input_time))
             eps_pred = self.reverse_encoder(torch.cat([current_x, observations, cond], dim=-1))
             alpha_1 = 1 / torch.sqrt(self.alphas[time])

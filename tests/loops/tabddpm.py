@@ -68,8 +68,10 @@ class GaussianSampler(nn.Module):
     """``forward(y, noise=None)``: ``noise`` (T + 1, B, d_in) replaces the draws (the initial
     sample first) so that a compiled run can be compared with eager."""
 
-    def __init__(self, d_in=6, num_classes=3, num_timesteps=8, as_project=True):
+    def __init__(self, d_in=6, num_classes=3, num_timesteps=8, as_project=True, long_after_full=False):
         super().__init__()
+        # TabDDPM's sample(): ``torch.full((b,), i).long()``, a float full cast to int64.
+        self.long_after_full = long_after_full
         self.d_in, self.num_timesteps = d_in, num_timesteps
         self._denoise_fn = MLPDiffusion(d_in, num_classes)
         steps = num_timesteps + 1
@@ -97,7 +99,8 @@ class GaussianSampler(nn.Module):
         z_norm = torch.randn((b, self.d_in), device=y.device) if noise is None else noise[0]
         log_z = torch.zeros((b, 0), device=y.device).float()  # no categorical features
         for i in reversed(range(0, self.num_timesteps)):
-            t = torch.full((b,), i, device=y.device, dtype=torch.long)
+            t = torch.full((b,), i, device=y.device).long() if self.long_after_full else \
+                torch.full((b,), i, device=y.device, dtype=torch.long)
             model_out = self._denoise_fn(torch.cat([z_norm, log_z], dim=1).float(), t, y)
             mean, log_variance = self.gaussian_p_sample(model_out[:, :self.d_in], z_norm, t)
             z = torch.randn_like(z_norm) if noise is None else noise[self.num_timesteps - i]
