@@ -42,6 +42,15 @@ def assert_fuses_with_eager_numbers(name):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+
+def assert_fused_as_eager(code, out, ref, without):
+    """One fused call and no matmul left in ``code``, eager's numbers (``ref``), which the
+    numbers ``without`` the feature under test do not match (so the test sees the feature)."""
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(without, ref) > 1e-2
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+
 def test_loop_fuses_with_eager_numbers(name):
     assert_fuses_with_eager_numbers(name)
 
@@ -265,10 +274,7 @@ def test_where_between_two_updates_fuses_with_eager_numbers(timesteps):
         # Taking either branch everywhere gives other numbers: the selection is what is checked.
         model.split = -1
         all_noised = model(x, t, noise)
-    assert relative_error(out, ref) < 1e-5
-    assert relative_error(all_noised, ref) > 1e-2
-    assert len(RULE_CALL.findall(code)) == 1, code
-    assert not MATMUL.findall(code), code
+    assert_fused_as_eager(code, out, ref, all_noised)
 
 
 def test_where_on_the_sample_is_left_alone_and_says_why(caplog):
@@ -374,10 +380,7 @@ def test_x0_clamped_to_per_column_tensors_fuses_with_eager_numbers(bounds):
         model.lo.fill_(-1e9), model.hi.fill_(1e9)
         unclamped = model(x, model.T - 1)
         model.lo.copy_(lo), model.hi.copy_(hi)
-    assert relative_error(out, ref) < 1e-5
-    assert relative_error(unclamped, ref) > 1e-2
-    assert len(RULE_CALL.findall(code)) == 1, code
-    assert not MATMUL.findall(code), code
+    assert_fused_as_eager(code, out, ref, unclamped)
 
 
 def test_x0_clamped_to_per_row_tensors_is_left_alone(caplog):

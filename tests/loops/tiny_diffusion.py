@@ -48,11 +48,15 @@ class TinyDiffusion(nn.Module):
         pred_original_sample = (self.sqrt_recip_alphas_cumprod[t] * sample
                                 - self.sqrt_recipm1_alphas_cumprod[t] * model_output)
         pred_prev_sample = self.posterior_mean_coef1[t] * pred_original_sample + self.posterior_mean_coef2[t] * sample
+        return pred_prev_sample + self.variance_term(t, model_output, noise)
+
+    def variance_term(self, t, model_output, noise):
+        """The step's noise, none at t = 0 (a Python-int branch, as tiny-diffusion writes it)."""
         variance = 0
         if t > 0:
             noise = torch.randn_like(model_output) if noise is None else noise
             variance = (self.get_variance(t) ** 0.5) * noise
-        return pred_prev_sample + variance
+        return variance
 
     def forward(self, batch, noise=None):
         sample = torch.randn(batch, 2) if noise is None else noise[0]
@@ -135,11 +139,7 @@ class ProjectSampler(TinyDiffusion):
         c1 = self.posterior_mean_coef1[t].reshape(-1, 1)
         c2 = self.posterior_mean_coef2[t].reshape(-1, 1)
         pred_prev_sample = c1 * pred_original_sample + c2 * sample
-        variance = 0
-        if t > 0:
-            noise = torch.randn_like(model_output) if noise is None else noise
-            variance = (self.get_variance(t) ** 0.5) * noise
-        return pred_prev_sample + variance
+        return pred_prev_sample + self.variance_term(t, model_output, noise)
 
     def forward(self, batch, noise=None):
         sample = torch.randn(batch, 2) if noise is None else noise[0]
