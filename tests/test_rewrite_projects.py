@@ -41,8 +41,6 @@ def assert_fuses_with_eager_numbers(name):
     return out
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-
 def assert_fused_as_eager(code, out, ref, without):
     """One fused call and no matmul left in ``code``, eager's numbers (``ref``), which the
     numbers ``without`` the feature under test do not match (so the test sees the feature)."""
@@ -51,6 +49,8 @@ def assert_fused_as_eager(code, out, ref, without):
     assert len(RULE_CALL.findall(code)) == 1, code
     assert not MATMUL.findall(code), code
 
+
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_loop_fuses_with_eager_numbers(name):
     assert_fuses_with_eager_numbers(name)
 
