@@ -118,6 +118,10 @@ class DiffusionSampler(nn.Module):
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
         # Read once: fail at construction, not at the first call.
         self._program = _read_network(mlp)
+        # The network's hook dictionaries (registering a hook adds to one), so that a program
+        # call checks them without walking the modules.
+        self._program_hooks = () if self._program is None else tuple(
+            d for m in mlp.modules() for d in (m._forward_hooks, m._forward_pre_hooks))
         first = mlp_layers(mlp)[0][0] if self._program is None else self._program.linears[0].weight
         if sum(n for _, n in layout) != first.shape[1]:
             raise ValueError(f"layout: expected columns summing to the first Linear's "
@@ -348,7 +352,8 @@ class DiffusionSampler(nn.Module):
             weights, biases, activations = mlp_layers(self.mlp)
             program = {}
         else:
-            refuse_hooks(self.mlp, "mlp")  # registered since the program was read
+            if any(self._program_hooks):  # registered since the program was read
+                refuse_hooks(self.mlp, "mlp")
             weights, biases, norm_weights, norm_biases = self._program.parameters()
             activations = "silu"
             program = dict(network=list(self._program.instructions), norm_weights=norm_weights,
