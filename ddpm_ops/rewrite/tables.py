@@ -11,6 +11,8 @@ Loop-invariant inputs of the first Linear fold into ``cond_bias``.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import torch
@@ -287,9 +289,13 @@ def _vector(em: _Emitter, c: _Coef, reemit, batch, memo: dict) -> Any:
             return memo[leaf]
         if reemit.depends(leaf):
             rows = reemit.rows(leaf)
-            # A leaf broadcast over the sample's other dims (affine._row_constant) has one number a
-            # row repeated: its first.
-            memo[leaf] = em(aten.select.int, em(aten.reshape.default, rows, [reemit.size(), -1]), 1, 0)
+            v = _val(leaf)
+            if v.dim() >= 2 and math.prod(v.shape[1:]) != 1:
+                # A leaf broadcast over the sample's other dims (affine._row_constant) has one
+                # number a row, repeated: its first.
+                memo[leaf] = em(aten.select.int, em(aten.reshape.default, rows, [reemit.size(), -1]), 1, 0)
+            else:
+                memo[leaf] = em(aten.reshape.default, rows, [reemit.size()])
         else:
             _check_uniform([leaf], batch)
             memo[leaf] = _scalar(em, c, {})
