@@ -492,3 +492,32 @@ def test_fx_graph_cache_hit_runs_fused_op(tmp_path):
     off = run("off")  # another cache key: a miss, and the loop runs unfused
     assert off["miss"] >= 1 and off["hit"] == 0 and off["fused"] == 0, off
     assert off["err"] < 1e-5
+
+
+
+def test_coefficients_expanded_to_the_sample_shape_fuse():
+    """TabDDPM's DDIM step: ``extract`` expands each lookup to the sample's shape and the step
+    square-roots it (``torch.sqrt(alpha_bar_prev)``): a coefficient of the sample's shape that is
+    one number per row (affine._row_constant), read at row 0."""
+    from loops.tabddpm import GaussianDDIMSampler
+    torch.manual_seed(0)
+    model = GaussianDDIMSampler(num_timesteps=5, d_in=3)
+    args = (torch.randint(0, 3, (16,)), torch.randn(6, 16, 3))
+    out, code = compile_run(model, *args)
+    with torch.no_grad():
+        assert relative_error(out, model(*args)) < 1e-5
+    assert_fused_once(code)
+
+
+def test_timesteps_filled_from_a_0d_tensor_are_shared_by_the_batch():
+    """``torch.full((B,), ts[i])`` with ``ts[i]`` a 0-d element of a long tensor (DPPO's DDIM
+    iterates its ``ddim_t`` tensor) lowers to ``copy(empty, select)``: every row the same value
+    (tables._uniform), so the loop's tables are shared."""
+    from loops.dppo import DPPOEval
+    torch.manual_seed(0)
+    model = DPPOEval(use_ddim=True, ddim_steps=3, denoising_steps=6)
+    args = ({"state": torch.randn(8, 2, 11)}, torch.randn(4, 8, 4, 2))
+    out, code = compile_run(model, *args)
+    with torch.no_grad():
+        assert relative_error(out, model(*args)) < 1e-5
+    assert_fused_once(code)

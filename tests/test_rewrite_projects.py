@@ -19,7 +19,9 @@ from ddpm_ops import graph_pass
 from loops import dpm_solver, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 from test_rewrite_models import relative_error
-from loops.cases import CASES, LEFT_ALONE
+from loops.cases import CASES, LEFT_ALONE, _tabddpm_ddim
+
+_tabddpm_regression = _tabddpm_ddim(num_classes=0)
 
 RULE_CALL = re.compile(r"torch\.ops\.ddpm\.fused_sample\.(rule|default)\(")
 MATMUL = re.compile(r"extern_kernels\.(mm|addmm|bmm)\b|cpp_gemm|_mkl_linear|mkldnn")
@@ -675,3 +677,17 @@ def test_project_loop_the_op_cannot_run_is_left_alone_and_says_why(name, caplog)
     lines = [r.getMessage() for r in caplog.records
              if r.name == "ddpm_ops.rewrite" and r.levelno == logging.DEBUG]
     assert any(m.startswith(REWRITE) and reason in m for m in lines), lines
+
+
+def test_tabddpm_regression_label_fuses_with_its_label_linear_once_a_call():
+    """TabDDPM's regression target (num_classes 0): ``silu(Linear(1, dim_t)(y.resize(B, 1).float()))``
+    added to the time embedding, a term of the first layer the op takes as rows computed once a
+    call: one fused call, that Linear's one matmul left, eager's numbers."""
+    model, args, noise_shape = _tabddpm_regression()
+    args = (*args, torch.randn(noise_shape))
+    out, code = compile_run(model, *args)
+    with torch.no_grad():
+        ref = model(*args)
+    assert relative_error(out, ref) < 1e-5
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert len(MATMUL.findall(code)) == 1, code

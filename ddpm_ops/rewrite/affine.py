@@ -162,7 +162,7 @@ class _UpdateReader:
             raise _NoMatch(f"{a.name} is not a floating-point coefficient")
         if _is(a, aten.expand.default) and _row_wise(_val(a.args[0]), self.shape):
             a, v = a.args[0], _val(a.args[0])
-        if not _row_wise(v, self.shape):
+        if not _row_wise(v, self.shape) and not _row_constant(a, self.shape, {}):
             raise _NoMatch(f"{a.name} of shape {tuple(v.shape)} is not one number per sample "
                            "(a (B, 1) column or a scalar)")
         self.leaves.add(a)
@@ -375,6 +375,28 @@ def _same_shape(n: Node, src: Any) -> bool:
     nv, sv = _val(n), _val(src)
     return nv is not None and sv is not None and len(nv.shape) == len(sv.shape) \
         and all(_known_eq(a, b) for a, b in zip(nv.shape, sv.shape))
+
+
+def _row_constant(n: Any, shape, memo: dict) -> bool:
+    """Whether ``n`` is one number per sample broadcast over the sample's other dims: a row-wise
+    value (:func:`_row_wise`), an ``expand`` of one, or a pointwise op of such values and numbers
+    (TabDDPM's ``torch.sqrt(extract(alphas_cumprod_prev, t, x.shape))``: its ``extract`` expands
+    each table lookup to the sample's shape before the step's arithmetic)."""
+    if not isinstance(n, Node):
+        return isinstance(n, (int, float)) and not isinstance(n, bool)
+    if n not in memo:
+        memo[n] = False
+        v = _val(n)
+        if _row_wise(v, shape):
+            memo[n] = True
+        elif _is(n, aten.expand.default):
+            memo[n] = _row_wise(_val(n.args[0]), shape)
+        elif isinstance(n.target, torch._ops.OpOverload) and torch.Tag.pointwise in n.target.tags \
+                and v is not None and v.is_floating_point():
+            operands = [*n.args, *n.kwargs.values()]
+            memo[n] = all(_row_constant(a, shape, memo) or not isinstance(a, Node) and not isinstance(a, (list, tuple))
+                          for a in operands) and any(isinstance(a, Node) for a in operands)
+    return memo[n]
 
 
 def _row_wise(v, shape) -> bool:

@@ -11,6 +11,8 @@ Loop-invariant inputs of the first Linear fold into ``cond_bias``.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import torch
@@ -173,6 +175,8 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
         return True  # one row, or no batch dimension: it broadcasts the same into every row
     if _is(node, aten.full.default, aten.zeros.default, aten.ones.default):
         return True
+    if _is(node, aten.copy.default):  # ``torch.full((B,), t)`` of a 0-d tensor ``t``: t copied into every row
+        return _uniform(node.args[1], batch, memo)
     if node.op != "call_function":
         return False
     try:  # a Linear in any form (pad_mm pads a GPU's rows too): a row of it reads that row only
@@ -285,7 +289,13 @@ def _vector(em: _Emitter, c: _Coef, reemit, batch, memo: dict) -> Any:
             return memo[leaf]
         if reemit.depends(leaf):
             rows = reemit.rows(leaf)
-            memo[leaf] = em(aten.reshape.default, rows, [reemit.size()])
+            v = _val(leaf)
+            if v.dim() >= 2 and math.prod(v.shape[1:]) != 1:
+                # A leaf broadcast over the sample's other dims (affine._row_constant) has one
+                # number a row, repeated: its first.
+                memo[leaf] = em(aten.select.int, em(aten.reshape.default, rows, [reemit.size(), -1]), 1, 0)
+            else:
+                memo[leaf] = em(aten.reshape.default, rows, [reemit.size()])
         else:
             _check_uniform([leaf], batch)
             memo[leaf] = _scalar(em, c, {})

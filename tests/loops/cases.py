@@ -165,6 +165,40 @@ def _tiny_project(**kw):
     return make
 
 
+def _dql_sample_action():
+    torch.manual_seed(0)
+    m = diffusion_ql.SampleAction(state_dim=17, action_dim=6, n_timesteps=5)
+    return m, (torch.randn(1, 17),), (6, 50, 6)
+
+
+def _tabddpm_ddim(**kw):
+    def make():
+        torch.manual_seed(0)
+        m = tabddpm.GaussianDDIMSampler(num_timesteps=8, **kw)
+        y = torch.randn(64) if kw.get("num_classes") == 0 else torch.randint(0, 3, (64,))
+        return m, (y,), (9, 64, 6)
+    return make
+
+
+def _dppo_eval(**kw):
+    def make():
+        torch.manual_seed(0)
+        m = dppo.DPPOEval(**kw)
+        steps = m.ddim_steps if m.use_ddim else m.denoising_steps
+        return m, ({"state": torch.randn(16, 2, 11)},), (steps + 1, 16, m.horizon_steps, m.action_dim)
+    return make
+
+
+def _cd_sde_sample(**kw):
+    """CleanDiffuser's DiscreteDiffusionSDE.sample as its current release writes it
+    (cleandiffuser.DiscreteSDESample): ``prior`` zeros, as its pipelines pass it."""
+    def make():
+        torch.manual_seed(0)
+        m = cleandiffuser.DiscreteSDESample(**kw)
+        return m, (torch.randn(16, m.obs_dim), torch.zeros(16, 3)), (m.sample_steps + 1, 16, 3)
+    return make
+
+
 CASES = {
     "diffusion_ql": _dql,
     "cleandiffuser_dql_ddpm": _cd("dql", "ddpm"),
@@ -242,6 +276,14 @@ CASES = {
     "dppo_ddim": _dppo_ddim(),
     "tiny_diffusion_numpy_t_blocks": _tiny_project(),
     "dppo_ddim_eta1": _dppo_ddim(eta=1.0),
+    "diffusion_ql_sample_action_repeat_interleave": _dql_sample_action,
+    "tabddpm_sample_ddim": _tabddpm_ddim(),
+    "tabddpm_gaussian_ddim_sample_ones_long_t": _tabddpm_ddim(spelling="ddim_sample"),
+    "dppo_eval_forward_dict_cond_plain_tables": _dppo_eval(),
+    "dppo_eval_ddim_tensor_timesteps": _dppo_eval(use_ddim=True),
+    # DDIM draws no noise: the fix_mask blend's ``prior * 0.`` is the one step-only term of the
+    # sample's shape, read as the step's draw (its value given to the op every step).
+    "cleandiffuser_sde_sample_idql_ddim_x0": _cd_sde_sample(net="idql", solver="ddim", predict_noise=False),
 }
 
 
@@ -260,4 +302,18 @@ LEFT_ALONE = {
     # of the network reads the previous sample through two pieces).
     "tiny_diffusion_numpy_t_sinusoidal_input": (
         _tiny_project(input_emb="sinusoidal"), "reads the previous step's sample in more than one piece"),
+    # CleanDiffuser's default (fix_mask None is 0.): ``xt * (1. - 0.) + prior * 0.`` every step. Beside the
+    # DDPM draw it adds a second term without x or e; ``prior * 0.`` is zero only for a finite prior,
+    # which the graph does not prove.
+    "cleandiffuser_sde_sample_dql_ddpm": (
+        _cd_sde_sample(), "a term without x or e that is not one noise draw of the sample's shape"),
+    "cleandiffuser_sde_sample_dql_ddpm_x0": (
+        _cd_sde_sample(predict_noise=False), "a term without x or e that is not one noise draw of the sample's shape"),
+    "cleandiffuser_sde_sample_mlp_ddpm_x0": (
+        _cd_sde_sample(net="mlp", obs_dim=12, predict_noise=False),
+        "a term without x or e that is not one noise draw of the sample's shape"),
+    # DPPO's DDIM eps_clip_value clamps eps read back from the clamped x0: a clamp the op has not
+    # (it clamps x0 and the step's result).
+    "dppo_eval_ddim_eps_clip": (
+        _dppo_eval(use_ddim=True, eps_clip_value=1.0), "a clamp that is neither of the predicted x0 (once) nor the step's last op"),
 }

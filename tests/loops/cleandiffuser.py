@@ -171,3 +171,232 @@ class SampleStepSchedule(nn.Module):
         if self.clip is not None:
             xt = xt.clip(self.x_min, self.x_max)
         return xt
+
+
+# ---------------------------------------------------------------------------------------------
+# CleanDiffuser as its current release writes it (cleandiffuser/diffusion/diffusionsde.py,
+# nn_diffusion/{dqlmlp,idqlmlp,mlps}.py, utils/utils.py), with the defaults its DQL / IDQL
+# pipelines sample with.
+
+
+class PositionalEmbeddingAsIs(nn.Module):
+    """The library's positional embedding: the frequencies cast to the timestep's dtype
+    (``x.ger(freqs.to(x.dtype))``). DiscreteDiffusionSDE passes int64 timesteps, so the cast
+    truncates the frequencies to 1, 0, ..., 0: the features are cos and sin of ``t`` and of 0."""
+
+    def __init__(self, dim, max_positions=10000, endpoint=False):
+        super().__init__()
+        self.dim, self.max_positions, self.endpoint = dim, max_positions, endpoint
+
+    def forward(self, x):
+        freqs = torch.arange(start=0, end=self.dim // 2, dtype=torch.float32, device=x.device)
+        freqs = freqs / (self.dim // 2 - (1 if self.endpoint else 0))
+        freqs = (1 / self.max_positions) ** freqs
+        x = x.ger(freqs.to(x.dtype))
+        x = torch.cat([x.cos(), x.sin()], dim=1)
+        return x
+
+
+class DQLMlpAsIs(nn.Module):
+    """nn_diffusion.DQLMlp: the timestep into the embedding as it comes, zeros for a missing
+    condition."""
+
+    def __init__(self, obs_dim, act_dim, emb_dim=16, hidden=256):
+        super().__init__()
+        self.obs_dim = obs_dim
+        self.map_noise = PositionalEmbeddingAsIs(emb_dim)
+        self.time_mlp = nn.Sequential(nn.Linear(emb_dim, emb_dim * 2), nn.Mish(), nn.Linear(emb_dim * 2, emb_dim))
+        self.mid_layer = nn.Sequential(nn.Linear(obs_dim + act_dim + emb_dim, hidden), nn.Mish(),
+                                       nn.Linear(hidden, hidden), nn.Mish(), nn.Linear(hidden, hidden), nn.Mish())
+        self.final_layer = nn.Linear(hidden, act_dim)
+
+    def forward(self, x, noise, condition=None):
+        if condition is None:
+            condition = torch.zeros(x.shape[0], self.obs_dim).to(x.device)
+        t = self.time_mlp(self.map_noise(noise))
+        x = torch.cat([x, t, condition], -1)
+        x = self.mid_layer(x)
+        return self.final_layer(x)
+
+
+class ResidualBlockAsIs(nn.Module):
+    """nn_diffusion.idqlmlp.ResidualBlock: ``x + net(x)``, net = Dropout, LayerNorm, Linear(4H),
+    Mish, Linear(H)."""
+
+    def __init__(self, hidden_dim, dropout=0.1):
+        super().__init__()
+        self.net = nn.Sequential(nn.Dropout(dropout), nn.LayerNorm(hidden_dim),
+                                 nn.Linear(hidden_dim, hidden_dim * 4), nn.Mish(),
+                                 nn.Linear(hidden_dim * 4, hidden_dim))
+
+    def forward(self, x):
+        return x + self.net(x)
+
+
+class IDQLMlpAsIs(nn.Module):
+    """nn_diffusion.IDQLMlp: ``affine_in``, the LN-ResNet blocks, ``affine_out`` (no activation
+    before it)."""
+
+    def __init__(self, obs_dim, act_dim, emb_dim=16, hidden_dim=32, n_blocks=2, dropout=0.1):
+        super().__init__()
+        self.obs_dim = obs_dim
+        self.map_noise = PositionalEmbeddingAsIs(emb_dim)
+        self.time_mlp = nn.Sequential(nn.Linear(emb_dim, emb_dim * 2), nn.Mish(), nn.Linear(emb_dim * 2, emb_dim))
+        self.affine_in = nn.Linear(obs_dim + act_dim + emb_dim, hidden_dim)
+        self.ln_resnet = nn.Sequential(*[ResidualBlockAsIs(hidden_dim, dropout) for _ in range(n_blocks)])
+        self.affine_out = nn.Linear(hidden_dim, act_dim)
+
+    def forward(self, x, noise, condition=None):
+        if condition is None:
+            condition = torch.zeros(x.shape[0], self.obs_dim).to(x.device)
+        t = self.time_mlp(self.map_noise(noise))
+        x = torch.cat([x, t, condition], -1)
+        x = self.affine_in(x)
+        x = self.ln_resnet(x)
+        return self.affine_out(x)
+
+
+class MlpAsIs(nn.Module):
+    """utils.building_blocks.Mlp: (Linear, activation) blocks, a Linear, an Identity."""
+
+    def __init__(self, in_dim, hidden_dims, out_dim, activation=nn.ReLU(), out_activation=nn.Identity()):
+        super().__init__()
+        self.mlp = nn.Sequential(
+            *[nn.Sequential(nn.Linear(in_dim if i == 0 else hidden_dims[i - 1], hidden_dims[i]), activation)
+              for i in range(len(hidden_dims))],
+            nn.Linear(hidden_dims[-1], out_dim), out_activation)
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+class MlpNNDiffusionAsIs(nn.Module):
+    """nn_diffusion.MlpNNDiffusion: the condition (an ``emb_dim`` vector) added in place to the
+    timestep features, zeros added where there is none."""
+
+    def __init__(self, x_dim, emb_dim=16, hidden_dims=(256, 256)):
+        super().__init__()
+        self.map_noise = PositionalEmbeddingAsIs(emb_dim)
+        self.mlp = MlpAsIs(x_dim + emb_dim, hidden_dims, x_dim)
+
+    def forward(self, x, noise, condition=None):
+        t = self.map_noise(noise)
+        if condition is not None:
+            t += condition
+        else:
+            t += torch.zeros_like(t)
+        return self.mlp(torch.cat([x, t], -1))
+
+
+class IdentityConditionAsIs(nn.Module):
+    """nn_condition.IdentityCondition: ``condition * mask``, the mask 1. out of training."""
+
+    def __init__(self, dropout=0.25):
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, condition, mask=None):
+        if self.training:
+            mask = (torch.rand((condition.shape[0],), device=condition.device) > self.dropout).float()
+        else:
+            mask = 1. if mask is None else mask
+        return condition * at_least_ndim(mask, condition.dim())
+
+
+def cosine_noise_schedule(t_diffusion, s=0.008):
+    alpha = (math.pi / 2.0 * ((t_diffusion).clip(0., 0.9946) + s) / (1 + s)).cos() / math.cos(
+        math.pi / 2.0 * s / (1 + s))
+    sigma = (1.0 - alpha ** 2).sqrt()
+    return alpha, sigma
+
+
+class DiscreteSDESample(nn.Module):
+    """``DiscreteDiffusionSDE.sample`` with the pipelines' arguments (``condition_cfg=obs,
+    w_cfg=1.0``, no classifier, no warm start, ``fix_mask`` None):
+
+    - ``alpha`` / ``sigma`` plain tensor attributes (no buffers), the cosine schedule on
+      ``linspace(epsilon, 1, T)``; the sampling schedule a long tensor
+      ``linspace(0, T - 1, steps + 1, dtype=long)`` and the step tables gathered with it,
+      ``logSNRs`` / ``hs`` / ``stds`` (written in place) computed in the sampler, every call;
+    - the timesteps ``torch.full((n,), schedule[i], dtype=torch.long)``: a 0-d tensor fill;
+    - ``model`` a ModuleDict {"diffusion", "condition"} in eval, the condition through
+      IdentityCondition (``condition * 1.``) before the loop;
+    - guidance at ``w = 1``: ``w * pred + (1 - w) * 0.``;
+    - ``fix_mask`` 0.: ``xt * (1. - 0.) + prior * 0.`` after the initial draw and every step;
+    - ``x_max`` / ``x_min`` ``(1, act_dim)`` tensors: with ``predict_noise`` the noise clipped to
+      ``((xt - alpha * x_max) / sigma, (xt - alpha * x_min) / sigma)`` (the x0 clip written on
+      eps), else the x0 prediction clipped to them; ``xt.clip(x_min, x_max)`` after the loop;
+    - ``temperature`` scaling the initial draw.
+
+    ``forward(condition, prior, noise)``: ``noise[0]`` the initial draw, ``noise[k]`` step
+    ``k``'s (the last unused)."""
+
+    def __init__(self, net="dql", obs_dim=11, act_dim=3, diffusion_steps=5, sample_steps=5, solver="ddpm",
+                 predict_noise=True, clip=True, temperature=0.5, epsilon=1e-3):
+        super().__init__()
+        nets = {"dql": lambda: DQLMlpAsIs(obs_dim, act_dim),
+                "idql": lambda: IDQLMlpAsIs(obs_dim, act_dim),
+                "mlp": lambda: MlpNNDiffusionAsIs(act_dim, emb_dim=obs_dim)}  # the condition adds to the features
+        self.model = nn.ModuleDict({"diffusion": nets[net](), "condition": IdentityConditionAsIs(dropout=0.0)})
+        self.model.eval()
+        self.net, self.obs_dim, self.act_dim = net, obs_dim, act_dim
+        self.solver, self.predict_noise, self.temperature = solver, predict_noise, temperature
+        self.diffusion_steps, self.sample_steps = diffusion_steps, sample_steps
+        self.t_diffusion = torch.linspace(epsilon, 1.0, diffusion_steps)
+        self.alpha, self.sigma = cosine_noise_schedule(self.t_diffusion)
+        self.fix_mask = 0.
+        self.x_max = +1. * torch.ones((1, act_dim)) if clip else None
+        self.x_min = -1. * torch.ones((1, act_dim)) if clip else None
+
+    @property
+    def clip_pred(self):
+        return (self.x_max is not None) or (self.x_min is not None)
+
+    def clip_prediction(self, pred, xt, alpha, sigma):
+        if self.predict_noise:
+            if self.clip_pred:
+                upper_bound = (xt - alpha * self.x_min) / sigma if self.x_min is not None else None
+                lower_bound = (xt - alpha * self.x_max) / sigma if self.x_max is not None else None
+                pred = pred.clip(lower_bound, upper_bound)
+        else:
+            if self.clip_pred:
+                pred = pred.clip(self.x_min, self.x_max)
+        return pred
+
+    def guided(self, xt, t, condition, w=1.0):
+        pred = self.model["diffusion"](xt, t, condition)
+        pred_uncond = 0.
+        return w * pred + (1 - w) * pred_uncond
+
+    def forward(self, condition, prior, noise):
+        model = self.model
+        n_samples = prior.shape[0]
+        xt = noise[0] * self.temperature
+        if self.fix_mask is not None:
+            xt = xt * (1. - self.fix_mask) + prior * self.fix_mask
+        condition_vec_cfg = model["condition"](condition, None)
+        sample_step_schedule = torch.linspace(0, self.diffusion_steps - 1, self.sample_steps + 1, dtype=torch.long)
+        alphas = self.alpha[sample_step_schedule]
+        sigmas = self.sigma[sample_step_schedule]
+        logSNRs = torch.log(alphas / sigmas)
+        hs = torch.zeros_like(logSNRs)
+        hs[1:] = logSNRs[:-1] - logSNRs[1:]
+        stds = torch.zeros((self.sample_steps + 1,))
+        stds[1:] = sigmas[:-1] / sigmas[1:] * (1 - (alphas[1:] / alphas[:-1]) ** 2).sqrt()
+        for k, i in enumerate(reversed(range(1, self.sample_steps + 1))):
+            t = torch.full((n_samples,), sample_step_schedule[i], dtype=torch.long)
+            pred = self.guided(xt, t, condition_vec_cfg)
+            pred = self.clip_prediction(pred, xt, alphas[i], sigmas[i])
+            eps_theta = pred if self.predict_noise else (xt - alphas[i] * pred) / sigmas[i]
+            if self.solver == "ddpm":
+                xt = ((alphas[i - 1] / alphas[i]) * (xt - sigmas[i] * eps_theta)
+                      + (sigmas[i - 1] ** 2 - stds[i] ** 2 + 1e-8).sqrt() * eps_theta)
+                if i > 1:
+                    xt += (stds[i] * noise[k + 1])
+            else:
+                xt = (alphas[i - 1] * ((xt - sigmas[i] * eps_theta) / alphas[i]) + sigmas[i - 1] * eps_theta)
+            if self.fix_mask is not None:
+                xt = xt * (1. - self.fix_mask) + prior * self.fix_mask
+        if self.clip_pred:
+            xt = xt.clip(self.x_min, self.x_max)
+        return xt

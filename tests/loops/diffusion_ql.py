@@ -1,4 +1,5 @@
 """Diffusion-QL (agents/diffusion.py, agents/model.py): the policy's sampler, small sizes."""
+import numpy as np
 import torch
 from torch import nn
 
@@ -121,3 +122,34 @@ class DiffusionVariants(Diffusion):
         for k in range(self.steps):
             x = self.p_sample(x, t_start - k, state, None if noise is None else noise[k + 1])
         return x.clamp_(-self.max_action, self.max_action)
+
+
+class SampleAction(Diffusion):
+    """Diffusion_QL.sample_action (agents/ql_diffusion.py) up to the sampled actions: one state
+    ``(1, state_dim)`` repeated ``repeats`` times (``torch.repeat_interleave``) and sampled,
+    with the tables built as agents/diffusion.py builds them (numpy linspace betas,
+    ``np.sqrt`` of tensors). ``forward(state, noise)``: ``noise`` (n_timesteps + 1, repeats,
+    action_dim) as above."""
+
+    def __init__(self, repeats=50, **kw):
+        super().__init__(**kw)
+        self.repeats = repeats
+        betas = torch.tensor(np.linspace(1e-4, 2e-2, self.n_timesteps), dtype=torch.float32)
+        alphas = 1. - betas
+        alphas_cumprod = torch.cumprod(alphas, axis=0)
+        alphas_cumprod_prev = torch.cat([torch.ones(1), alphas_cumprod[:-1]])
+        posterior_variance = betas * (1. - alphas_cumprod_prev) / (1. - alphas_cumprod)
+        for name, value in [
+                ("betas", betas), ("alphas_cumprod", alphas_cumprod), ("alphas_cumprod_prev", alphas_cumprod_prev),
+                ("sqrt_recip_alphas_cumprod", torch.sqrt(1. / alphas_cumprod)),
+                ("sqrt_recipm1_alphas_cumprod", torch.sqrt(1. / alphas_cumprod - 1)),
+                ("posterior_variance", posterior_variance),
+                ("posterior_log_variance_clipped", torch.log(torch.clamp(posterior_variance, min=1e-20))),
+                ("posterior_mean_coef1", betas * np.sqrt(alphas_cumprod_prev) / (1. - alphas_cumprod)),
+                ("posterior_mean_coef2", (1. - alphas_cumprod_prev) * np.sqrt(alphas) / (1. - alphas_cumprod))]:
+            setattr(self, name, value.to(torch.float32))
+
+    def forward(self, state, noise=None):
+        state = state.reshape(1, -1)
+        state_rpt = torch.repeat_interleave(state, repeats=self.repeats, dim=0)
+        return self.sample(state_rpt, noise)

@@ -107,3 +107,100 @@ class GaussianSampler(nn.Module):
             nonzero_mask = (t != 0).float().view(-1, *([1] * (len(z_norm.shape) - 1)))
             z_norm = mean + nonzero_mask * torch.exp(0.5 * log_variance) * z
         return z_norm
+
+
+def extract_to(a, t, x_shape):
+    """tab_ddpm/utils.py's extract: the index moved to the table's device, gather, trailing
+    dims added one by one, ``expand``."""
+    b, *_ = t.shape
+    t = t.to(a.device)
+    out = a.gather(-1, t)
+    while len(out.shape) < len(x_shape):
+        out = out[..., None]
+    return out.expand(x_shape)
+
+
+class MLPAsIs(MLP):
+    """rtdl's MLP as tab_ddpm/modules.py copies it: ``x.float()`` first."""
+
+    def forward(self, x):
+        x = x.float()
+        return super().forward(x)
+
+
+class MLPDiffusionAsIs(MLPDiffusion):
+    """tab_ddpm/modules.py's MLPDiffusion with ``is_y_cond``: for a classification target the
+    label's Embedding of ``y.squeeze()``; for a regression target (``num_classes == 0``) a
+    ``Linear(1, dim_t)`` of ``y.resize(y.size(0), 1).float()``; either added in place to the
+    time embedding through SiLU."""
+
+    def __init__(self, d_in, num_classes, d_layers=(64, 32, 32), dim_t=32):
+        super().__init__(d_in, num_classes, d_layers, dim_t)
+        self.mlp = MLPAsIs(dim_t, d_layers, d_in)
+        if num_classes == 0:
+            self.label_emb = nn.Linear(1, dim_t)
+
+    def forward(self, x, timesteps, y=None):
+        emb = self.time_embed(timestep_embedding(timesteps, self.dim_t))
+        if y is not None:
+            if self.num_classes > 0:
+                y = y.squeeze()
+            else:
+                y = y.resize(y.size(0), 1).float()
+            emb += nn.functional.silu(self.label_emb(y))
+        x = self.proj(x) + emb
+        return self.mlp(x)
+
+
+class GaussianDDIMSampler(GaussianSampler):
+    """GaussianMultinomialDiffusion.sample_ddim's numerical features (``gaussian_ddim_step``,
+    eta = 0): the model variance still built from the float64 ``posterior_variance`` in
+    ``gaussian_p_mean_variance`` but unused, so the sample stays float32; eps read back from x0
+    (``_predict_eps_from_xstart``: a division by ``sqrt_recipm1_alphas_cumprod``), ``sigma`` from
+    ``alphas_cumprod`` / ``alphas_cumprod_prev`` at every step, the noise times ``nonzero_mask *
+    sigma`` (zero). ``spelling="ddim_sample"``: ``gaussian_ddim_sample``'s loop, the network fed
+    the sample directly and ``t_array = (torch.ones(b) * t).long()``. ``num_classes=0``: a
+    regression target ``y`` (float), the label Linear."""
+
+    def __init__(self, spelling="sample_ddim", num_classes=3, eta=0.0, **kw):
+        super().__init__(as_project=True, **kw)
+        self.spelling, self.eta = spelling, eta
+        self._denoise_fn = MLPDiffusionAsIs(self.d_in, num_classes)
+
+    def gaussian_p_mean_variance(self, model_output, x, t):
+        model_variance = torch.cat([self.posterior_variance64[1].unsqueeze(0).to(x.device),
+                                    (1. - self.alphas)[1:]], dim=0)
+        model_log_variance = torch.log(model_variance)
+        model_variance = extract_to(model_variance, t, x.shape)
+        model_log_variance = extract_to(model_log_variance, t, x.shape)
+        pred_xstart = (extract_to(self.sqrt_recip_alphas_cumprod, t, x.shape) * x
+                       - extract_to(self.sqrt_recipm1_alphas_cumprod, t, x.shape) * model_output)
+        return {"variance": model_variance, "log_variance": model_log_variance, "pred_xstart": pred_xstart}
+
+    def gaussian_ddim_step(self, model_out_num, x, t, z):
+        out = self.gaussian_p_mean_variance(model_out_num, x, t)
+        eps = ((extract_to(self.sqrt_recip_alphas_cumprod, t, x.shape) * x - out["pred_xstart"])
+               / extract_to(self.sqrt_recipm1_alphas_cumprod, t, x.shape))
+        alpha_bar = extract_to(self.alphas_cumprod, t, x.shape)
+        alpha_bar_prev = extract_to(self.alphas_cumprod_prev, t, x.shape)
+        sigma = (self.eta * torch.sqrt((1 - alpha_bar_prev) / (1 - alpha_bar))
+                 * torch.sqrt(1 - alpha_bar / alpha_bar_prev))
+        mean_pred = out["pred_xstart"] * torch.sqrt(alpha_bar_prev) + torch.sqrt(1 - alpha_bar_prev - sigma ** 2) * eps
+        nonzero_mask = (t != 0).float().view(-1, *([1] * (len(x.shape) - 1)))
+        return mean_pred + nonzero_mask * sigma * z
+
+    def forward(self, y, noise):
+        """``noise[0]`` the initial sample, ``noise[1 + k]`` step ``k``'s draw."""
+        b = y.shape[0]
+        z_norm = noise[0]
+        out_dict = {"y": y}
+        log_z = torch.zeros((b, 0), device=y.device).float()
+        for k, i in enumerate(reversed(range(0, self.num_timesteps))):
+            if self.spelling == "ddim_sample":
+                t = (torch.ones(b, device=y.device) * i).long()
+                model_out = self._denoise_fn(z_norm, t, **out_dict)
+            else:
+                t = torch.full((b,), i, device=y.device, dtype=torch.long)
+                model_out = self._denoise_fn(torch.cat([z_norm, log_z], dim=1).float(), t, **out_dict)
+            z_norm = self.gaussian_ddim_step(model_out[:, :self.d_in], z_norm, t, noise[1 + k])
+        return z_norm
