@@ -12,6 +12,15 @@ masks, scalars) and numbers. :func:`_read_update` proves ``x_{k+1}`` is
 
 or raises ``_NoMatch`` naming the node that is not.
 
+A step may also add ``c = v * 0``, a multiplication by the literal zero of a
+step-only tensor shaped like the sample or broadcastable to it (CleanDiffuser's
+``fix_mask`` blend at its default, ``xt * (1. - 0.) + prior * 0.``). It is the
+variable ``c``, kept out of the clamp of x0 and out of every coefficient but a
+number: ``c`` is +-0 where ``v`` is finite and NaN where it is not, so adding
+it changes no number of a finite row (up to the sign of zero) and makes the
+non-finite entries NaN. :mod:`.plan` proves every step adds the same ``c``;
+:mod:`.emit` adds it around the op.
+
 ``p`` is a multistep solver's term (DPM-Solver++ 2M keeps the previous x0
 prediction in a Python variable): the reader is given ``prev``, the node the
 step before designated as its x0 (:func:`.chain._step_region`'s carry), and
@@ -126,6 +135,8 @@ class _Update:
     post_clip: tuple | None
     noise: Node | None
     leaves: set
+    zero: Node | None = None  # the term v * 0 added to the result (the module docstring), if any
+    zero_of: Node | None = None  # its v
 
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.clone.default,
@@ -145,6 +156,7 @@ class _UpdateReader:
         self.pre = None
         self.pre_source = None
         self.noise = None
+        self.zero: Node | None = None
         self.leaves: set = set()
 
     # -- values that are not forms
@@ -263,7 +275,7 @@ class _UpdateReader:
         return self._term(a).plus(fb, 1.0 if sign > 0 else -1.0)
 
     def _term(self, a: Any) -> _Form:
-        """An operand of a sum: a form, or the step's noise draw."""
+        """An operand of a sum: a form, a term v * 0 (``c``), or the step's noise draw."""
         if self._is_form(a):
             return self.settle(self.form(a))
         if isinstance(a, (int, float)) and not isinstance(a, bool) and a == 0:
@@ -273,11 +285,30 @@ class _UpdateReader:
                            + ("but not from the previous step's x0 alone (the op gives a step the x0 of the "
                               "step before it, nothing else)" if self.prev is not None else
                               "(a step before the loop's first: the op gives a call's first step no previous x0)"))
+        c = self.zero_atom(a)
+        if c is not None:
+            return c
         z = self.noise_atom(a)
         if z is None:
             raise _NoMatch(f"the update adds {getattr(a, 'name', a)}, a term without x or e "
                            "that is not one noise draw of the sample's shape")
         return z
+
+    def zero_atom(self, a: Any) -> _Form | None:
+        """``a = v * 0`` (the literal zero) with ``v`` a step-only tensor of the sample's dtype
+        whose shape broadcasts to the sample's, as the variable ``c``; else ``None``. One such
+        term a step: a second one names itself."""
+        v = _zero_times(a)
+        if v is None:
+            return None
+        av, vv, xv = _val(a), _val(v), _val(self.x)
+        if av is None or vv is None or xv is None or av.dtype != xv.dtype or not _broadcasts_to(av, self.shape):
+            return None
+        if self.zero not in (None, a):
+            raise _NoMatch(f"the update adds {self.zero.name} and {a.name}, two terms v * 0 (the op's "
+                           "result takes one, added once a call)")
+        self.zero = a
+        return _Form({"c": ONE})
 
     def _mul(self, n: Node) -> _Form:
         a, b = n.args[:2]
@@ -312,6 +343,8 @@ class _UpdateReader:
         if v is None or v.dtype != torch.bool or not _row_wise(v, self.shape):
             raise _NoMatch(f"{n.name} selects with {m.name}, not one boolean per sample")
         fa, fb = (self._term(x) for x in (a, b))
+        if "c" in fa.coef or "c" in fb.coef:
+            raise _NoMatch(f"{n.name} selects a term v * 0 row by row (the op adds it to every row)")
         self.leaves.add(m)
         cond = _Coef("leaf", (m,))
         return _Form({var: _Coef("where", (cond, fa.coef.get(var, ZERO), fb.coef.get(var, ZERO)))
@@ -399,6 +432,25 @@ def _row_constant(n: Any, shape, memo: dict) -> bool:
     return memo[n]
 
 
+def _zero_times(a: Any) -> Node | None:
+    """``v`` where ``a`` is ``v * 0`` or ``0 * v``, a multiplication by the literal zero of a
+    floating-point tensor; else ``None``."""
+    if not _is(a, aten.mul.Tensor) or len(a.args) != 2 or a.kwargs:
+        return None
+    for v, k in (a.args, a.args[::-1]):
+        if isinstance(v, Node) and isinstance(k, (int, float)) and not isinstance(k, bool) and k == 0:
+            vv = _val(v)
+            return v if vv is not None and vv.is_floating_point() else None
+    return None
+
+
+def _broadcasts_to(v, shape) -> bool:
+    """Whether ``v`` broadcasts to ``shape`` without enlarging it (every dim, from the right,
+    1 or the same)."""
+    return v.dim() <= len(shape) and all(
+        _known_eq(d, 1) or _known_eq(d, s) for d, s in zip(reversed(v.shape), reversed(tuple(shape))))
+
+
 def _row_wise(v, shape) -> bool:
     """Whether ``v`` broadcasts against ``shape`` (B, dim) as one number per sample."""
     if v is None:
@@ -425,11 +477,19 @@ def _read_update(x: Node, e: Node, out: Node, inside: set, sample_shape, step_on
     post_clip = None
     if f.clip is not None:
         post_clip, f = f.clip, _Form(dict(f.coef))
+    zero = None
+    if "c" in f.coef:
+        # k * c with k a nonzero number is c up to the sign of zero: +-0 or NaN where c is. A
+        # coefficient of the step (a table's value, possibly infinite) would not be.
+        k = f.coef.pop("c")
+        if not (_is_num(k) and k.args[0] != 0 and math.isfinite(k.args[0])):
+            raise _NoMatch(f"the update adds {r.zero.name} (a term v * 0) times {k!r}, not a nonzero number")
+        zero = r.zero
     if "x" not in f.coef and "e" not in f.coef and "x0" not in f.coef:
         raise _NoMatch(f"{out.name} does not depend on the sample")
     pre, clip = (r.pre if r.pre is not None else (None, None))
     return _Update(out=out, pre=pre, clip=clip, post=f.coef, post_clip=post_clip,
-                   noise=r.noise, leaves=r.leaves)
+                   noise=r.noise, leaves=r.leaves, zero=zero, zero_of=_zero_times(zero))
 
 
 
@@ -439,4 +499,4 @@ def _x0_clamped(u: _Update) -> _Update | None:
     if u.post_clip is None or u.pre is not None or u.noise is not None or not set(u.post) <= {"x", "e"}:
         return None
     return _Update(out=u.out, pre=dict(u.post), clip=u.post_clip, post={"x0": ONE}, post_clip=None,
-                   noise=None, leaves=u.leaves)
+                   noise=None, leaves=u.leaves, zero=u.zero, zero_of=u.zero_of)

@@ -61,11 +61,15 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         clip, clip_bounds = _clamp_arg(em, plan.clip, dim)
         post, post_bounds = _clamp_arg(em, plan.post_clip, dim)
         bounds = {k: v for k, v in (("clip_bounds", clip_bounds), ("post_clip_bounds", post_bounds)) if v is not None}
+        zero = x_in = None
+        if plan.zero is not None and K > 1:
+            zero = em(aten.mul.Tensor, *plan.zero.args)
+            x_in = em(aten.add.Tensor, x, zero)
         # A network of LayerNorms or residual blocks goes as the op's program (only then: the
         # trailing arguments stay unwritten for the others).
         program = {} if net0.program is None else dict(
             network=list(net0.program), norm_weights=list(net0.norm_weights), norm_biases=list(net0.norm_biases))
-        args = op_args(RULE, x=x, t_start=t_start, weights=weights, biases=biases, step_tables=tables,
+        args = op_args(RULE, x=x if x_in is None else x_in, t_start=t_start, weights=weights, biases=biases, step_tables=tables,
                        num_steps=K, activations=list(net0.activations), time_bias=time_bias,
                        cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise, noise_seed=noise_seed,
                        **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None),
@@ -79,6 +83,8 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         end = _val(plan.end)
         if end is not None and end.dim() != 2:  # an action chunk: the op's rows, unflattened
             fused = em(aten.reshape.default, fused, list(end.shape))
+        if plan.zero is not None:  # (made here for one step: folding erases what the op does not read)
+            fused = em(aten.add.Tensor, fused, zero if zero is not None else em(aten.mul.Tensor, *plan.zero.args))
     except Exception:
         em.rollback()
         raise

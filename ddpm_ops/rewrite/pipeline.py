@@ -47,8 +47,12 @@ def rewrite_graph(graph: Graph, *, protected: frozenset[str] = frozenset(),
         start = min(position[n] for net in plan.loop.nets for n in net.nodes)
         if any(start < position[n] < position[plan.end] and _mutates(n) for n in graph.nodes):
             return "an in-place op runs inside it"
-        op = fused.args[0] if _is(fused, torch.ops.aten.reshape.default) else fused  # a chunk's, reshaped
-        tensors = [a for a in torch.utils._pytree.tree_leaves(list(op.args)) if isinstance(a, Node)]
+        # The op, under what follows it: a chunk's reshape, a term v * 0 added (read too).
+        op, tensors = fused, []
+        while _is(op, torch.ops.aten.reshape.default, torch.ops.aten.add.Tensor):
+            tensors += [a for a in op.args[1:] if isinstance(a, Node)]
+            op = op.args[0]
+        tensors += [a for a in torch.utils._pytree.tree_leaves(list(op.args)) if isinstance(a, Node)]
         if not grad_inputs_ok and torch.is_grad_enabled():
             needing = [n.name for n in tensors if _requires_grad(n)]
             if needing:

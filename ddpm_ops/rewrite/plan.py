@@ -6,7 +6,8 @@ Each step of a loop (:mod:`.chain`) is proved to be
     e = the rest of the network (one activation per layer)
     x_{k+1} = clamp(C*clamp(A*x - B*e) + D*x + E*e + S*z)   (:mod:`.affine`)
 
-with coefficients and pieces that depend on the step only, or on nothing
+(plus, where every step adds it, one term ``c = v * 0`` of a ``v`` the steps
+share: :func:`_zero_term`) with coefficients and pieces that depend on the step only, or on nothing
 that changes over the loop, every step with one clamp of x0 and one of its
 result. :func:`_plan` returns the proved :class:`_Plan` or raises
 ``_NoMatch`` with the first fact not proved (:class:`.chain._StepNoMatch`
@@ -35,6 +36,7 @@ class _Plan:
     end: Node
     clip: tuple | None
     post_clip: tuple | None
+    zero: Node | None = None  # step 0's term v * 0, which every step adds (emitted once, around the op)
 
 
 def _loops_in(graph: Graph) -> tuple[list[_Loop], dict, list[str]]:
@@ -163,7 +165,34 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         raise _NoMatch(f"the steps clamp their result to different bounds {sorted(map(str, posts))}")
     if "p" in updates[0].post:  # its reader had no step before to take one from: never so
         raise _NoMatch("the first step reads a previous x0, which the op's is zero at a call's first step")
-    return _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)))
+    return _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)), _zero_term(loop, updates))
+
+
+def _zero_term(loop: _Loop, updates: list) -> Node | None:
+    """Step 0's term ``c = v * 0`` where every step adds one of the same ``v`` (the same node, or
+    computed again alike from the same inputs), else ``None`` where no step adds one; raise
+    ``_NoMatch`` otherwise.
+
+    ``c`` is +-0 where ``v`` is finite and NaN where it is not, so ``x_{k+1} = F(x_k) + c`` for
+    K >= 2 steps is ``op(x_0 + c) + c`` up to the sign of zero: a row of ``v`` with a non-finite
+    entry gives a NaN entry of ``x_1``, which every later step's network spreads over the row, as
+    feeding ``x_0 + c`` to the op does from its first step (one step: ``op(x_0) + c``)."""
+    terms = [u.zero for u in updates]
+    if all(t is None for t in terms):
+        return None
+    first = next(t for t in terms if t is not None)
+    if any(t is None for t in terms):
+        raise _NoMatch(f"some steps add {first.name}, a term v * 0, and others add none (the op adds one "
+                       "term to every step)")
+    if loop.sample(0) is not loop.x(0):
+        raise _NoMatch(f"the steps add {first.name}, a term v * 0, to an action chunk (added only to a "
+                       "(batch, dim) sample)")
+    v0 = updates[0].zero_of
+    for k, u in enumerate(updates[1:], 1):
+        if u.zero_of is not v0 and not _recomputed(u.zero_of, v0):
+            raise _NoMatch(f"step {k} adds {u.zero.name} = {u.zero_of.name} * 0, not step 0's "
+                           f"{v0.name} * 0 (the op adds one term v * 0 to every step)")
+    return updates[0].zero
 
 
 def _carried_into(loop: _Loop, k: int, prev: Node, prev_inside: set, inside: set, end: Node) -> frozenset:
@@ -190,6 +219,6 @@ def _carried_into(loop: _Loop, k: int, prev: Node, prev_inside: set, inside: set
 
 def _form(u: _Update) -> tuple:
     """What two steps must share to be one step function: coefficient forms and clamps."""
-    return (tuple(_shape_of(c) for c in _coefs(u)), u.clip, u.post_clip)
+    return (tuple(_shape_of(c) for c in _coefs(u)), u.clip, u.post_clip, u.zero is not None)
 
 
