@@ -428,3 +428,94 @@ def test_negative_padding_is_not_stripped(model_class):
     out, code = compile_run(model, x, t)
     assert relative_error(out, ref) < 1e-5, (
         f"fused calls: {len(FUSED_CALL.findall(code))}, error {relative_error(out, ref):.2e}")
+
+
+# ----------------------------------------------------------------------------- a term v * 0
+
+class ZeroTimesPrior(Base):
+    """CleanDiffuser's ``fix_mask`` blend at its default: ``+ prior * factor`` after every step
+    (``factor`` a literal of the graph). ``prior * 0.`` is +-0 where ``prior`` is finite and NaN
+    where it is not."""
+
+    def __init__(self, factor=0.0, K=3, activation="silu"):
+        super().__init__(K=K)
+        self.factor = factor
+        if activation == "relu":
+            self.eps_net = nn.Sequential(nn.Linear(self.dim + 1, 8), nn.ReLU(), nn.Linear(8, self.dim))
+
+    def forward(self, x, t, prior):
+        for k in range(self.K):
+            x = self.step(x, t - k) + prior * self.factor
+        return x
+
+
+def _prior_with_inf_and_nan(batch, dim, row=1):
+    prior = torch.randn(batch, dim)
+    prior[row, 0], prior[row, 1] = float("inf"), float("nan")
+    return prior
+
+
+@pytest.mark.parametrize("activation", ["silu", "relu"])
+@pytest.mark.parametrize("K", [1, 3])
+def test_zero_times_a_prior_fuses_with_eagers_nan_rows(K, activation):
+    """``+ prior * 0.`` every step is fused as ``op(x + c) + c`` (``op(x) + c`` for one step),
+    ``c = prior * 0.`` once a call: a prior holding inf and NaN in one row gives eager's NaN
+    entries there (the whole row from the second step on), the other rows eager's numbers."""
+    model = ZeroTimesPrior(K=K, activation=activation).eval()
+    x, t = make_inputs(model, batch=4)
+    prior = _prior_with_inf_and_nan(4, model.dim)
+    with torch.no_grad():
+        ref = model(x.clone(), t.clone(), prior)
+    out, code = compile_run(model, x, t, prior)
+    assert len(FUSED_CALL.findall(code)) == 1, code
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert ref[1].isnan().all() if K > 1 else ref[1, :2].isnan().all() and not ref[1, 2:].isnan().any()
+    finite = ~ref.isnan().any(1)
+    assert finite.sum() == 3
+    assert relative_error(out[finite], ref[finite]) < 1e-5
+    # A finite prior: eager's numbers.
+    with torch.no_grad():
+        ref = model(x.clone(), t.clone(), torch.zeros(4, model.dim))
+    out, _ = compile_run(model, x, t, torch.zeros(4, model.dim))
+    assert relative_error(out, ref) < 1e-5
+
+
+def test_zero_times_a_broadcast_prior_fuses_with_eagers_nan_columns():
+    """A prior of one value per column (``(dim,)``): its NaN column is NaN in every row."""
+    model = ZeroTimesPrior().eval()
+    x, t = make_inputs(model, batch=4)
+    prior = torch.tensor([0.5, float("nan"), -1.0])
+    with torch.no_grad():
+        ref = model(x.clone(), t.clone(), prior)
+    out, code = compile_run(model, x, t, prior)
+    assert len(FUSED_CALL.findall(code)) == 1, code
+    assert out.isnan().all() and ref.isnan().all()
+    with torch.no_grad():
+        ref = model(x.clone(), t.clone(), prior.nan_to_num())
+    out, _ = compile_run(model, x, t, prior.nan_to_num())
+    assert relative_error(out, ref) < 1e-5
+
+
+def test_half_a_prior_is_left_alone_and_says_why(caplog):
+    """``+ prior * 0.5``: a term without x or e that is no noise draw (it is read as one only
+    where nothing else is) next to the step's draw: left alone with its reason."""
+    import logging
+
+    class HalfPriorWithNoise(ZeroTimesPrior):
+        def forward(self, x, t, prior, noise):
+            for k in range(self.K):
+                x = self.step(x, t - k) + 0.1 * noise[k] + prior * self.factor
+            return x
+
+    model = HalfPriorWithNoise(factor=0.5).eval()
+    x, t = make_inputs(model, batch=4)
+    args = (x, t, torch.randn(4, model.dim), torch.randn(model.K, 4, model.dim))
+    with torch.no_grad():
+        ref = model(*args)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, *args)
+    assert not FUSED_CALL.findall(code)
+    assert relative_error(out, ref) < 1e-5
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    assert any("left alone" in m and "a term without x or e that is not one noise draw of the sample's shape" in m
+               for m in lines), lines

@@ -691,3 +691,22 @@ def test_tabddpm_regression_label_fuses_with_its_label_linear_once_a_call():
     assert relative_error(out, ref) < 1e-5
     assert len(RULE_CALL.findall(code)) == 1, code
     assert len(MATMUL.findall(code)) == 1, code
+
+
+@pytest.mark.parametrize("name", ["cleandiffuser_sde_sample_dql_ddpm_x0", "cleandiffuser_sde_sample_idql_ddim_x0"])
+def test_cleandiffuser_prior_blend_keeps_eagers_nan_rows(name):
+    """CleanDiffuser's default ``fix_mask`` 0.: ``xt * 1. + prior * 0.`` before the loop and after every
+    step, fused as ``op(x_T + c) + c`` with ``c = prior * 0.``. A prior holding inf and NaN in one row:
+    that row NaN as in eager, the others eager's numbers."""
+    model, (condition, prior), noise_shape = CASES[name]()
+    prior = prior.clone()
+    prior[3, 0], prior[3, 2] = float("inf"), float("nan")
+    args = (condition, prior, torch.randn(noise_shape))
+    out, code = compile_run(model, *args)
+    with torch.no_grad():
+        ref = model(*args)
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+    assert torch.equal(out.isnan(), ref.isnan()) and ref[3].isnan().all()
+    rows = torch.arange(len(ref)) != 3
+    assert relative_error(out[rows], ref[rows]) < 1e-5

@@ -281,9 +281,11 @@ CASES = {
     "tabddpm_gaussian_ddim_sample_ones_long_t": _tabddpm_ddim(spelling="ddim_sample"),
     "dppo_eval_forward_dict_cond_plain_tables": _dppo_eval(),
     "dppo_eval_ddim_tensor_timesteps": _dppo_eval(use_ddim=True),
-    # DDIM draws no noise: the fix_mask blend's ``prior * 0.`` is the one step-only term of the
-    # sample's shape, read as the step's draw (its value given to the op every step).
+    # CleanDiffuser's default fix_mask (0.): ``xt * (1. - 0.) + prior * 0.`` after the initial draw and
+    # every step. ``c = prior * 0.`` is +-0 where the prior is finite and NaN where it is not: the op
+    # runs from ``x_T + c`` and ``c`` is added to its result, computed once a call.
     "cleandiffuser_sde_sample_idql_ddim_x0": _cd_sde_sample(net="idql", solver="ddim", predict_noise=False),
+    "cleandiffuser_sde_sample_dql_ddpm_x0": _cd_sde_sample(predict_noise=False),
 }
 
 
@@ -302,16 +304,15 @@ LEFT_ALONE = {
     # of the network reads the previous sample through two pieces).
     "tiny_diffusion_numpy_t_sinusoidal_input": (
         _tiny_project(input_emb="sinusoidal"), "reads the previous step's sample in more than one piece"),
-    # CleanDiffuser's default (fix_mask None is 0.): ``xt * (1. - 0.) + prior * 0.`` every step. Beside the
-    # DDPM draw it adds a second term without x or e; ``prior * 0.`` is zero only for a finite prior,
-    # which the graph does not prove.
+    # CleanDiffuser's default sampler (its fix_mask blend, ``+ prior * 0.``, is read) with its predict-noise
+    # clip: eps bounded by (xt - alpha * x_max) / sigma, bounds that depend on the sample.
     "cleandiffuser_sde_sample_dql_ddpm": (
-        _cd_sde_sample(), "a term without x or e that is not one noise draw of the sample's shape"),
-    "cleandiffuser_sde_sample_dql_ddpm_x0": (
-        _cd_sde_sample(predict_noise=False), "a term without x or e that is not one noise draw of the sample's shape"),
+        _cd_sde_sample(), "that depends on the sample"),
+    # MlpNNDiffusion adds the condition in place to the timestep features (``t += condition``): one
+    # first-layer piece that is neither the same in every row nor a function of per-sample timesteps.
     "cleandiffuser_sde_sample_mlp_ddpm_x0": (
         _cd_sde_sample(net="mlp", obs_dim=12, predict_noise=False),
-        "a term without x or e that is not one noise draw of the sample's shape"),
+        "may differ between samples, and the timesteps are not a per-sample tensor"),
     # DPPO's DDIM eps_clip_value clamps eps read back from the clamped x0: a clamp the op has not
     # (it clamps x0 and the step's result).
     "dppo_eval_ddim_eps_clip": (
