@@ -61,7 +61,7 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         clip, clip_bounds = _clamp_arg(em, plan.clip, dim)
         post, post_bounds = _clamp_arg(em, plan.post_clip, dim)
         bounds = {k: v for k, v in (("clip_bounds", clip_bounds), ("post_clip_bounds", post_bounds)) if v is not None}
-        zero = x_in = None
+        zero, x_in = None, x
         if plan.zero is not None and K > 1:
             zero = em(aten.mul.Tensor, *plan.zero.args)
             x_in = em(aten.add.Tensor, x, zero)
@@ -69,7 +69,7 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         # trailing arguments stay unwritten for the others).
         program = {} if net0.program is None else dict(
             network=list(net0.program), norm_weights=list(net0.norm_weights), norm_biases=list(net0.norm_biases))
-        args = op_args(RULE, x=x if x_in is None else x_in, t_start=t_start, weights=weights, biases=biases, step_tables=tables,
+        args = op_args(RULE, x=x_in, t_start=t_start, weights=weights, biases=biases, step_tables=tables,
                        num_steps=K, activations=list(net0.activations), time_bias=time_bias,
                        cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise, noise_seed=noise_seed,
                        **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None),
