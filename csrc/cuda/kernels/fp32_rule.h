@@ -38,6 +38,12 @@ DDPM_HD inline size_t rule_smem_bytes(int rows, int dim_ld, int width, int bias_
                                                        (2 + static_cast<size_t>(saved_buffers)) * static_cast<size_t>(width)));
 }
 
+// The bias networks' loads in flight per thread (dot_from_l2): at a small
+// batch the networks are most of a call, each term of a dot product one L2
+// latency when loaded one at a time (Diffusion-QL's time MLP and state
+// columns, batch 1: about two thirds of a 78 us call on an H100).
+constexpr int kRuleBiasNetLoadBatch = 8;
+
 // A group of `split` blocks may share each block of rows (a cooperative
 // launch: every block of the grid resident at once): layer 0 and the last
 // layer run whole in every block, each Linear between them on the block's
