@@ -420,11 +420,7 @@ def test_compute_capability_8_runs_the_portable_kernels(device, general_step, pr
     if kernel == "tiled64" and expected == "tf32x3_tiled":
         expected = plan(batch, device=device, general_step=general_step, overrides=forced("tiled64"))["kernel"]
     assert (p["kernel"], p["cluster_size"]) == (expected, 0), p
-    split = max(p["split"], 1)
-    assert p["tiles"] == -(-batch // p["rows"]) and p["grid"] == p["tiles"] * split, p
-    assert 0 < p["smem"] <= device.max_smem, p
-    if split > 1:  # a cooperative launch: the whole grid resident at once
-        assert p["kernel"] == "fp32_rule" and p["grid"] <= device.sm_count, p
+    assert p["tiles"] == p["grid"] == -(-batch // p["rows"]) and 0 < p["smem"] <= device.max_smem, p
     if p["kernel"] == "tf32x3_tiled":
         assert "tma" not in p["log"].split("chunks by:")[1], p
 
@@ -579,42 +575,3 @@ def test_random_devices_and_calls_never_crash(seed):
     result = run_python(f"import test_cuda_plan; test_cuda_plan.sweep({seed}, 1500)", timeout=600)
     last = result.stdout.strip().splitlines()[-1:] or ["(nothing)"]
     assert result.returncode == 0, f"return code {result.returncode} at case {last[0]}: {result.stderr[-2000:]}"
-
-
-# fp32_rule's split groups (a row's hidden layers spread over several blocks,
-# exchanged through global memory across a grid barrier).
-@pytest.mark.parametrize("device", [H200, *PORTABLE_GPUS], ids=["H200", *PORTABLE_IDS])
-@pytest.mark.parametrize("batch", [1, 2, 7, 16, 33, 50, 64, 100, 256])
-@pytest.mark.parametrize("hidden", [(256, 256, 256), (64, 64, 64), (512, 128), (256,)])
-def test_rule_split_groups(device, batch, hidden):
-    """A batch of at most half the SMs splits each row over the most blocks
-    that leave every block 32 columns of the narrowest split layer (those
-    between the first and the last), with one row per group and the whole
-    grid in one wave; a larger batch, or a net without a layer to split,
-    runs whole rows per block."""
-    p = plan(batch, dim=6, hidden=hidden, device=device, general_step=True,
-             overrides={"DDPM_OPS_CUDA_KERNEL": "fp32_rule", "DDPM_OPS_CUDA_CAPABILITY": "8.0"})
-    assert p["kernel"] == "fp32_rule", p
-    narrowest = min(hidden[1:], default=0)
-    expected = 1
-    if len(hidden) >= 2 and 2 * batch <= device.sm_count:
-        while expected * 2 <= 16 and batch * expected * 2 <= device.sm_count and narrowest // (expected * 2) >= 32:
-            expected *= 2
-    assert max(p["split"], 1) == expected, p
-    assert p["grid"] == p["tiles"] * max(p["split"], 1) and (expected == 1 or p["grid"] <= device.sm_count), p
-    assert f"split over {expected}" in p["log"], p
-
-
-@pytest.mark.parametrize("split", [1, 2, 4, 8, 16])
-@pytest.mark.parametrize("batch", [1, 50, 256, 2000])
-def test_rule_split_forced(split, batch):
-    """DDPM_OPS_CUDA_CLUSTER_SIZE forces fp32_rule's split (1: none) with the
-    fewest rows per group whose grid fits one wave; where no rows do, the
-    rule's shape runs."""
-    p = plan(batch, dim=6, hidden=(256, 256, 256), general_step=True,
-             overrides={"DDPM_OPS_CUDA_KERNEL": "fp32_rule", "DDPM_OPS_CUDA_CLUSTER_SIZE": str(split)})
-    rows = next((r for r in (1, 2, 4, 8, 16) if -(-batch // r) * split <= H200.sm_count), None)
-    if split == 1 or rows is None:  # none asked, or none fits one wave (and the rule splits no batch this large)
-        assert p["split"] == 1, p
-        return
-    assert (p["split"], p["rows"], p["grid"]) == (split, rows, -(-batch // rows) * split), p

@@ -25,7 +25,7 @@ import ddpm_ops.cuda_plan  # noqa: E402
 from problems import make_problem, make_rule_problem, relative_error  # noqa: E402
 
 TOLERANCE = 1e-5
-ENGINE = ["resident", "tiled16", "tiled64", "tiled16@4", "rule", "rule@4"]
+ENGINE = ["resident", "tiled16", "tiled64", "tiled16@4", "rule"]
 TIME_COLUMN_ONLY = ["cluster", "narrow", "split"]
 FEATURE_SETS = [
     ("time", "cond", "clip", "post_clip", "noise", "chain", "time_net", "cond_net"),

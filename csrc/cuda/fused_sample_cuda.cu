@@ -51,9 +51,6 @@ const plan::Device& device_info(int device) {
   info.sm90a_build = true;
 #endif
   info.tma_encoder = has_tensor_map_encoder();
-  int cooperative = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device));
-  info.cooperative_launch = cooperative != 0;
   // Cluster launch exists from compute capability 9.0; below, every size is 0.
   if (info.cc_major >= 9) co_resident_clusters(device, info.max_smem, info.max_clusters);
   cache[device] = info;

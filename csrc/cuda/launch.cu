@@ -23,8 +23,7 @@ void prepare_kernel(const void* kernel, int device, int max_smem, bool cluster) 
   done.insert(key);  // only once both attributes are set: a failure is retried, not remembered
 }
 
-LaunchConfig::LaunchConfig(int64_t grid, int cluster_size, unsigned threads, size_t smem, cudaStream_t stream,
-                           bool cooperative) {
+LaunchConfig::LaunchConfig(int64_t grid, int cluster_size, unsigned threads, size_t smem, cudaStream_t stream) {
   const int64_t ctas = grid * (cluster_size > 0 ? cluster_size : 1);
   TORCH_CHECK(ctas <= INT32_MAX, "ddpm::fused_sample: this batch needs more thread blocks than one launch allows (",
               ctas, ")");
@@ -32,13 +31,6 @@ LaunchConfig::LaunchConfig(int64_t grid, int cluster_size, unsigned threads, siz
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  if (cooperative) {
-    attribute.id = cudaLaunchAttributeCooperative;
-    attribute.val.cooperative = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    return;
-  }
   if (cluster_size == 0) return;
   attribute.id = cudaLaunchAttributeClusterDimension;
   attribute.val.clusterDim.x = static_cast<unsigned>(cluster_size);

@@ -28,14 +28,12 @@ struct LaunchContext {
 void prepare_kernel(const void* kernel, int device, int max_smem, bool cluster);
 
 // The configuration of a launch of `grid` clusters of `cluster_size` CTAs, or
-// of `grid` CTAs where cluster_size is 0, cooperative (every CTA resident at
-// once, for a grid barrier) where asked (one place for the attribute
+// of `grid` CTAs where cluster_size is 0 (one place for the attribute
 // plumbing; not copyable: it points into itself).
 struct LaunchConfig {
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute attribute = {};
-  LaunchConfig(int64_t grid, int cluster_size, unsigned threads, size_t smem, cudaStream_t stream,
-               bool cooperative = false);
+  LaunchConfig(int64_t grid, int cluster_size, unsigned threads, size_t smem, cudaStream_t stream);
   LaunchConfig(const LaunchConfig&) = delete;
   LaunchConfig& operator=(const LaunchConfig&) = delete;
 };
@@ -48,7 +46,7 @@ void launch_kernel(void (*kernel)(Params...), const plan::Plan& plan, const Laun
   prepare_kernel(reinterpret_cast<const void*>(kernel), ctx.device, ctx.max_smem, plan.cluster_size > 0);
   if (ctx.log) log_launch(plan, ctx);
   const LaunchConfig launch(plan.grid, plan.cluster_size, static_cast<unsigned>(plan.threads),
-                            static_cast<size_t>(plan.smem), ctx.stream, plan.split > 1);
+                            static_cast<size_t>(plan.smem), ctx.stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, args...));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

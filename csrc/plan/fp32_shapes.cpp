@@ -4,7 +4,6 @@
 #include "shapes.h"
 
 #include <string>
-#include <utility>
 
 namespace ddpm_ops {
 namespace plan {
@@ -497,48 +496,17 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
   return true;
 }
 
-namespace {
-
-// fp32_rule's split (RuleGridArgs) and rows per group: (split, rows), or
-// split 1 where none. The split layers are those between the first and the
-// last; a group's blocks are one multiprocessor each, and the whole grid must
-// be resident at once (a cooperative launch), so groups x split <= SMs.
-// DDPM_OPS_CUDA_CLUSTER_SIZE forces a split (a power of two up to
-// kRuleMaxSplit; 1: none) with the fewest rows per group that keeps the grid
-// in one wave.
-// Otherwise a batch of at most half the SMs takes one row per group and the
-// largest split that leaves each block kRuleMinSplitColumns columns of the
-// narrowest split layer: those SMs idle without it, and alone a block is
-// bound by reading every weight from L2 at every step.
-std::pair<int, int> rule_split_shape(const Problem& p, const Device& d, const Overrides& o) {
-  if (p.num_layers < 3 || !d.cooperative_launch) return {1, 0};
-  int narrowest = p.layers[1].out;
-  for (int l = 1; l + 1 < p.num_layers; ++l) narrowest = std::min(narrowest, p.layers[l].out);
-  const int forced = o.cluster_size;
-  if (forced == 1) return {1, 0};
-  if (forced >= 2 && forced <= cuda_kernels::kRuleMaxSplit && (forced & (forced - 1)) == 0) {
-    for (int rows = 1; rows <= cuda_kernels::kRuleMaxRows; rows *= 2) {
-      if (ceil_div(p.batch, rows) * forced <= d.sm_count) return {forced, rows};
-    }
-  }
-  if (p.batch * 2 > d.sm_count) return {1, 0};
-  int split = 1;
-  while (split * 2 <= cuda_kernels::kRuleMaxSplit && p.batch * split * 2 <= d.sm_count &&
-         narrowest / (split * 2) >= cuda_kernels::kRuleMinSplitColumns) {
-    split *= 2;
-  }
-  return {split, split > 1 ? 1 : 0};
-}
-
-}  // namespace
-
-bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan* plan) {
+bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides&, Plan* plan) {
   if (d.sm_count <= 0 || d.max_smem <= 0) return false;
   const int dim_ld = round_up4(p.dim), width = round_up4(std::max({p.dim, widest_hidden(p), p.program_input}));
   const int h0 = p.layers[0].out;
-  // Whether a block of `rows` rows fits shared memory, with the bias
-  // networks' rows if they fit too; fills the plan where it does.
-  const auto fits = [&](int rows, int split) {
+  // Rows per block: doubled from 1 while the blocks would outnumber the SMs'
+  // share of the batch (a small batch spreads over the SMs, a large one
+  // reuses each weight it loads for more rows), then halved until the block
+  // fits shared memory, with the bias networks' rows if they fit too.
+  int rows = 1;
+  while (rows < cuda_kernels::kRuleMaxRows && static_cast<int64_t>(rows) * d.sm_count < p.batch) rows *= 2;
+  for (; rows >= 1; rows /= 2) {
     const auto bytes = [&](int window) {
       return cuda_kernels::rule_smem_bytes(
           rows, dim_ld, width,
@@ -546,29 +514,15 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan
           p.program_saved);
     };
     const int window = bias_window(p, [&](int w) { return bytes(w) <= static_cast<size_t>(d.max_smem); });
-    if (bytes(window) > static_cast<size_t>(d.max_smem)) return false;
+    if (bytes(window) > static_cast<size_t>(d.max_smem)) continue;
     plan->kernel = Kernel::kFp32Rule;
     plan->rows = rows;
     plan->threads = cuda_kernels::rule_threads(rows);
     plan->cluster_size = 0;
-    plan->tiles = ceil_div(p.batch, rows);
-    plan->split = split;
-    plan->split_ld = split > 1 ? width : 0;
-    plan->grid = plan->tiles * split;
+    plan->grid = plan->tiles = ceil_div(p.batch, rows);
     plan->smem = static_cast<int>(bytes(window));
     plan->bias_window = window;
     return true;
-  };
-  const auto [split, split_rows] = rule_split_shape(p, d, o);
-  if (split > 1 && fits(split_rows, split)) return true;
-  // Rows per block: doubled from 1 while the blocks would outnumber the SMs'
-  // share of the batch (a small batch spreads over the SMs, a large one
-  // reuses each weight it loads for more rows), then halved until the block
-  // fits.
-  int rows = 1;
-  while (rows < cuda_kernels::kRuleMaxRows && static_cast<int64_t>(rows) * d.sm_count < p.batch) rows *= 2;
-  for (; rows >= 1; rows /= 2) {
-    if (fits(rows, 1)) return true;
   }
   return false;
 }

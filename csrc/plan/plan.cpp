@@ -6,7 +6,6 @@
 #include "../cuda/kernels/bf16_wgmma.h"
 #include "shapes.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -300,8 +299,8 @@ std::string describe(const Plan& plan, const Problem& problem) {
                            "bytes shared memory",
                            plan.rows, tiles, grid, plan.cluster_size, plan.hidden, plan.own, plan.smem);
     case Kernel::kFp32Rule:
-      return line + format("%d rows x %lld blocks of %d threads, %d bytes shared memory, split over %d", plan.rows,
-                           tiles, plan.threads, plan.smem, std::max(plan.split, 1));
+      return line + format("%d rows x %lld blocks of %d threads, %d bytes shared memory", plan.rows, tiles,
+                           plan.threads, plan.smem);
   }
   return line;
 }
@@ -309,10 +308,10 @@ std::string describe(const Plan& plan, const Problem& problem) {
 std::string to_fields(const Plan& plan, const Problem& problem) {
   std::string fields = std::string("kernel=") + kernel_name(plan.kernel) +
                        format(" threads=%d cluster_size=%d grid=%lld smem=%d rows=%d tiles=%lld co_resident=%d "
-                              "hidden=%d own=%d buffers=%d opw=%d products=%d warp_rows=%d split=%d",
+                              "hidden=%d own=%d buffers=%d opw=%d products=%d warp_rows=%d",
                               plan.threads, plan.cluster_size, static_cast<long long>(plan.grid), plan.smem,
                               plan.rows, static_cast<long long>(plan.tiles), plan.co_resident, plan.hidden, plan.own,
-                              plan.buffers, plan.opw, plan.products, plan.warp_rows, plan.split);
+                              plan.buffers, plan.opw, plan.products, plan.warp_rows);
   return fields + "\n" + describe(plan, problem);
 }
 

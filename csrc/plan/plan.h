@@ -81,10 +81,6 @@ struct Device {
   int cc_minor = 0;
   bool sm90a_build = false;   // the extension holds sm_90a code: it was built for 9.0 (setup.py)
   bool tma_encoder = false;   // the driver has cuTensorMapEncodeTiled
-  // Cooperative launch (fp32_rule's split groups: a grid barrier). Every GPU
-  // of compute capability 6.0 on has it; a device that reports otherwise
-  // (some virtualized ones) runs fp32_rule unsplit.
-  bool cooperative_launch = true;
   // The Hopper kernels (all but fp32_rule: clusters, distributed shared
   // memory, TMA, wgmma) run here: the GPU is sm_90 and the extension holds
   // their sm_90a code. Any other architecture's code of them is a trap
@@ -103,7 +99,7 @@ struct Overrides {
   bool names_kernel = false;
   Kernel kernel = Kernel::kFp32Smem;
   int tiled_rows = 0;
-  int cluster_size = 0;  // DDPM_OPS_CUDA_CLUSTER_SIZE (0: the rule's; fp32_rule: its split)
+  int cluster_size = 0;  // DDPM_OPS_CUDA_CLUSTER_SIZE (0: the rule's)
   int tile_rows = 0;     // DDPM_OPS_CUDA_TILE_ROWS: bf16x3_wgmma_swapab's tile rows (0: the rule's)
   bool tma = true;       // DDPM_OPS_CUDA_TMA=0: tf32x3_tiled copies weight chunks with cp.async only
   bool log = false;      // DDPM_OPS_CUDA_LOG: each launch's plan on stderr
@@ -135,9 +131,6 @@ struct Plan {
   int buffers = 0;        // bf16x3_wgmma_m64: exchange buffers
   int opw = 0;            // fp32_resident: outputs per warp
                           // (fp32_rule: rows is its rows per block)
-  int split = 0;          // fp32_rule: blocks per group of rows (RuleGridArgs; grid = tiles * split,
-                          // a cooperative launch where > 1), 1 or 0: none
-  int split_ld = 0;       // fp32_rule: the row stride of its groups' exchange buffers (floats)
   int products = 0;       // tf32x3_tiled: tf32 products per product (3: 3xTF32, 1)
   int warp_rows = 0;      // fp32_smem: rows of a warp's tile
   // The engine's kernels: steps of time rows the kernel evaluates at once

@@ -17,11 +17,6 @@
 // Linear layers are rule_layer's, the concatenated input, the activations and
 // the residual adds are element-wise passes over shared memory, a LayerNorm a
 // warp per row; the residual stack is more activation buffers.
-//
-// A group of blocks may share a block of rows (RuleGridArgs, fp32_rule.h):
-// each Linear between the first and the last then runs on the block's share
-// of its columns, and RuleExchange gathers the whole row back through global
-// memory, across a grid barrier.
 #pragma once
 
 #include "../common/activation.cuh"
@@ -30,8 +25,6 @@
 #include "../common/epilogue.cuh"
 #include "../common/warp_reduce.cuh"
 #include "fp32_rule.h"
-
-#include <cooperative_groups.h>
 
 namespace ddpm_ops {
 namespace cuda_kernels {
@@ -45,8 +38,7 @@ struct RuleRows {
   float (*coef)[R];  // [kStepTablesWithPrevious][R]
 };
 
-// out[r][c] for the block's rows r < R and columns c_begin <= c < c_end of
-// layer l: the bias
+// out[r][c] for the block's rows r < R and columns c of layer l: the bias
 // (plus, for layer 0, the bias rows), the dot product of in[r] and weight row
 // c, the layer's activation but after the last layer. Each warp takes VC
 // columns at a time; its lanes split the inner dimension (float4s when
@@ -56,7 +48,7 @@ struct RuleRows {
 template <int R>
 __device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const float* in, int in_ld, float* out,
                                            int out_ld, const RuleRows<R>& rr, const BiasNetRows& nets, int k,
-                                           int row0, int c_begin, int c_end) {
+                                           int row0) {
   constexpr int VC = rule_columns(R);
   constexpr int V = R * VC;
   constexpr int kReplicas = 32 / V;
@@ -64,14 +56,14 @@ __device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const flo
   constexpr int kUnroll = R == 1 ? 2 : 1;  // more loads in flight where registers allow
   static_assert(V >= 2 && V <= 32 && (V & (V - 1)) == 0, "a warp's sums are a power of two, at most 32");
   const LayerArgs& layer = a.layers[l];
-  const int K = layer.in, ld = layer.ld;
+  const int K = layer.in, N = layer.out, ld = layer.ld;
   const bool last = l + 1 == a.num_layers;
   const bool vec = K % 4 == 0 && ld % 4 == 0 && reinterpret_cast<uintptr_t>(layer.weight) % 16 == 0;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int c0 = c_begin + warp * VC; c0 < c_end; c0 += kWarps * VC) {  // warp-uniform
+  for (int c0 = warp * VC; c0 < N; c0 += kWarps * VC) {  // warp-uniform
     const float* w_row[VC];
 #pragma unroll
-    for (int j = 0; j < VC; ++j) w_row[j] = layer.weight + static_cast<size_t>(min(c0 + j, c_end - 1)) * ld;
+    for (int j = 0; j < VC; ++j) w_row[j] = layer.weight + static_cast<size_t>(min(c0 + j, N - 1)) * ld;
     float v[V];
 #pragma unroll
     for (int e = 0; e < V; ++e) v[e] = 0.f;
@@ -113,7 +105,7 @@ __device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const flo
     for (int o = kReplicas / 2; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
     const int e = lane / kReplicas;
     const int r = e / VC, c = c0 + e % VC;
-    if (lane % kReplicas != 0 || c >= c_end) continue;
+    if (lane % kReplicas != 0 || c >= N) continue;
     float acc = v[0];
     if (l == 0) {
       acc += first_layer_bias(a, nets, r, min(row0 + r, a.batch - 1), rr.t[r], k, c);
@@ -160,45 +152,6 @@ __device__ __forceinline__ void rule_layer_norm(const float* src, int src_ld, fl
   }
 }
 
-// The exchange of a group's split layers (RuleGridArgs): the Linear layers
-// between the first and the last, each block computing columns [begin(n),
-// end(n)) of them.
-template <int R>
-struct RuleExchange {
-  RuleGridArgs g;
-  int rank;
-  float* buffers;  // this group's (2, R, g.ld)
-  int parity = 0;  // the buffer the next split layer goes through
-
-  __device__ RuleExchange(const RuleGridArgs& grid, int group, int rank_)
-      : g(grid), rank(rank_), buffers(grid.split > 1 ? grid.exchange + static_cast<size_t>(group) * 2 * R * grid.ld
-                                                     : nullptr) {}
-  __device__ bool splits(int l, int num_layers) const { return g.split > 1 && l > 0 && l + 1 < num_layers; }
-  __device__ int begin(int n) const { return rule_split_begin(n, g.split, rank); }
-  __device__ int end(int n) const { return rule_split_end(n, g.split, rank); }
-
-  // After a barrier that follows the layer: its columns [begin(n), end(n))
-  // of out, rows of stride out_ld, to the group's buffer; the grid barrier;
-  // then all n columns of the group's rows back into out. The loads bypass
-  // L1, which is not coherent with the other multiprocessors' stores (a
-  // buffer is rewritten two split layers later).
-  __device__ void gather(float* out, int out_ld, int n) {
-    float* const buffer = buffers + parity * R * g.ld;
-    const int c0 = begin(n), own = end(n) - c0;
-    for (int e = threadIdx.x; e < R * own; e += blockDim.x) {
-      const int r = e / own, c = c0 + e - r * own;
-      buffer[r * g.ld + c] = out[r * out_ld + c];
-    }
-    cooperative_groups::this_grid().sync();
-    for (int e = threadIdx.x; e < R * n; e += blockDim.x) {
-      const int r = e / n, c = e - r * n;
-      out[r * out_ld + c] = __ldcg(buffer + r * g.ld + c);
-    }
-    __syncthreads();
-    parity ^= 1;
-  }
-};
-
 // Step k's network program (ProgramArgs) on the block's rows; returns the
 // buffer that holds e. Buffer b >= 0 is buffers + b * R * width, all of
 // row stride width; the samples xs have dim_ld. A barrier follows every
@@ -206,7 +159,7 @@ struct RuleExchange {
 template <int R>
 __device__ const float* rule_program(const EngineArgs& a, const ProgramArgs& prog, const float* xs, int dim_ld,
                                      float* buffers, int width, const RuleRows<R>& rr, const BiasNetRows& nets, int k,
-                                     int row0, RuleExchange<R>& ex) {
+                                     int row0) {
   constexpr int kThreads = rule_threads(R);
   const auto buffer = [&](int b) { return b == kProgramX ? const_cast<float*>(xs) : buffers + b * R * width; };
   const auto ld = [&](int b) { return b == kProgramX ? dim_ld : width; };
@@ -238,17 +191,9 @@ __device__ const float* rule_program(const EngineArgs& a, const ProgramArgs& pro
           dst[r * width + column] = v;
         }
         break;
-      case ProgramOpArgs::kLinear: {
-        const int n = a.layers[op.index].out;
-        const bool split = ex.splits(op.index, a.num_layers);
-        rule_layer<R>(a, op.index, src, src_ld, dst, width, rr, nets, k, row0, split ? ex.begin(n) : 0,
-                      split ? ex.end(n) : n);
-        if (split) {
-          __syncthreads();
-          ex.gather(dst, width, n);
-        }
+      case ProgramOpArgs::kLinear:
+        rule_layer<R>(a, op.index, src, src_ld, dst, width, rr, nets, k, row0);
         break;
-      }
       case ProgramOpArgs::kActivation:
         for (int e = threadIdx.x; e < R * n; e += kThreads) {
           const int r = e / n, c = e - r * n;
@@ -280,8 +225,7 @@ __device__ const float* rule_program(const EngineArgs& a, const ProgramArgs& pro
 // program runs the code it ran before programs existed.
 template <int R, bool kProgram>
 __global__ void __launch_bounds__(rule_threads(R))
-    fp32_rule_kernel(const __grid_constant__ EngineArgs a, const __grid_constant__ ProgramArgs prog,
-                     const __grid_constant__ RuleGridArgs grid) {
+    fp32_rule_kernel(const __grid_constant__ EngineArgs a, const __grid_constant__ ProgramArgs prog) {
   constexpr int kThreads = rule_threads(R);
   extern __shared__ __align__(16) float smem[];
   int widest = kProgram ? max(a.dim, prog.input_width) : a.dim;
@@ -298,12 +242,8 @@ __global__ void __launch_bounds__(rule_threads(R))
   BiasNetRows nets(a.bias_rows, buffers[1] + (kProgram ? 1 + prog.saved_buffers : 1) * R * width, R,
                    a.layers[0].out, 0);
 
-  const int group = blockIdx.x / grid.split, rank = blockIdx.x % grid.split;
-  RuleExchange<R> ex(grid, group, rank);
-  const int row0 = group * R;
+  const int row0 = blockIdx.x * R;
   const int rows = min(R, a.batch - row0);
-  // Every block of a group holds the same samples; the first stores them.
-  const bool stores = rank == 0;
   if (static_cast<int>(threadIdx.x) < R) {
     bool ok = false;
     rr.t0[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? load_t_start(a, row0 + threadIdx.x, &ok) : 0;
@@ -315,7 +255,7 @@ __global__ void __launch_bounds__(rule_threads(R))
     x0_prev[r * dim_ld + j] = 0.f;
   }
   __syncthreads();
-  for (int i = threadIdx.x; stores && i < rows * a.dim; i += kThreads) {
+  for (int i = threadIdx.x; i < rows * a.dim; i += kThreads) {
     const int r = i / a.dim, j = i - r * a.dim;
     store_sample(a, 0, row0 + r, j, xs[r * dim_ld + j], rr.valid[r]);
   }
@@ -332,14 +272,10 @@ __global__ void __launch_bounds__(rule_threads(R))
     __syncthreads();
     const float* in = xs;
     int in_ld = dim_ld;
-    if constexpr (kProgram) in = rule_program<R>(a, prog, xs, dim_ld, buffers[0], width, rr, nets, k, row0, ex);
+    if constexpr (kProgram) in = rule_program<R>(a, prog, xs, dim_ld, buffers[0], width, rr, nets, k, row0);
     for (int l = 0; !kProgram && l < a.num_layers; ++l) {
-      const int n = a.layers[l].out;
-      const bool split = ex.splits(l, a.num_layers);
-      rule_layer<R>(a, l, in, in_ld, buffers[l & 1], width, rr, nets, k, row0, split ? ex.begin(n) : 0,
-                    split ? ex.end(n) : n);
+      rule_layer<R>(a, l, in, in_ld, buffers[l & 1], width, rr, nets, k, row0);
       __syncthreads();
-      if (split) ex.gather(buffers[l & 1], width, n);
       in = buffers[l & 1];
       in_ld = width;
     }
@@ -350,7 +286,7 @@ __global__ void __launch_bounds__(rule_threads(R))
       const float next = step_update(a, coef, xs[r * dim_ld + j], in[r * width + j], &x0_prev[r * dim_ld + j], k,
                                      row, j);
       xs[r * dim_ld + j] = next;
-      if (stores) store_sample(a, k + 1, row, j, next, rr.valid[r]);
+      store_sample(a, k + 1, row, j, next, rr.valid[r]);
     }
     __syncthreads();
   }

@@ -38,42 +38,14 @@ DDPM_HD inline size_t rule_smem_bytes(int rows, int dim_ld, int width, int bias_
                                                        (2 + static_cast<size_t>(saved_buffers)) * static_cast<size_t>(width)));
 }
 
-// The bias networks' loads in flight per thread (dot_from_l2): at a small
-// batch the networks are most of a call, each term of a dot product one L2
-// latency when loaded one at a time (Diffusion-QL's time MLP and state
-// columns, batch 1: about two thirds of a 78 us call on an H100).
+// The bias networks' loads in flight per thread (dot_from_l2). Loaded one at
+// a time, each term of a dot product is one L2 latency on the block's path
+// before its first layer: Diffusion-QL's time MLP (16, 32 and 16 inputs) and
+// state columns (17) some 80 latencies in a row. At batch 1 a call took the
+// same 78 to 88 us on an H100 whether each block read all of the weights or
+// an eighth of them (the weights spread over several blocks), so the weights
+// were not its bound; the registers are there (no instantiation spills more).
 constexpr int kRuleBiasNetLoadBatch = 8;
-
-// A group of `split` blocks may share each block of rows (a cooperative
-// launch: every block of the grid resident at once): layer 0 and the last
-// layer run whole in every block, each Linear between them on the block's
-// share of its columns (rule_split_begin), whose outputs go through
-// `exchange` in global memory to the group's other blocks, a grid barrier
-// between the stores and the loads. A row's chain of layers is then spread
-// over `split` multiprocessors, each reading 1 / split of the weights: at a
-// small batch a block alone is bound by one multiprocessor's reads of every
-// weight from L2 at every step. Every block of a group computes the same
-// samples (the same instructions on the same values, the noise drawn or read
-// alike), so they stay bit-identical without an exchange of x.
-constexpr int kRuleMaxSplit = 16;
-// The fewest columns a block of a group computes per split layer: below, the
-// grid barrier's cost outweighs the narrower share of the weights.
-constexpr int kRuleMinSplitColumns = 32;
-
-struct RuleGridArgs {
-  int split;        // blocks per group of rows (1: none, and no grid barrier)
-  float* exchange;  // (groups, 2, rows, ld): a split layer's outputs, by parity of its position
-  int ld;
-};
-
-// Columns [begin, end) of a layer of n outputs that block `rank` of a group
-// of `split` computes: shares of a multiple of 4 columns, the last ones short
-// or empty (a narrow layer split many ways).
-DDPM_HD inline int rule_split_begin(int n, int split, int rank) {
-  const int share = round_up4((n + split - 1) / split);
-  return share * rank < n ? share * rank : n;
-}
-DDPM_HD inline int rule_split_end(int n, int split, int rank) { return rule_split_begin(n, split, rank + 1); }
 
 // A network program (fused_sample.rule's `network`) as fp32_rule runs it,
 // compiled on the host (fused_sample_cuda.cu): each instruction reads buffer
