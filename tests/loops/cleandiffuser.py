@@ -179,24 +179,6 @@ class SampleStepSchedule(nn.Module):
 # pipelines sample with.
 
 
-class PositionalEmbeddingAsIs(nn.Module):
-    """The library's positional embedding: the frequencies cast to the timestep's dtype
-    (``x.ger(freqs.to(x.dtype))``). DiscreteDiffusionSDE passes int64 timesteps, so the cast
-    truncates the frequencies to 1, 0, ..., 0: the features are cos and sin of ``t`` and of 0."""
-
-    def __init__(self, dim, max_positions=10000, endpoint=False):
-        super().__init__()
-        self.dim, self.max_positions, self.endpoint = dim, max_positions, endpoint
-
-    def forward(self, x):
-        freqs = torch.arange(start=0, end=self.dim // 2, dtype=torch.float32, device=x.device)
-        freqs = freqs / (self.dim // 2 - (1 if self.endpoint else 0))
-        freqs = (1 / self.max_positions) ** freqs
-        x = x.ger(freqs.to(x.dtype))
-        x = torch.cat([x.cos(), x.sin()], dim=1)
-        return x
-
-
 class DQLMlpAsIs(nn.Module):
     """nn_diffusion.DQLMlp: the timestep into the embedding as it comes, zeros for a missing
     condition."""
@@ -204,7 +186,7 @@ class DQLMlpAsIs(nn.Module):
     def __init__(self, obs_dim, act_dim, emb_dim=16, hidden=256):
         super().__init__()
         self.obs_dim = obs_dim
-        self.map_noise = PositionalEmbeddingAsIs(emb_dim)
+        self.map_noise = PositionalEmbedding(emb_dim)
         self.time_mlp = nn.Sequential(nn.Linear(emb_dim, emb_dim * 2), nn.Mish(), nn.Linear(emb_dim * 2, emb_dim))
         self.mid_layer = nn.Sequential(nn.Linear(obs_dim + act_dim + emb_dim, hidden), nn.Mish(),
                                        nn.Linear(hidden, hidden), nn.Mish(), nn.Linear(hidden, hidden), nn.Mish())
@@ -240,7 +222,7 @@ class IDQLMlpAsIs(nn.Module):
     def __init__(self, obs_dim, act_dim, emb_dim=16, hidden_dim=32, n_blocks=2, dropout=0.1):
         super().__init__()
         self.obs_dim = obs_dim
-        self.map_noise = PositionalEmbeddingAsIs(emb_dim)
+        self.map_noise = PositionalEmbedding(emb_dim)
         self.time_mlp = nn.Sequential(nn.Linear(emb_dim, emb_dim * 2), nn.Mish(), nn.Linear(emb_dim * 2, emb_dim))
         self.affine_in = nn.Linear(obs_dim + act_dim + emb_dim, hidden_dim)
         self.ln_resnet = nn.Sequential(*[ResidualBlockAsIs(hidden_dim, dropout) for _ in range(n_blocks)])
@@ -276,7 +258,7 @@ class MlpNNDiffusionAsIs(nn.Module):
 
     def __init__(self, x_dim, emb_dim=16, hidden_dims=(256, 256)):
         super().__init__()
-        self.map_noise = PositionalEmbeddingAsIs(emb_dim)
+        self.map_noise = PositionalEmbedding(emb_dim)
         self.mlp = MlpAsIs(x_dim + emb_dim, hidden_dims, x_dim)
 
     def forward(self, x, noise, condition=None):

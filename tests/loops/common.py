@@ -42,7 +42,9 @@ class SinusoidalPosEmb(nn.Module):
 
 
 class PositionalEmbedding(nn.Module):
-    """CleanDiffuser's positional timestep embedding."""
+    """CleanDiffuser's positional timestep embedding. The frequencies are cast to the
+    timestep's dtype (``x.ger(freqs.to(x.dtype))``): DiscreteDiffusionSDE passes int64
+    timesteps, so the cast truncates the frequencies to 1, 0, ..., 0 there."""
 
     def __init__(self, dim, max_positions=10000, endpoint=False):
         super().__init__()
