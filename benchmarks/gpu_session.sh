@@ -31,9 +31,18 @@ python3 setup.py build_ext --inplace > "$out/build.log" 2>&1 || { tail -40 "$out
 grep -E "registers|spill" "$out/build.log" | sort | uniq -c | head -20
 echo "std:: symbols defined in _C: $(nm -C --defined-only ddpm_ops/_C*.so | grep -c ' std::')"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# pytest under a time limit (the device tool's call ends at 10 minutes),
+# one line per test in the log, so that a run cut short still names its
+# failures: $1 the limit in seconds, $2 the log, the rest pytest's arguments.
+limited_pytest() {
+  local limit=$1 log=$2; shift 2
+  timeout "$limit" python3 -m pytest -v -n "${PYTEST_WORKERS:-15}" "$@" ${PYTEST_ARGS:-} > "$log" 2>&1
+  echo "pytest: exit $? ($(grep -c ' PASSED' "$log") passed, $(grep -c ' FAILED' "$log") failed, $(grep -c ' SKIPPED' "$log") skipped)"
+  grep -E ' (FAILED|ERROR) ' "$log" | sed 's/.* \(FAILED\|ERROR\) /\1 /' | sort -u | head -40
+}
 if [ "$mode" = engine ]; then
-  python3 -m pytest -q -n "${PYTEST_WORKERS:-8}" -rfEs tests/test_cuda_engine.py tests/test_cuda_rule_kernel.py \
-    tests/test_cuda_kernel.py tests/test_cuda_plan.py tests/test_sample.py ${PYTEST_ARGS:-} 2>&1 | tee "$out/tests_engine.log" | tail -40
+  limited_pytest 300 "$out/tests_engine.log" tests/test_cuda_engine.py tests/test_cuda_rule_kernel.py \
+    tests/test_cuda_kernel.py tests/test_cuda_plan.py tests/test_sample.py tests/test_cuda_networks.py
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_kernels.py > "$out/sanitize_memcheck.log" 2>&1
   echo "compute-sanitizer memcheck: exit $? $(grep 'ERROR SUMMARY' "$out/sanitize_memcheck.log" | tail -1)"
   python3 benchmarks/bench_rule.py --device cuda 2>&1 | tee "$out/bench_rule.log"
@@ -46,9 +55,8 @@ if [ "$mode" = portable ]; then
   export CUDA_CACHE_MAXSIZE=4294967296
   timeout 900 python3 tools/sanitize_kernels.py --kernels tiled16 tiled64 rule 2>&1 | tee "$out/jit_warmup.log"
   # The Hopper-only kernels' tests force kernels this build does not hold.
-  python3 -m pytest -q -n "${PYTEST_WORKERS:-8}" -rfEs tests/test_cuda_engine.py tests/test_sample.py \
-    tests/test_modules.py tests/test_threads.py -k "not resident and not kernels_per_call" \
-    ${PYTEST_ARGS:-} 2>&1 | tee "$out/tests_portable.log" | tail -30
+  limited_pytest 240 "$out/tests_portable.log" tests/test_cuda_engine.py tests/test_sample.py \
+    tests/test_modules.py tests/test_threads.py -k "not resident and not kernels_per_call"
   for tool in memcheck racecheck synccheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize_kernels.py --kernels tiled16 tiled64 rule > "$out/sanitize_$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
@@ -57,14 +65,14 @@ if [ "$mode" = portable ]; then
   exit 0
 fi
 if [ "$mode" = rule ]; then
-  python3 -m pytest -q -n 8 -rfEs tests/test_cuda_rule_kernel.py tests/test_sample.py \
-    tests/test_rewrite_projects.py -k "cuda" 2>&1 | tee "$out/tests_rule.log" | tail -25
+  limited_pytest 300 "$out/tests_rule.log" tests/test_cuda_rule_kernel.py tests/test_sample.py \
+    tests/test_rewrite_projects.py -k "cuda"
   python3 benchmarks/bench_rule.py --device cuda 2>&1 | tee "$out/bench_rule.log"
   exit 0
 fi
 if [ "$mode" != bench ]; then
   # PYTEST_WORKERS, PYTEST_ARGS (e.g. --ignore of the files that need packages the image lacks).
-  python3 -m pytest -q -n "${PYTEST_WORKERS:-8}" -rfEs tests ${PYTEST_ARGS:-} 2>&1 | tee "$out/tests.log" | tail -25
+  limited_pytest 420 "$out/tests.log" tests
 fi
 if [ "$mode" != tests ]; then
   python3 benchmarks/bench.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
