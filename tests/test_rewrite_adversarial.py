@@ -527,7 +527,8 @@ class EpsClip(Base):
     """CleanDiffuser's predict-noise clip: eps clamped to ``((x - alpha * x_max) / sigma,
     (x - alpha * x_min) / sigma)``, the clamp of x0 = (x - sigma * eps) / alpha to ``(x_min,
     x_max)`` written on eps, then a DDIM-like update with noise given as a tensor. ``bounds``:
-    "columns" ((dim,) buffers), "scalars" (Python floats) or "rows" ((B, dim) inputs);
+    "columns" ((dim,) buffers), "scalars" (Python floats), "upper" (``x_min`` None: eps bounded
+    below only, x0 above only) or "rows" ((B, dim) inputs);
     ``x_coef`` scales x in the lower bound only; ``sigma_sign`` -1 makes the sigma table
     negative; ``x0_clip`` clamps the x0 computed from the clamped eps again."""
 
@@ -540,7 +541,7 @@ class EpsClip(Base):
         self.register_buffer("sigma", sigma)
         self.register_buffer("alpha_prev", torch.cat([torch.ones(1), alpha[:-1]]))
         self.register_buffer("sigma_prev", torch.cat([torch.zeros(1), sigma[:-1]]))
-        if bounds == "columns":
+        if bounds in ("columns", "upper"):
             self.register_buffer("x_max", torch.tensor([1.0, 0.5, 2.0]))
             self.register_buffer("x_min", -torch.tensor([1.0, 2.0, 0.5]))
         else:
@@ -555,9 +556,10 @@ class EpsClip(Base):
             a, s = self.col(self.alpha, ti), self.col(self.sigma, ti)
             a_prev, s_prev = self.col(self.alpha_prev, ti), self.col(self.sigma_prev, ti)
             eps = self.eps_net(torch.cat([x, self.tcol(ti)], 1))
-            lo, hi = (self.x_coef * x - a * x_max) / s, (x - a * x_min) / s
+            lo = (self.x_coef * x - a * x_max) / s
+            hi = None if self.bounds == "upper" else (x - a * x_min) / s
             if not torch.compiler.is_compiling():
-                self.hits += int(((eps < lo) | (eps > hi)).sum())
+                self.hits += int(((eps < lo) | (eps > (lo.abs() + eps.abs() + 1 if hi is None else hi))).sum())
             eps = eps.clip(lo, hi)
             x0 = (x - s * eps) / a
             if self.x0_clip:
@@ -571,7 +573,7 @@ def _eps_clip_inputs(model, batch=16, scale=1.0):
     return x * scale, t, torch.randn(model.K, batch, model.dim, generator=torch.Generator().manual_seed(1)) * scale
 
 
-@pytest.mark.parametrize("bounds", ["columns", "scalars"])
+@pytest.mark.parametrize("bounds", ["columns", "scalars", "upper"])
 def test_eps_clamped_to_x0_bounds_fuses_with_eagers_numbers(bounds):
     """The clamp of eps between ``(x - alpha * x_max) / sigma`` and ``(x - alpha * x_min) / sigma``
     is the clamp of x0 to ``(x_min, x_max)``: one fused call, eager's numbers (noise given)."""

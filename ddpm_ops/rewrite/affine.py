@@ -12,6 +12,12 @@ masks, scalars) and numbers. :func:`_read_update` proves ``x_{k+1}`` is
 
 or raises ``_NoMatch`` naming the node that is not.
 
+A clamp of ``e`` between bounds computed from the sample, ``q*x - r*x_max`` and
+``q*x - r*x_min`` (CleanDiffuser's predict-noise clip), is the clamp of
+``x0 = (q*x - e) / r`` to ``(x_min, x_max)`` where ``r > 0``: it is read as the
+x0 clamp, the clamped ``e`` as ``q*x - r*x0`` (:meth:`_UpdateReader._eps_clamp`;
+``r > 0`` is proved on the tables' values by :func:`.emit._prove_eps_clip`).
+
 A step may also add ``c = v * 0``, a multiplication by the literal zero of a
 step-only tensor shaped like the sample or broadcastable to it (CleanDiffuser's
 ``fix_mask`` blend at its default, ``xt * (1. - 0.) + prior * 0.``). It is the
@@ -413,10 +419,10 @@ class _UpdateReader:
             read[side] = self._bound_form(n, b)
         (q, r, _), *others = read.values()
         for q2, r2, _ in others:
-            if q2 != q:
+            if not _same_coef(q2, q):
                 raise _NoMatch(f"{n.name} clamps e to bounds that read x with different coefficients {q!r} "
                                f"and {q2!r} (an x0 clamp written on e has one, 1/sigma, in both)")
-            if r2 != r:
+            if not _same_coef(r2, r):
                 raise _NoMatch(f"{n.name} clamps e to bounds whose constant parts have different factors "
                                f"{r!r} and {r2!r} (an x0 clamp written on e has -alpha/sigma in both)")
         # e >= q*x - r*M is x0 <= M: the lower bound of e gives the upper bound of x0.
@@ -525,6 +531,22 @@ class _UpdateReader:
             raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 value per "
                            "column of a (batch, dim) sample")
         return b
+
+
+def _same_coef(a: _Coef, b: _Coef) -> bool:
+    """Whether two coefficients are one value: the same ops on the same leaves, a leaf matching
+    a leaf computed again alike (``sigmas[i]`` written twice is two lookups)."""
+    from .timesteps import _recomputed  # (timesteps reads the network: imported when needed)
+
+    if a == b:
+        return True
+    if a.op != b.op or len(a.args) != len(b.args):
+        return False
+    if a.op == "num":
+        return a.args[0] == b.args[0]
+    if a.op == "leaf":
+        return a.args[0] is b.args[0] or _recomputed(a.args[0], b.args[0])
+    return all(_same_coef(x, y) for x, y in zip(a.args, b.args))
 
 
 def _tighter(n: Node, a: float | Node, b: float | Node, pick) -> float | Node:
