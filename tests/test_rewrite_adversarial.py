@@ -519,3 +519,107 @@ def test_half_a_prior_is_left_alone_and_says_why(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
     assert any("left alone" in m and "a term without x or e that is not one noise draw of the sample's shape" in m
                for m in lines), lines
+
+
+# ----------------------------------------------------------------------------- an x0 clamp written on eps
+
+class EpsClip(Base):
+    """CleanDiffuser's predict-noise clip: eps clamped to ``((x - alpha * x_max) / sigma,
+    (x - alpha * x_min) / sigma)``, the clamp of x0 = (x - sigma * eps) / alpha to ``(x_min,
+    x_max)`` written on eps, then a DDIM-like update with noise given as a tensor. ``bounds``:
+    "columns" ((dim,) buffers), "scalars" (Python floats), "upper" (``x_min`` None: eps bounded
+    below only, x0 above only) or "rows" ((B, dim) inputs);
+    ``x_coef`` scales x in the lower bound only; ``sigma_sign`` -1 makes the sigma table
+    negative; ``x0_clip`` clamps the x0 computed from the clamped eps again."""
+
+    def __init__(self, bounds="columns", x_coef=1.0, sigma_sign=1.0, x0_clip=False, K=3):
+        super().__init__(K=K)
+        self.bounds, self.x_coef, self.x0_clip = bounds, x_coef, x0_clip
+        ac = torch.cumprod(1 - torch.linspace(1e-4, 0.02, self.T), 0)
+        alpha, sigma = ac.sqrt(), sigma_sign * (1 - ac).sqrt()
+        self.register_buffer("alpha", alpha)
+        self.register_buffer("sigma", sigma)
+        self.register_buffer("alpha_prev", torch.cat([torch.ones(1), alpha[:-1]]))
+        self.register_buffer("sigma_prev", torch.cat([torch.zeros(1), sigma[:-1]]))
+        if bounds in ("columns", "upper"):
+            self.register_buffer("x_max", torch.tensor([1.0, 0.5, 2.0]))
+            self.register_buffer("x_min", -torch.tensor([1.0, 2.0, 0.5]))
+        else:
+            self.x_max, self.x_min = 1.0, -1.0
+        self.hits = 0
+
+    def forward(self, x, t, noise, x_max=None, x_min=None):
+        x_max = self.x_max if x_max is None else x_max
+        x_min = self.x_min if x_min is None else x_min
+        for k in range(self.K):
+            ti = t - k
+            a, s = self.col(self.alpha, ti), self.col(self.sigma, ti)
+            a_prev, s_prev = self.col(self.alpha_prev, ti), self.col(self.sigma_prev, ti)
+            eps = self.eps_net(torch.cat([x, self.tcol(ti)], 1))
+            lo = (self.x_coef * x - a * x_max) / s
+            hi = None if self.bounds == "upper" else (x - a * x_min) / s
+            if not torch.compiler.is_compiling():
+                self.hits += int(((eps < lo) | (eps > (lo.abs() + eps.abs() + 1 if hi is None else hi))).sum())
+            eps = eps.clip(lo, hi)
+            x0 = (x - s * eps) / a
+            if self.x0_clip:
+                x0 = x0.clamp(-1.0, 1.0)
+            x = a_prev * x0 + 0.5 * s_prev * eps + 0.1 * noise[k]
+        return x
+
+
+def _eps_clip_inputs(model, batch=16, scale=1.0):
+    x, t = make_inputs(model, batch=batch)
+    return x * scale, t, torch.randn(model.K, batch, model.dim, generator=torch.Generator().manual_seed(1)) * scale
+
+
+@pytest.mark.parametrize("bounds", ["columns", "scalars", "upper"])
+def test_eps_clamped_to_x0_bounds_fuses_with_eagers_numbers(bounds):
+    """The clamp of eps between ``(x - alpha * x_max) / sigma`` and ``(x - alpha * x_min) / sigma``
+    is the clamp of x0 to ``(x_min, x_max)``: one fused call, eager's numbers (noise given)."""
+    model = EpsClip(bounds=bounds).eval()
+    args = _eps_clip_inputs(model, scale=3.0)
+    with torch.no_grad():
+        ref = model(*args)
+    assert model.hits > 0  # some entries are clamped
+    out, code = compile_run(model, *args)
+    assert len(FUSED_CALL.findall(code)) == 1, code
+    assert relative_error(out, ref) < 1e-5
+
+
+def test_eps_clamped_to_x0_bounds_with_most_samples_clamped_keeps_eagers_numbers():
+    """Large noise: most entries hit a bound at every step; still eager's numbers."""
+    model = EpsClip().eval()
+    args = _eps_clip_inputs(model, batch=64, scale=30.0)
+    with torch.no_grad():
+        ref = model(*args)
+    assert model.hits > 0.5 * model.K * 64 * model.dim
+    out, code = compile_run(model, *args)
+    assert len(FUSED_CALL.findall(code)) == 1, code
+    assert relative_error(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("variant, reason", [
+    (dict(x_coef=2.0), "clamps e to bounds that read x with different coefficients"),
+    (dict(sigma_sign=-1.0), "r = 1/B is not positive and finite at step index"),
+    (dict(x0_clip=True), "already clamps its x0 (the op clamps x0 once)"),
+    (dict(bounds="rows"), "is not a coefficient times a number or one float32 value per column"),
+])
+def test_eps_clamp_not_an_x0_clamp_is_left_alone_and_says_why(variant, reason, caplog):
+    """An eps clamp whose bounds read x with another coefficient, a negative sigma table (the
+    clamp of eps then is no clamp of x0), an x0 clamp besides, bounds with a batch dimension:
+    eager's numbers, no fused call, the reason logged."""
+    import logging
+
+    model = EpsClip(**variant).eval()
+    args = _eps_clip_inputs(model)
+    if variant.get("bounds") == "rows":
+        args = (*args, torch.rand(16, model.dim) + 0.5, -torch.rand(16, model.dim) - 0.5)
+    with torch.no_grad():
+        ref = model(*args)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, *args)
+    assert not FUSED_CALL.findall(code)
+    assert relative_error(out, ref) < 1e-5
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    assert any("left alone" in m and reason in m for m in lines), lines

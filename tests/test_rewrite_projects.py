@@ -710,3 +710,33 @@ def test_cleandiffuser_prior_blend_keeps_eagers_nan_rows(name):
     assert torch.equal(out.isnan(), ref.isnan()) and ref[3].isnan().all()
     rows = torch.arange(len(ref)) != 3
     assert relative_error(out[rows], ref[rows]) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["cleandiffuser_sde_sample_dql_ddpm", "cleandiffuser_sample_ddpm_eps_clip_tensor_bounds"])
+def test_cleandiffuser_eps_clip_with_most_samples_clamped_keeps_eagers_numbers(name):
+    """CleanDiffuser's predict-noise clip, eps clamped to ``((xt - alpha * x_max) / sigma, (xt - alpha *
+    x_min) / sigma)``, fused as the clamp of x0 to ``(x_min, x_max)``: with large noise most entries
+    hit a bound at every step, and the fused loop still has eager's numbers (which the loop without
+    the clip does not)."""
+    model, args, noise_shape = CASES[name]()
+    args = (*args, 10 * torch.randn(noise_shape))
+    out, code = compile_run(model, *args)
+    hits, total = [0], [0]
+
+    def counting(pred, lo, hi):  # eager only: the compiled loop is traced already
+        hits[0] += int(((pred < lo) | (pred > hi)).sum())
+        total[0] += pred.numel()
+        return torch.clamp(pred, lo, hi)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.Tensor, "clip", lambda self, lo=None, hi=None: counting(self, lo, hi)
+                   if isinstance(lo, torch.Tensor) and lo.shape == self.shape else torch.clamp(self, lo, hi))
+        ref = model(*args)
+    assert hits[0] > 0.5 * total[0]
+    with torch.no_grad():
+        if hasattr(model, "clip"):
+            model.clip = None
+        else:
+            model.x_max = model.x_min = None
+        without = model(*args)
+    assert_fused_as_eager(code, out, ref, without)

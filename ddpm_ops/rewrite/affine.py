@@ -12,6 +12,12 @@ masks, scalars) and numbers. :func:`_read_update` proves ``x_{k+1}`` is
 
 or raises ``_NoMatch`` naming the node that is not.
 
+A clamp of ``e`` between bounds computed from the sample, ``q*x - r*x_max`` and
+``q*x - r*x_min`` (CleanDiffuser's predict-noise clip), is the clamp of
+``x0 = (q*x - e) / r`` to ``(x_min, x_max)`` where ``r > 0``: it is read as the
+x0 clamp, the clamped ``e`` as ``q*x - r*x0`` (:meth:`_UpdateReader._eps_clamp`;
+``r > 0`` is proved on the tables' values by :func:`.emit._prove_eps_clip`).
+
 A step may also add ``c = v * 0``, a multiplication by the literal zero of a
 step-only tensor shaped like the sample or broadcastable to it (CleanDiffuser's
 ``fix_mask`` blend at its default, ``xt * (1. - 0.) + prior * 0.``). It is the
@@ -137,6 +143,7 @@ class _Update:
     leaves: set
     zero: Node | None = None  # the term v * 0 added to the result (the module docstring), if any
     zero_of: Node | None = None  # its v
+    eps_clip: Node | None = None  # the clamp of e read as the x0 clamp (_UpdateReader._eps_clamp), if any
 
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.clone.default,
@@ -157,6 +164,7 @@ class _UpdateReader:
         self.pre_source = None
         self.noise = None
         self.zero: Node | None = None
+        self.eps_clip: Node | None = None
         self.leaves: set = set()
 
     # -- values that are not forms
@@ -235,6 +243,9 @@ class _UpdateReader:
         if self.pre is not None and self.pre[1] is None and self.x0_node is not None:
             raise _NoMatch(f"the next step reads {self.x0_node.name}, an x0 of this step other than the one "
                            "it clamps (the op gives the next step the clamped x0)")
+        if self.eps_clip is not None:
+            raise _NoMatch(f"a clamp of x0 in a step whose clamp {self.eps_clip.name} of e to bounds that "
+                           "depend on the sample already clamps its x0 (the op clamps x0 once)")
         if self.pre is not None or set(f.coef) - {"x", "e"}:
             raise _NoMatch("a clamp that is neither of the predicted x0 (once) nor the step's last op")
         self.pre, self.pre_source = (dict(f.coef), f.clip), f
@@ -351,7 +362,6 @@ class _UpdateReader:
                       for var in VARS if var in fa.coef or var in fb.coef})
 
     def _clamp(self, n: Node) -> _Form:
-        f = self.form(n.args[0])
         if _is(n, aten.clamp.default, aten.clip.default, aten.clamp.Tensor):  # torch.clip: export's training IR
             lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
             hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
@@ -359,11 +369,152 @@ class _UpdateReader:
             lo, hi = n.args[1], None
         else:
             lo, hi = None, n.args[1]
+        if any(self._is_form(b) for b in (lo, hi)):
+            inner = n.args[0]
+            # pred.clip(lo, hi) with tensor bounds lowers to clamp_max(clamp_min(pred, lo), hi)
+            # (or the reverse): one clamp of e between two bounds.
+            pair = {aten.clamp_min.Tensor: aten.clamp_max.Tensor, aten.clamp_max.Tensor: aten.clamp_min.Tensor}
+            if n.target in pair and _is(inner, pair[n.target]) and len(inner.users) == 1 and not inner.kwargs \
+                    and self._is_form(inner.args[1]):
+                if hi is None:
+                    hi = inner.args[1]
+                else:
+                    lo = inner.args[1]
+                inner = inner.args[0]
+            return self._eps_clamp(n, inner, lo, hi)
+        f = self.form(n.args[0])
         lo = -math.inf if lo is None else self.bound(n, lo)
         hi = math.inf if hi is None else self.bound(n, hi)
         if f.clip is not None:  # clamp_min then clamp_max: one clamp
             lo, hi = _tighter(n, lo, f.clip[0], max), _tighter(n, hi, f.clip[1], min)
         return _Form(dict(f.coef), (lo, hi))
+
+    def _eps_clamp(self, n: Node, clamped: Any, lo: Any, hi: Any) -> _Form:
+        """``clamp(e, q*x - r*M, q*x - r*m)`` read as the clamp of x0 to ``(m, M)``.
+
+        CleanDiffuser clips an eps prediction to ``((x - alpha*x_max) / sigma, (x - alpha*x_min)
+        / sigma)``: the x0 clip written on eps. With ``x0 = (q*x - e) / r`` and ``r > 0``,
+        ``e >= q*x - r*M`` is ``x0 <= M`` and ``e <= q*x - r*m`` is ``x0 >= m``, so the clamped
+        value is exactly ``q*x - r*clamp(x0, m, M)``: the step's x0 is ``A*x - B*e`` with
+        ``A = q/r``, ``B = 1/r``, and the clamped e the form ``q*x - r*x0``. Both bounds must
+        read x with the same coefficient ``q`` and their constant parts must be ``-r`` times one
+        number or one float32 value per column of the sample (``M``, ``m``) with the same ``r``;
+        that ``r`` is positive (and ``A``, ``B`` finite) at every step is proved by
+        :func:`.emit._prove_eps_clip` on the tables' values, at compile time."""
+        f = self.form(clamped)
+        if f.clip is not None or set(f.coef) != {"e"} or not _is_num(f.coef["e"], 1.0):
+            raise _NoMatch(f"{n.name} clamps to a bound that depends on the sample, and what it clamps is "
+                           "not the network's output e itself (read as an x0 clamp for e only)")
+        if self.pre is not None or self.eps_clip is not None:
+            raise _NoMatch(f"{n.name} clamps e to bounds that depend on the sample (an x0 clamp written on "
+                           "e) in a step that clamps its x0 already (the op clamps x0 once)")
+        read = {}
+        for side, b in (("lower", lo), ("upper", hi)):
+            if b is None:
+                continue
+            if not self._is_form(b):
+                raise _NoMatch(f"{n.name} clamps e to a {side} bound {getattr(b, 'name', b)} that does not "
+                               "depend on the sample beside one that does (an x0 clamp written on e has "
+                               "both of the form q*x - r*x_bound)")
+            read[side] = self._bound_form(n, b)
+        (q, r, _), *others = read.values()
+        for q2, r2, _ in others:
+            if not _same_coef(q2, q):
+                raise _NoMatch(f"{n.name} clamps e to bounds that read x with different coefficients {q!r} "
+                               f"and {q2!r} (an x0 clamp written on e has one, 1/sigma, in both)")
+            if not _same_coef(r2, r):
+                raise _NoMatch(f"{n.name} clamps e to bounds whose constant parts have different factors "
+                               f"{r!r} and {r2!r} (an x0 clamp written on e has -alpha/sigma in both)")
+        # e >= q*x - r*M is x0 <= M: the lower bound of e gives the upper bound of x0.
+        x0_lo = read["upper"][2] if "upper" in read else -math.inf
+        x0_hi = read["lower"][2] if "lower" in read else math.inf
+        self.pre = ({"x": cdiv(q, r), "e": cneg(cdiv(ONE, r))}, (x0_lo, x0_hi))
+        self.pre_source, self.eps_clip = None, n
+        return _Form({"x": q, "x0": cneg(r)})
+
+    def _bound_form(self, n: Node, b: Node) -> tuple:
+        """A bound of an eps clamp as ``(q, r, m)``: the bound is ``q*x - r*m``, ``q`` and ``r``
+        coefficients, ``m`` a number or a float32 tensor of one value per column."""
+        x, terms = self._bound_terms(n, b)
+        if x is None:
+            raise _NoMatch(f"{n.name} clamps e to a bound {b.name} that depends on the sample but not on x "
+                           "alone")
+        if len(terms) != 1:
+            raise _NoMatch(f"{n.name} clamps e to a bound {b.name} that is not q*x - r*x_bound with one "
+                           f"bound (its constant part has {len(terms)} terms)")
+        (c, m), = terms
+        return x, cneg(c), m
+
+    def _bound_terms(self, n: Node, b: Any) -> tuple:
+        """``b`` as ``(q, [(c, m), ...])``, the value ``q*x + sum(c*m)`` (``q`` ``None`` where ``b``
+        reads no x)."""
+        if not self._is_form(b):
+            return None, [self._bound_constant(n, b)]
+        if b is self.x:
+            return ONE, []
+        if _is(b, *_VIEWS) and _same_shape(b, b.args[0]) or \
+                _is(b, prims.convert_element_type.default) and _same_shape(b, b.args[0]) \
+                and b.args[1] == _val(b.args[0]).dtype:
+            return self._bound_terms(n, b.args[0])
+        if _is(b, aten.add.Tensor, aten.sub.Tensor) and _no_kwargs(b, {"alpha": b.kwargs.get("alpha", 1)}) \
+                and b.kwargs.get("alpha", 1) == 1:
+            (qa, ta), (qb, tb) = (self._bound_terms(n, a) for a in b.args[:2])
+            sign = ONE if _is(b, aten.add.Tensor) else _num(-1.0)
+            tb = [(cmul(c, sign), m) for c, m in tb]
+            q = qa if qb is None else cmul(qb, sign) if qa is None else cadd(qa, cmul(qb, sign))
+            return q, ta + tb
+        if _is(b, aten.neg.default):
+            q, t = self._bound_terms(n, b.args[0])
+            return (None if q is None else cneg(q)), [(cneg(c), m) for c, m in t]
+        if _is(b, aten.mul.Tensor, aten.div.Tensor) and not b.kwargs:
+            a, k = b.args[:2]
+            if _is(b, aten.mul.Tensor) and not self._is_form(a):
+                a, k = k, a
+            if not self._is_form(k):
+                c = self.coef(k)
+                c = cdiv(ONE, c) if _is(b, aten.div.Tensor) else c
+                q, t = self._bound_terms(n, a)
+                return (None if q is None else cmul(q, c)), [(cmul(ci, c), m) for ci, m in t]
+        raise _NoMatch(f"{n.name} clamps e to a bound that depends on the sample through {b.name} ({b.target}), "
+                       "not an affine function q*x - r*x_bound of x")
+
+    def _bound_constant(self, n: Node, b: Any) -> tuple:
+        """A step-only part of an eps clamp's bound as ``(c, m)``: ``c`` a coefficient (one number
+        per sample), ``m`` the bound (a number, or a float32 tensor of one value per column);
+        ``alpha * x_max`` as ``(alpha, x_max)``."""
+        if isinstance(b, (int, float)) and not isinstance(b, bool):
+            return ONE, float(b)
+        if not isinstance(b, Node) or not self.step_only(b):
+            raise _NoMatch(f"{n.name} clamps e to a bound whose constant part {getattr(b, 'name', b)} is "
+                           "not step-only")
+        if _is(b, aten.mul.Tensor, aten.div.Tensor) and not b.kwargs:
+            a, k = b.args[:2]
+            orders = ((a, k), (k, a)) if _is(b, aten.mul.Tensor) else ((a, k),)
+            for m_part, c_part in orders:
+                if self._bound_tensor(m_part) or isinstance(m_part, (int, float)) and not isinstance(m_part, bool):
+                    c = self.coef(c_part)
+                    c = cdiv(ONE, c) if _is(b, aten.div.Tensor) else c
+                    m = float(m_part) if not isinstance(m_part, Node) else m_part
+                    return c, m
+        if _is(b, aten.neg.default):
+            c, m = self._bound_constant(n, b.args[0])
+            return cneg(c), m
+        if self._bound_tensor(b):
+            return ONE, b
+        v = _val(b)
+        raise _NoMatch(f"{n.name} clamps e to a bound whose constant part {b.name} (shape "
+                       f"{None if v is None else tuple(v.shape)}) is not a coefficient times a number or one "
+                       "float32 value per column of a (batch, dim) sample")
+
+    def _bound_tensor(self, b: Any) -> bool:
+        """Whether ``b`` is a tensor the op takes as per-column bounds (see :meth:`bound`)."""
+        if not isinstance(b, Node) or self._is_form(b) or not self.step_only(b):
+            return False
+        try:
+            self.bound(b, b)
+        except _NoMatch:
+            return False
+        return True
 
     def bound(self, n: Node, b: Any) -> float | Node:
         """A clamp's bound: a number, or a step-only tensor of one value per column of the sample
@@ -380,6 +531,22 @@ class _UpdateReader:
             raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 value per "
                            "column of a (batch, dim) sample")
         return b
+
+
+def _same_coef(a: _Coef, b: _Coef) -> bool:
+    """Whether two coefficients are one value: the same ops on the same leaves, a leaf matching
+    a leaf computed again alike (``sigmas[i]`` written twice is two lookups)."""
+    from .timesteps import _recomputed  # (timesteps reads the network: imported when needed)
+
+    if a == b:
+        return True
+    if a.op != b.op or len(a.args) != len(b.args):
+        return False
+    if a.op == "num":
+        return a.args[0] == b.args[0]
+    if a.op == "leaf":
+        return a.args[0] is b.args[0] or _recomputed(a.args[0], b.args[0])
+    return all(_same_coef(x, y) for x, y in zip(a.args, b.args))
 
 
 def _tighter(n: Node, a: float | Node, b: float | Node, pick) -> float | Node:
@@ -489,7 +656,7 @@ def _read_update(x: Node, e: Node, out: Node, inside: set, sample_shape, step_on
         raise _NoMatch(f"{out.name} does not depend on the sample")
     pre, clip = (r.pre if r.pre is not None else (None, None))
     return _Update(out=out, pre=pre, clip=clip, post=f.coef, post_clip=post_clip,
-                   noise=r.noise, leaves=r.leaves, zero=zero, zero_of=_zero_times(zero))
+                   noise=r.noise, leaves=r.leaves, zero=zero, zero_of=_zero_times(zero), eps_clip=r.eps_clip)
 
 
 

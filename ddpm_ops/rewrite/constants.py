@@ -133,12 +133,10 @@ def _random(node: Node) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
 
 
-def fold(graph: Graph, node: Node, buffers: dict[Node, torch.Tensor], fake_mode) -> tuple[Node, Node] | None:
-    """``node``'s value as a ``get_attr`` constant of ``graph``'s module where it depends only
-    on ``buffers`` and constants: ``(the get_attr node, the node reading it)``; else ``None``
-    (the graph is not changed)."""
+def evaluate(graph: Graph, node: Node, buffers: dict[Node, torch.Tensor]) -> torch.Tensor | None:
+    """``node``'s value where it depends only on ``buffers`` and constants; else ``None``."""
     module = graph.owning_module
-    if module is None or not isinstance(node, Node) or node.op == "get_attr":
+    if module is None or not isinstance(node, Node):
         return None
     needed, work = set(), [node]
     while work:
@@ -170,7 +168,18 @@ def fold(graph: Graph, node: Node, buffers: dict[Node, torch.Tensor], fake_mode)
                     return None
                 env[n] = n.target(*args, **kwargs)
     value = env[node]
-    if not isinstance(value, torch.Tensor):
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def fold(graph: Graph, node: Node, buffers: dict[Node, torch.Tensor], fake_mode) -> tuple[Node, Node] | None:
+    """``node``'s value as a ``get_attr`` constant of ``graph``'s module where it depends only
+    on ``buffers`` and constants: ``(the get_attr node, the node reading it)``; else ``None``
+    (the graph is not changed)."""
+    module = graph.owning_module
+    if module is None or not isinstance(node, Node) or node.op == "get_attr":
+        return None
+    value = evaluate(graph, node, buffers)
+    if value is None:
         return None
     # Stored with a leading dimension of one and read through a select: inductor hands a graph
     # constant given to an op as it is to the op's fake kernel, with the real tensor (which it

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 
 import torch
 from torch.fx import Graph, Node
@@ -21,7 +22,7 @@ from ..calls import RULE, arg_slots, bias_net_args, op_args
 from ..ops import NOISE_SEED_BOUND
 from .affine import _Coef, _row_wise, _Update, cmul
 from .chain import _Loop
-from .constants import fold, real_buffers
+from .constants import evaluate, fold, real_buffers
 from .network import _net_ending_at
 from .nodes import _NoMatch, _is, _val, aten, prims
 from .plan import _Plan
@@ -50,10 +51,13 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             reemit = _per_sample(em, loop, updates, step_pieces, shared)
             tables = _indexed_tables(em, updates, reemit, batch)
             t_start = _t_start(em, reemit.sites)
+            columns = None  # every step index s the tables hold
         else:
             reemit = _shared_pieces(em, loop, step_pieces)
             tables = _shared_tables(em, updates)
             t_start = em.full([batch], K - 1, dtype=torch.int64)
+            columns = [K - 1 - k for k, u in enumerate(updates) if u.eps_clip is not None]
+        _prove_eps_clip(graph, updates, tables, columns, plan.clip)
         weights, biases, time_bias, cond_bias, time_net, cond_net = _first_layer(em, loop, batch, reemit)
         noise, noise_seed = _noise(em, updates, K)
         if noise is not None and _val(noise).dim() != 3:  # a chunk's draws: rows flattened as x's
@@ -89,6 +93,43 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         em.rollback()
         raise
     return fused, em
+
+
+def _prove_eps_clip(graph: Graph, updates: list, tables: Node, columns: list | None, clip) -> None:
+    """Where a step's clamp of e is read as its x0 clamp (``affine._UpdateReader._eps_clamp``),
+    prove with the tables' values that ``r`` (``1/B``) is positive and ``A``, ``B`` finite at
+    every step index ``columns`` (``None``: every index of per-sample tables), and with the
+    bounds' values that ``x_min <= x_max``; raise ``_NoMatch`` where that is not so or cannot be
+    computed at compile time. With ``r <= 0`` the clamp of e would not be the clamp of x0 to the
+    same bounds; with ``x_min > x_max`` eager's clamp of e (its upper bound last) gives x0 =
+    x_min where the op's clamp of x0 gives x_max."""
+    clamp = next((u.eps_clip for u in updates if u.eps_clip is not None), None)
+    if clamp is None:
+        return
+    what = f"{clamp.name} clamps e to bounds q*x - r*x_bound that depend on the sample (an x0 clamp written on e)"
+    buffers = real_buffers(graph)
+    value = evaluate(graph, tables, buffers or {})
+    if value is None:
+        raise _NoMatch(f"{what}, and r > 0, which makes it the clamp of x0, is not proved: its tables are "
+                       "not computed from constants and module buffers at compile time")
+    a, b = value[0].double(), value[1].double()
+    index = torch.arange(a.shape[0]) if columns is None else torch.tensor(columns, dtype=torch.long)
+    bad = [int(s) for s in index if not (math.isfinite(a[s]) and math.isfinite(b[s]) and b[s] > 0)]
+    if bad:
+        s = bad[0]
+        raise _NoMatch(f"{what}, and r = 1/B is not positive and finite at step index s = {s} (A = "
+                       f"{float(a[s]):.6g}, B = {float(b[s]):.6g}): a negative alpha/sigma turns the clamp of e "
+                       "into no clamp of x0")
+    lo, hi = (evaluate(graph, v, buffers or {}) if isinstance(v, Node) else torch.tensor(v, dtype=torch.float64)
+              for v in clip)
+    if lo is None or hi is None:
+        raise _NoMatch(f"{what}, and x_min <= x_max is not proved: its bounds are not computed from constants "
+                       "and module buffers at compile time")
+    if bool(lo.isnan().any() or hi.isnan().any()):
+        raise _NoMatch(f"{what} to bounds holding NaN")
+    if bool((lo.double() > hi.double()).any()):
+        raise _NoMatch(f"{what} to x_min {lo.tolist()} above x_max {hi.tolist()} (eager's clamp of e then "
+                       "gives x0 = x_min, the op's clamp of x0 x_max)")
 
 
 def _clamp_arg(em: _Emitter, clip, dim) -> tuple[list | None, Node | None]:

@@ -286,16 +286,18 @@ CASES = {
     # runs from ``x_T + c`` and ``c`` is added to its result, computed once a call.
     "cleandiffuser_sde_sample_idql_ddim_x0": _cd_sde_sample(net="idql", solver="ddim", predict_noise=False),
     "cleandiffuser_sde_sample_dql_ddpm_x0": _cd_sde_sample(predict_noise=False),
+    # CleanDiffuser's predict-noise clip bounds eps by ((xt - alpha * x_max) / sigma, (xt - alpha *
+    # x_min) / sigma): with alpha / sigma > 0 at every step (proved on the tables' values) it is
+    # the clamp of x0 = (xt - sigma * eps) / alpha to (x_min, x_max), written on eps.
+    "cleandiffuser_sde_sample_dql_ddpm": _cd_sde_sample(),
+    "cleandiffuser_sde_sample_idql_ddim": _cd_sde_sample(net="idql", solver="ddim"),
+    "cleandiffuser_sample_ddpm_eps_clip_tensor_bounds": _cd_sample(clip="eps"),
 }
 
 
 # Project loops the op cannot run: name -> (factory as above, what the DEBUG line says). They are
 # compiled unchanged (eager's numbers) and the rewrite names the fact it did not prove.
 LEFT_ALONE = {
-    # CleanDiffuser's predict-noise clip bounds eps by (xt - alpha * x_max) / sigma: bounds that
-    # depend on the sample (the same clamp of x0, written on eps; the op clamps x0 only).
-    "cleandiffuser_sample_ddpm_eps_clip_tensor_bounds": (
-        _cd_sample(clip="eps"), "clamps to a bound div_1 that depends on the sample"),
     # The fix_mask blend scales the sample by a (dim,) vector: the op's coefficients are one per sample.
     "cleandiffuser_sample_ddim_fix_mask": (
         _cd_sample(solver="ddim", fix_mask=True), "is not one number per sample (a (B, 1) column or a scalar)"),
@@ -304,10 +306,6 @@ LEFT_ALONE = {
     # of the network reads the previous sample through two pieces).
     "tiny_diffusion_numpy_t_sinusoidal_input": (
         _tiny_project(input_emb="sinusoidal"), "reads the previous step's sample in more than one piece"),
-    # CleanDiffuser's default sampler (its fix_mask blend, ``+ prior * 0.``, is read) with its predict-noise
-    # clip: eps bounded by (xt - alpha * x_max) / sigma, bounds that depend on the sample.
-    "cleandiffuser_sde_sample_dql_ddpm": (
-        _cd_sde_sample(), "that depends on the sample"),
     # MlpNNDiffusion adds the condition in place to the timestep features (``t += condition``): one
     # first-layer piece that is neither the same in every row nor a function of per-sample timesteps.
     "cleandiffuser_sde_sample_mlp_ddpm_x0": (
