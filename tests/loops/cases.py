@@ -286,6 +286,10 @@ CASES = {
     # runs from ``x_T + c`` and ``c`` is added to its result, computed once a call.
     "cleandiffuser_sde_sample_idql_ddim_x0": _cd_sde_sample(net="idql", solver="ddim", predict_noise=False),
     "cleandiffuser_sde_sample_dql_ddpm_x0": _cd_sde_sample(predict_noise=False),
+    # MlpNNDiffusion adds the condition in place to the timestep features (``t += condition``) before
+    # the cat: the sum's addends are read through the same columns of the first Linear, the features
+    # as time rows and the condition as the condition network.
+    "cleandiffuser_sde_sample_mlp_ddpm_x0": _cd_sde_sample(net="mlp", obs_dim=12, predict_noise=False),
 }
 
 
@@ -308,11 +312,6 @@ LEFT_ALONE = {
     # clip: eps bounded by (xt - alpha * x_max) / sigma, bounds that depend on the sample.
     "cleandiffuser_sde_sample_dql_ddpm": (
         _cd_sde_sample(), "that depends on the sample"),
-    # MlpNNDiffusion adds the condition in place to the timestep features (``t += condition``): one
-    # first-layer piece that is neither the same in every row nor a function of per-sample timesteps.
-    "cleandiffuser_sde_sample_mlp_ddpm_x0": (
-        _cd_sde_sample(net="mlp", obs_dim=12, predict_noise=False),
-        "may differ between samples, and the timesteps are not a per-sample tensor"),
     # DPPO's DDIM eps_clip_value clamps eps read back from the clamped x0: a clamp the op has not
     # (it clamps x0 and the step's result).
     "dppo_eval_ddim_eps_clip": (
