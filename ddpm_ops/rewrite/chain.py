@@ -12,7 +12,8 @@ goes through (:func:`_step_ends` lists them; :mod:`.plan` chooses). An
 application chained to no other is a loop of one step where it reads a time
 input beside its sample (:func:`_lone_x_pos`). A step that alone cannot be
 fused raises :class:`_StepNoMatch`, and its loop is cut there
-(:meth:`_Loop.part`).
+(:meth:`_Loop.part`). A piece that sums a value of the step and a condition
+is read as two pieces through the same columns (:func:`_split_sums`).
 """
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ from torch.fx import Graph, Node
 
 from .._library import has_fused_rule_kernel
 from .affine import _read_update, _Update, _x0_clamped
-from .chain import _ancestors_within, _descendants, _latest_step, _Loop, _loops, _split_sums, _step_region, \
-    _StepNoMatch
+from .chain import _ancestors_within, _descendants, _latest_step, _Loop, _loops, _step_region, _StepNoMatch
+from .chain import _split_sums
 from .network import _find_nets
 from .nodes import _ASSERT_METADATA, _float32_cast_source, _is, _NoMatch, _val
 from .tables import _coefs, _shape_of
