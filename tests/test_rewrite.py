@@ -521,3 +521,73 @@ def test_timesteps_filled_from_a_0d_tensor_are_shared_by_the_batch():
     with torch.no_grad():
         assert relative_error(out, model(*args)) < 1e-5
     assert_fused_once(code)
+
+
+class TimeFeaturesPlusCondition(torch.nn.Module):
+    """CleanDiffuser's MlpNNDiffusion: the condition combined with the timestep's sinusoidal
+    features before the concatenation, ``mlp(cat([x, temb(t) + cond]))``. ``combine``: how
+    (``"sum"``, ``"sum_reversed"`` (``cond + temb``), ``"product"``); ``per_sample``: the
+    timesteps a ``(B,)`` tensor ``t - k``, else ``torch.full`` of the step's number."""
+
+    def __init__(self, combine="sum", per_sample=False, dim=3, emb=8, steps=4, T=10):
+        super().__init__()
+        self.combine, self.per_sample, self.steps = combine, per_sample, steps
+        self.net = torch.nn.Sequential(torch.nn.Linear(dim + emb, 32), torch.nn.SiLU(), torch.nn.Linear(32, dim))
+        self.register_buffer("freqs", torch.exp(-torch.arange(emb // 2) * 0.7))
+        betas = torch.linspace(1e-3, 0.2, T)
+        abar = torch.cumprod(1 - betas, 0)
+        self.register_buffer("a", 1 / torch.sqrt(1 - betas))
+        self.register_buffer("b", betas / torch.sqrt(1 - abar) / torch.sqrt(1 - betas))
+        self.register_buffer("s", torch.sqrt(betas))
+
+    def temb(self, t):
+        f = t.float()[:, None] * self.freqs
+        return torch.cat([f.sin(), f.cos()], -1)
+
+    def forward(self, x, cond, t0, noise):
+        B = x.shape[0]
+        for k in range(self.steps):
+            t = t0 - k if self.per_sample else torch.full((B,), self.steps - 1 - k, dtype=torch.long)
+            te = self.temb(t)
+            h = {"sum": lambda: te + cond, "sum_reversed": lambda: cond + te,
+                 "product": lambda: te * cond}[self.combine]()
+            eps = self.net(torch.cat([x, h], -1))
+            x = self.a[t][:, None] * x - self.b[t][:, None] * eps + self.s[t][:, None] * noise[k]
+        return x
+
+
+def _time_plus_condition_inputs(model, batch=6):
+    torch.manual_seed(1)
+    t0 = torch.randint(model.steps - 1, 10, (batch,))
+    return torch.randn(batch, 3), torch.randn(batch, 8), t0, torch.randn(model.steps, batch, 3)
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+@pytest.mark.parametrize("combine", ["sum", "sum_reversed"])
+def test_time_features_plus_condition_fuse(combine, per_sample):
+    """``W (temb(t) + cond) = W temb(t) + W cond``: the sum's addends are read through the same
+    columns of the first Linear, the time features as time rows, the condition as the condition
+    network (chain._split_sums), in either order."""
+    torch.manual_seed(0)
+    model = TimeFeaturesPlusCondition(combine, per_sample)
+    args = _time_plus_condition_inputs(model)
+    out, code = compile_run(model, *args)
+    with torch.no_grad():
+        assert relative_error(out, model(*args)) < 1e-5
+    assert_fused_once(code)
+
+
+def test_time_features_times_condition_left_alone(caplog):
+    """A product of the time features and the condition is no sum: the Linear's columns do not
+    split it into time rows and a condition, and the DEBUG line says so."""
+    caplog.set_level(logging.DEBUG, logger="ddpm_ops.rewrite")
+    torch.manual_seed(0)
+    model = TimeFeaturesPlusCondition("product")
+    args = _time_plus_condition_inputs(model)
+    out, code = compile_run(model, *args)
+    with torch.no_grad():
+        assert relative_error(out, model(*args)) < 1e-5
+    assert fused_calls(code) == 0
+    left = [r.getMessage() for r in caplog.records if " left alone: " in r.getMessage()]
+    assert len(left) == 1 and "aten.mul.Tensor, not a sum," in left[0] \
+        and "not read as time rows plus a condition through the same columns" in left[0], left

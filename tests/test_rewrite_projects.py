@@ -693,7 +693,8 @@ def test_tabddpm_regression_label_fuses_with_its_label_linear_once_a_call():
     assert len(MATMUL.findall(code)) == 1, code
 
 
-@pytest.mark.parametrize("name", ["cleandiffuser_sde_sample_dql_ddpm_x0", "cleandiffuser_sde_sample_idql_ddim_x0"])
+@pytest.mark.parametrize("name", ["cleandiffuser_sde_sample_dql_ddpm_x0", "cleandiffuser_sde_sample_idql_ddim_x0",
+                                  "cleandiffuser_sde_sample_mlp_ddpm_x0"])
 def test_cleandiffuser_prior_blend_keeps_eagers_nan_rows(name):
     """CleanDiffuser's default ``fix_mask`` 0.: ``xt * 1. + prior * 0.`` before the loop and after every
     step, fused as ``op(x_T + c) + c`` with ``c = prior * 0.``. A prior holding inf and NaN in one row:

@@ -12,16 +12,19 @@ goes through (:func:`_step_ends` lists them; :mod:`.plan` chooses). An
 application chained to no other is a loop of one step where it reads a time
 input beside its sample (:func:`_lone_x_pos`). A step that alone cannot be
 fused raises :class:`_StepNoMatch`, and its loop is cut there
-(:meth:`_Loop.part`).
+(:meth:`_Loop.part`). A piece that sums a value of the step and a condition
+is read as two pieces through the same columns (:func:`_split_sums`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch.fx import Graph, Node
 
 from .network import _Net
-from .nodes import _ASSERT_METADATA, _NoMatch, _is, _known_eq, _val, aten
+from .nodes import _ASSERT_METADATA, _NoMatch, _is, _known_eq, _no_kwargs, _shape_eq, _val, aten
+from .tables import _batched, _uniform
+from .timesteps import _recomputed
 
 
 @dataclass
@@ -34,6 +37,9 @@ class _Loop:
     pieces: list  # per step, the first Linear's input pieces (a cat's tensors, or [input]), then its terms
     x_pos: int
     next_x: Node | None = None
+    # piece -> the earlier piece whose columns of the first Linear it is read through (a sum's
+    # loop-invariant addend: :func:`_split_sums`)
+    shared: dict = field(default_factory=dict)
 
     def x(self, k: int) -> Node:
         return self.pieces[k][self.x_pos]
@@ -47,7 +53,22 @@ class _Loop:
     def part(self, start: int, stop: int) -> _Loop:
         """Steps ``start .. stop - 1`` as a loop of their own."""
         return _Loop(self.nets[start:stop], self.pieces[start:stop], self.x_pos,
-                     self.x(stop) if stop < len(self.nets) else self.next_x)
+                     self.x(stop) if stop < len(self.nets) else self.next_x, dict(self.shared))
+
+    def columns(self) -> list:
+        """Per piece, its ``(start, stop)`` among the first Linear's input columns (``None`` for
+        a term, added after the Linear)."""
+        read = len(self.pieces[0]) - len(self.nets[0].terms)
+        out, start = [], 0
+        for p, piece in enumerate(self.pieces[0]):
+            if p >= read:
+                out.append(None)
+            elif p in self.shared:
+                out.append(out[self.shared[p]])
+            else:
+                out.append((start, start + _val(piece).shape[1]))
+                start = out[-1][1]
+        return out
 
 
 _FLATTENING = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
@@ -87,6 +108,81 @@ def _input_pieces(net: _Net) -> list:
         if v is not None and v.dim() == 2 and dim in (1, -1):
             return _join_columns(list(inp.args[0]))
     return [inp]
+
+
+def _sum_of_two(node) -> tuple[Node, Node] | None:
+    """``(a, b)`` for ``node = a + b`` with both addends of ``node``'s shape (no broadcast,
+    ``alpha`` 1); else ``None``."""
+    if not (_is(node, aten.add.Tensor) and _no_kwargs(node, {"alpha": 1})):
+        return None
+    a, b = node.args[:2]
+    out = _val(node)
+    if out is None or not all(isinstance(v, Node) and _val(v) is not None and _shape_eq(_val(v).shape, out.shape)
+                              for v in (a, b)):
+        return None
+    return a, b
+
+
+def _invariant(values: list, batch) -> bool:
+    """Whether ``values`` (one per step) are one loop-invariant value (the same node, or step
+    0's computed again) that differs between samples."""
+    first = values[0]
+    return all(v is first or _recomputed(v, first) for v in values[1:]) and _batched(first, batch) \
+        and not _uniform(first, batch, {})
+
+
+def _split_sums(loop: _Loop) -> None:
+    """Read each piece of the first Linear's input that is, in every step, a sum ``a_k + c`` of
+    a value ``a_k`` that changes with the step and one loop-invariant ``c`` that differs between
+    samples, as two pieces through the same columns: the Linear is linear, ``W (a_k + c) = W a_k
+    + W c``, so ``a_k`` is a step-only piece (the time rows or network) and ``c`` a
+    loop-invariant one (the condition network) of the same block of the weight. CleanDiffuser's
+    MlpNNDiffusion adds its condition to the timestep features before the ``cat``: ``t = t +
+    condition`` (or ``t += condition``), ``mlp(cat([x, t], -1))``. Where the addends are not
+    both shaped like the sum, or the piece is another function of the two, it is read whole."""
+    if len(loop.nets) < 2:
+        return
+    batch = _val(loop.x(0)).shape[0]
+    read = len(loop.pieces[0]) - len(loop.nets[0].terms)
+    for p in range(read):
+        first = loop.pieces[0][p]
+        if p == loop.x_pos or p in loop.shared or all(step[p] is first for step in loop.pieces):
+            continue
+        sums = [_sum_of_two(step[p]) for step in loop.pieces]
+        if any(s is None for s in sums):
+            continue
+        for j in (0, 1):
+            parts, rest = [s[1 - j] for s in sums], [s[j] for s in sums]
+            if _invariant(parts, batch) and not all(r is rest[0] for r in rest):
+                break
+        else:
+            continue
+        for step, r in zip(loop.pieces, rest):  # the invariant addend after the pieces read, before the terms
+            step[p] = r
+            step.insert(read, parts[0])
+        loop.shared[read] = p
+        read += 1
+
+
+def _mixed_piece(loop: _Loop) -> str | None:
+    """Why a piece of the first Linear's input that mixes the step with a loop-invariant value
+    that differs between samples is not read, where its op is not a sum (``temb(t) * cond``):
+    such a piece is neither time rows nor a condition, and only a sum splits into the two
+    through the Linear's columns. ``None`` where no piece is such an op."""
+    batch = _val(loop.x(0)).shape[0]
+    for p, first in enumerate(loop.pieces[0]):
+        if p == loop.x_pos or all(step[p] is first for step in loop.pieces) \
+                or any(not isinstance(step[p], Node) or step[p].target != first.target or
+                       len(step[p].args) != len(first.args) for step in loop.pieces):
+            continue
+        for i, a in enumerate(first.args):
+            if isinstance(a, Node) and _invariant([step[p].args[i] for step in loop.pieces], batch):
+                what = ("a sum whose addends are not both of its shape" if _is(first, aten.add.Tensor)
+                        else f"{first.target}, not a sum,")
+                return (f"the first Linear's input {first.name} is {what} of {a.name}, which differs between "
+                        "samples and not between steps, and values that change with the step: not read as "
+                        "time rows plus a condition through the same columns")
+    return None
 
 
 def _columns_of(piece) -> tuple | None:

@@ -21,7 +21,7 @@ from torch.fx import Graph, Node
 from ..calls import RULE, arg_slots, bias_net_args, op_args
 from ..ops import NOISE_SEED_BOUND
 from .affine import _Coef, _row_wise, _Update, cmul
-from .chain import _Loop
+from .chain import _Loop, _mixed_piece
 from .constants import evaluate, fold, real_buffers
 from .network import _net_ending_at
 from .nodes import _NoMatch, _is, _val, aten, prims
@@ -48,7 +48,10 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         try:
             _check_uniform(leaves | {step[p] for step in loop.pieces for p in step_pieces}, batch)
         except _NoMatch as shared:
-            reemit = _per_sample(em, loop, updates, step_pieces, shared)
+            try:
+                reemit = _per_sample(em, loop, updates, step_pieces, shared)
+            except _NoMatch as e:  # a piece of the step and a condition, not a sum: say so
+                raise _NoMatch(_mixed_piece(loop) or str(e)) from None
             tables = _indexed_tables(em, updates, reemit, batch)
             t_start = _t_start(em, reemit.sites)
             columns = None  # every step index s the tables hold
@@ -249,16 +252,12 @@ def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, list, 
     w0 = net0.weights[0]
     if len(loop.pieces[0]) == 1:
         return list(net0.weights), list(net0.biases), None, None, [], []
-    read = len(loop.pieces[0]) - len(net0.terms)  # pieces the first Linear reads; then its terms
-    time_pieces, cond_pieces, start, cols, stacked_net = [], [], 0, None, None
+    columns = loop.columns()  # each piece's block of the first Linear's columns; a term's None
+    time_pieces, cond_pieces, cols, stacked_net = [], [], None, None
     for p in range(len(loop.pieces[0])):
         piece = loop.pieces[0][p]
-        if p < read:  # the piece's block of the first Linear's columns
-            stop = start + _val(piece).shape[1]
-            w_cols = em(aten.slice.Tensor, w0, 1, start, stop)
-            start = stop
-        else:  # a term: added as it is
-            w_cols = None
+        # a term is added as it is; a sum's addends split by chain._split_sums share one block
+        w_cols = None if columns[p] is None else em(aten.slice.Tensor, w0, 1, *columns[p])
         if p == loop.x_pos:
             cols = w_cols  # the op reads a view of the first weight's columns as it is: no copy per call
         elif all(step[p] is piece for step in loop.pieces):

@@ -23,6 +23,7 @@ from torch.fx import Graph, Node
 from .._library import has_fused_rule_kernel
 from .affine import _read_update, _Update, _x0_clamped
 from .chain import _ancestors_within, _descendants, _latest_step, _Loop, _loops, _step_region, _StepNoMatch
+from .chain import _split_sums
 from .network import _find_nets
 from .nodes import _ASSERT_METADATA, _float32_cast_source, _is, _NoMatch, _val
 from .tables import _coefs, _shape_of
@@ -106,6 +107,7 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         if p != loop.x_pos and all(step[p] is first or _recomputed(step[p], first) for step in loop.pieces):
             for step in loop.pieces:
                 step[p] = first
+    _split_sums(loop)
 
     def step_only(n):
         return latest.get(n, -1) == -1

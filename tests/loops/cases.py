@@ -292,6 +292,10 @@ CASES = {
     "cleandiffuser_sde_sample_dql_ddpm": _cd_sde_sample(),
     "cleandiffuser_sde_sample_idql_ddim": _cd_sde_sample(net="idql", solver="ddim"),
     "cleandiffuser_sample_ddpm_eps_clip_tensor_bounds": _cd_sample(clip="eps"),
+    # MlpNNDiffusion adds the condition in place to the timestep features (``t += condition``) before
+    # the cat: the sum's addends are read through the same columns of the first Linear, the features
+    # as time rows and the condition as the condition network.
+    "cleandiffuser_sde_sample_mlp_ddpm_x0": _cd_sde_sample(net="mlp", obs_dim=12, predict_noise=False),
 }
 
 
@@ -306,11 +310,6 @@ LEFT_ALONE = {
     # of the network reads the previous sample through two pieces).
     "tiny_diffusion_numpy_t_sinusoidal_input": (
         _tiny_project(input_emb="sinusoidal"), "reads the previous step's sample in more than one piece"),
-    # MlpNNDiffusion adds the condition in place to the timestep features (``t += condition``): one
-    # first-layer piece that is neither the same in every row nor a function of per-sample timesteps.
-    "cleandiffuser_sde_sample_mlp_ddpm_x0": (
-        _cd_sde_sample(net="mlp", obs_dim=12, predict_noise=False),
-        "may differ between samples, and the timesteps are not a per-sample tensor"),
     # DPPO's DDIM eps_clip_value clamps eps read back from the clamped x0: a clamp the op has not
     # (it clamps x0 and the step's result).
     "dppo_eval_ddim_eps_clip": (
