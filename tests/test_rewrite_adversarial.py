@@ -258,6 +258,21 @@ CASES = {
 }
 
 
+def assert_left_alone(model, args, reason, caplog):
+    """Compiled, ``model(*args)`` keeps eager's numbers with no fused call, and the rewrite
+    logs that it left the loop alone for ``reason``."""
+    import logging
+
+    with torch.no_grad():
+        ref = model(*args)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, *args)
+    assert not FUSED_CALL.findall(code)
+    assert relative_error(out, ref) < 1e-5
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    assert any("left alone" in m and reason in m for m in lines), lines
+
+
 def make_inputs(model, batch=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, model.dim, generator=g)
@@ -499,8 +514,6 @@ def test_zero_times_a_broadcast_prior_fuses_with_eagers_nan_columns():
 def test_half_a_prior_is_left_alone_and_says_why(caplog):
     """``+ prior * 0.5``: a term without x or e that is no noise draw (it is read as one only
     where nothing else is) next to the step's draw: left alone with its reason."""
-    import logging
-
     class HalfPriorWithNoise(ZeroTimesPrior):
         def forward(self, x, t, prior, noise):
             for k in range(self.K):
@@ -510,15 +523,7 @@ def test_half_a_prior_is_left_alone_and_says_why(caplog):
     model = HalfPriorWithNoise(factor=0.5).eval()
     x, t = make_inputs(model, batch=4)
     args = (x, t, torch.randn(4, model.dim), torch.randn(model.K, 4, model.dim))
-    with torch.no_grad():
-        ref = model(*args)
-    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
-        out, code = compile_run(model, *args)
-    assert not FUSED_CALL.findall(code)
-    assert relative_error(out, ref) < 1e-5
-    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
-    assert any("left alone" in m and "a term without x or e that is not one noise draw of the sample's shape" in m
-               for m in lines), lines
+    assert_left_alone(model, args, "a term without x or e that is not one noise draw of the sample's shape", caplog)
 
 
 # ----------------------------------------------------------------------------- an x0 clamp written on eps
@@ -609,17 +614,8 @@ def test_eps_clamp_not_an_x0_clamp_is_left_alone_and_says_why(variant, reason, c
     """An eps clamp whose bounds read x with another coefficient, a negative sigma table (the
     clamp of eps then is no clamp of x0), an x0 clamp besides, bounds with a batch dimension:
     eager's numbers, no fused call, the reason logged."""
-    import logging
-
     model = EpsClip(**variant).eval()
     args = _eps_clip_inputs(model)
     if variant.get("bounds") == "rows":
         args = (*args, torch.rand(16, model.dim) + 0.5, -torch.rand(16, model.dim) - 0.5)
-    with torch.no_grad():
-        ref = model(*args)
-    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
-        out, code = compile_run(model, *args)
-    assert not FUSED_CALL.findall(code)
-    assert relative_error(out, ref) < 1e-5
-    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
-    assert any("left alone" in m and reason in m for m in lines), lines
+    assert_left_alone(model, args, reason, caplog)
