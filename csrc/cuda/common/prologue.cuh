@@ -37,11 +37,11 @@ __device__ __forceinline__ float step_bias_row(const EngineArgs& a, float column
 // acc + sum_q h[q] w[q] in the order of q, w in global memory and h there
 // too (kGlobalInput) or in shared memory, the loads kBatch at a time: one
 // load latency per term (each from L2) made a 32-term product cost 32
-// latencies on fp32_resident's critical path (and on fp32_rule's). Batches
-// cost registers, so only kernels with registers to spare ask for them;
-// tf32x3_tiled (evaluate_bias_net's kBatch of 1) keeps the plain loop, with
-// which its 16-row tiles fit 128 registers and two CTAs an SM (seed net,
-// batch 4096: 624 us, against about 1000 at 153 registers).
+// latencies on fp32_resident's critical path. Batches cost registers, so
+// only kernels with registers to spare ask for them; the others
+// (evaluate_bias_net's kBatch of 1) keep the plain loop, with which the
+// 16-row tiles of tf32x3_tiled fit 128 registers and two CTAs an SM (seed
+// net, batch 4096: 624 us, against about 1000 at 153 registers).
 template <bool kGlobalInput, int kBatch>
 __device__ __forceinline__ float dot_from_l2(const float* h, const float* w, int n, float acc) {
   int q = 0;

@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(rule_threads(R))
     const int r = i / a.dim, j = i - r * a.dim;
     store_sample(a, 0, row0 + r, j, xs[r * dim_ld + j], rr.valid[r]);
   }
-  nets.evaluate_cond<kRuleBiasNetLoadBatch>(a, row0);
+  nets.evaluate_cond(a, row0);
 
   for (int k = 0; k < a.num_steps; ++k) {
     if (static_cast<int>(threadIdx.x) < R) {
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(rule_threads(R))
 #pragma unroll
       for (int q = 0; q < kStepTablesWithPrevious; ++q) rr.coef[q][threadIdx.x] = step_coefficient(a.step, q, s);
     }
-    if (nets.time_window_starts(k)) nets.evaluate_time<kRuleBiasNetLoadBatch>(a, k, [&](int r) { return rr.t0[r]; });
+    if (nets.time_window_starts(k)) nets.evaluate_time(a, k, [&](int r) { return rr.t0[r]; });
     __syncthreads();
     const float* in = xs;
     int in_ld = dim_ld;

@@ -38,15 +38,6 @@ DDPM_HD inline size_t rule_smem_bytes(int rows, int dim_ld, int width, int bias_
                                                        (2 + static_cast<size_t>(saved_buffers)) * static_cast<size_t>(width)));
 }
 
-// The bias networks' loads in flight per thread (dot_from_l2). Loaded one at
-// a time, each term of a dot product is one L2 latency on the block's path
-// before its first layer: Diffusion-QL's time MLP (16, 32 and 16 inputs) and
-// state columns (17) some 80 latencies in a row. At batch 1 a call took the
-// same 78 to 88 us on an H100 whether each block read all of the weights or
-// an eighth of them (the weights spread over several blocks), so the weights
-// were not its bound; the registers are there (no instantiation spills more).
-constexpr int kRuleBiasNetLoadBatch = 8;
-
 // A network program (fused_sample.rule's `network`) as fp32_rule runs it,
 // compiled on the host (fused_sample_cuda.cu): each instruction reads buffer
 // `src` and writes buffer `dst`, where kProgramX is the samples (never
