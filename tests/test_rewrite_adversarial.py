@@ -533,7 +533,8 @@ class EpsClip(Base):
     (x - alpha * x_min) / sigma)``, the clamp of x0 = (x - sigma * eps) / alpha to ``(x_min,
     x_max)`` written on eps, then a DDIM-like update with noise given as a tensor. ``bounds``:
     "columns" ((dim,) buffers), "scalars" (Python floats), "upper" (``x_min`` None: eps bounded
-    below only, x0 above only) or "rows" ((B, dim) inputs);
+    below only, x0 above only), "rows" ((B, dim) inputs) or "unit" (bounds written without the
+    unit factor: ``(x - alpha) / sigma`` and ``(x + alpha) / sigma``, x0 clamped to (-1, 1));
     ``x_coef`` scales x in the lower bound only; ``sigma_sign`` -1 makes the sigma table
     negative; ``x0_clip`` clamps the x0 computed from the clamped eps again."""
 
@@ -561,8 +562,11 @@ class EpsClip(Base):
             a, s = self.col(self.alpha, ti), self.col(self.sigma, ti)
             a_prev, s_prev = self.col(self.alpha_prev, ti), self.col(self.sigma_prev, ti)
             eps = self.eps_net(torch.cat([x, self.tcol(ti)], 1))
-            lo = (self.x_coef * x - a * x_max) / s
-            hi = None if self.bounds == "upper" else (x - a * x_min) / s
+            if self.bounds == "unit":
+                lo, hi = (self.x_coef * x - a) / s, (x + a) / s
+            else:
+                lo = (self.x_coef * x - a * x_max) / s
+                hi = None if self.bounds == "upper" else (x - a * x_min) / s
             if not torch.compiler.is_compiling():
                 self.hits += int(((eps < lo) | (eps > (lo.abs() + eps.abs() + 1 if hi is None else hi))).sum())
             eps = eps.clip(lo, hi)
@@ -578,7 +582,7 @@ def _eps_clip_inputs(model, batch=16, scale=1.0):
     return x * scale, t, torch.randn(model.K, batch, model.dim, generator=torch.Generator().manual_seed(1)) * scale
 
 
-@pytest.mark.parametrize("bounds", ["columns", "scalars", "upper"])
+@pytest.mark.parametrize("bounds", ["columns", "scalars", "upper", "unit"])
 def test_eps_clamped_to_x0_bounds_fuses_with_eagers_numbers(bounds):
     """The clamp of eps between ``(x - alpha * x_max) / sigma`` and ``(x - alpha * x_min) / sigma``
     is the clamp of x0 to ``(x_min, x_max)``: one fused call, eager's numbers (noise given)."""
@@ -606,6 +610,7 @@ def test_eps_clamped_to_x0_bounds_with_most_samples_clamped_keeps_eagers_numbers
 
 @pytest.mark.parametrize("variant, reason", [
     (dict(x_coef=2.0), "clamps e to bounds that read x with different coefficients"),
+    (dict(bounds="unit", x_coef=2.0), "clamps e to bounds that read x with different coefficients"),
     (dict(sigma_sign=-1.0), "r = 1/B is not positive and finite at step index"),
     (dict(x0_clip=True), "already clamps its x0 (the op clamps x0 once)"),
     (dict(bounds="rows"), "is not a coefficient times a number or one float32 value per column"),

@@ -97,6 +97,8 @@ def cadd(a: _Coef, b: _Coef) -> _Coef:
 
 
 def cneg(a: _Coef) -> _Coef:
+    if a.op == "neg":
+        return a.args[0]
     return _num(-a.args[0]) if _is_num(a) else _Coef("neg", (a,))
 
 
@@ -418,7 +420,14 @@ class _UpdateReader:
                                "both of the form q*x - r*x_bound)")
             read[side] = self._bound_form(n, b)
         (q, r, _), *others = read.values()
-        for q2, r2, _ in others:
+        factors = [_number_factor(r2) for _, r2, _ in read.values()]
+        f, core = factors[0]
+        for (side, (q2, r2, m2)), (f2, core2) in zip(list(read.items())[1:], factors[1:]):
+            if not isinstance(m2, Node) and f != 0.0 and _same_coef(core2, core):
+                # A number bound takes the other bound's factor: ``(x + alpha) / sigma`` is
+                # ``(x - alpha * -1.0) / sigma`` (torch may fold ``alpha * 1.0`` to ``alpha``).
+                read[side] = q2, r, m2 * f2 / f
+        for q2, r2, _ in list(read.values())[1:]:
             if not _same_coef(q2, q):
                 raise _NoMatch(f"{n.name} clamps e to bounds that read x with different coefficients {q!r} "
                                f"and {q2!r} (an x0 clamp written on e has one, 1/sigma, in both)")
@@ -501,6 +510,10 @@ class _UpdateReader:
             return cneg(c), m
         if self._bound_tensor(b):
             return ONE, b
+        try:  # ``alpha * 1.0``, which torch may fold to ``alpha``
+            return self.coef(b), 1.0
+        except _NoMatch:
+            pass
         v = _val(b)
         raise _NoMatch(f"{n.name} clamps e to a bound whose constant part {b.name} (shape "
                        f"{None if v is None else tuple(v.shape)}) is not a coefficient times a number or one "
@@ -531,6 +544,23 @@ class _UpdateReader:
             raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 value per "
                            "column of a (batch, dim) sample")
         return b
+
+
+def _number_factor(c: _Coef) -> tuple:
+    """``c`` as ``(f, core)``, ``c = f * core`` with the numbers of its products, quotients and
+    negations gathered in ``f``."""
+    if _is_num(c):
+        return c.args[0], ONE
+    if c.op == "neg":
+        f, core = _number_factor(c.args[0])
+        return -f, core
+    if c.op in ("mul", "div"):
+        (fa, ca), (fb, cb) = map(_number_factor, c.args)
+        if c.op == "mul":
+            return fa * fb, cmul(ca, cb)
+        if fb != 0.0:
+            return fa / fb, cdiv(ca, cb)
+    return 1.0, c
 
 
 def _same_coef(a: _Coef, b: _Coef) -> bool:
