@@ -9,6 +9,8 @@ from torch.nn.utils import parametrize
 from .calls import RULE, arg_slots
 from .conditioning import BiasNet, cond_bias, time_bias_from_module
 from .layers import VOCABULARY, Program, mlp_layers, read_network, refuse_hooks
+
+ACTIVATION_NAMES = frozenset(a.name for a in VOCABULARY)
 from .ops import PRECISIONS, _as_int, _clamp_args, _default_generator, mlp_parameters, sample
 from .step_rules import StepRule
 
@@ -17,27 +19,48 @@ def _activation_name(layer: nn.Module) -> str | None:
     return next((a.name for a in VOCABULARY if a.computed_by(layer)), None)
 
 
-def _split_time_embedding(time_embedding) -> tuple[nn.Module, nn.Sequential, str] | None:
-    """``(features, mlp, last)`` where ``time_embedding`` is an ``nn.Sequential``
-    of a parameter-free feature map (a sinusoidal or Fourier embedding of the
-    timesteps) followed by ``Linear (act Linear)*`` and optionally one more
-    activation (``last``, else ``"identity"``); None for any other form."""
+class _TimeNet:
+    """A time embedding the op evaluates as its ``time_net``: the feature map's output at the
+    rule's timesteps, then ``linears`` (each followed by its activation in ``activations``),
+    then the first Linear's time columns. ``learned``: whether the feature map has parameters
+    (IDQL's learned Fourier features: evaluated at every call; else computed once).
+    ``modules``: what a call checks for hooks."""
+
+    def __init__(self, features, linears=(), activations=(), modules=()):
+        self.features, self.learned = features, not _parameter_free(features)
+        self.linears, self.activations = tuple(linears), tuple(activations)
+        self.modules = (*modules, *(features.modules() if self.learned else ()))
+
+
+def _time_net(time_embedding) -> _TimeNet | None:
+    """``time_embedding`` read as a :class:`_TimeNet`: a parameter-free module (features alone,
+    such as a sinusoidal map or the t/T column), or an ``nn.Sequential`` of a feature map with
+    no Linear followed by Linears and activations (as modules or functions, in modules of
+    their own such as IDQL's MLP: :func:`read_network`); None for any other form."""
+    if _parameter_free(time_embedding):
+        return _TimeNet(time_embedding)
     if not isinstance(time_embedding, nn.Sequential):
         return None
     layers = list(time_embedding.children())
-    first = next((i for i, m in enumerate(layers) if isinstance(m, nn.Linear)), None)
-    if first is None or first == 0 or any(True for m in layers[:first] for _ in m.parameters()):
+    first = next((i for i, m in enumerate(layers) if any(isinstance(n, nn.Linear) for n in m.modules())), None)
+    if not first:  # no Linear, or no feature map before the first one
         return None
-    last = "identity"
-    if len(layers) - first >= 2 and _activation_name(layers[-1]) is not None:
-        last = _activation_name(layers[-1])
-        layers = layers[:-1]
     mlp = nn.Sequential(*layers[first:])
     try:
-        mlp_layers(mlp)
+        program = read_network(mlp, name="time_embedding")
     except ValueError:
         return None
-    return nn.Sequential(*layers[:first]), mlp, last
+    activations = []
+    for instruction in program.instructions:
+        if instruction == "linear":
+            activations.append("identity")
+        elif instruction in ACTIVATION_NAMES and activations and activations[-1] == "identity":
+            activations[-1] = instruction
+        else:  # a LayerNorm, a residual block, two activations in a row
+            return None
+    if any(m.bias is None for m in program.linears):
+        return None
+    return _TimeNet(nn.Sequential(*layers[:first]), program.linears, activations, mlp.modules())
 
 
 def _read_network(mlp: nn.Module) -> Program | None:
@@ -58,12 +81,14 @@ class DiffusionSampler(nn.Module):
     and, optionally, a time embedding and a conditioning vector, in the order
     ``layout`` gives. The first Linear's time and conditioning columns go to
     the op at every call (so trained parameters are always the current ones):
-    a time embedding written as a parameter-free feature map followed by an
-    MLP (``nn.Sequential(SinusoidalPosEmb(16), nn.Linear(16, 32), nn.Mish(),
+    a time embedding written as a feature map followed by an MLP
+    (``nn.Sequential(SinusoidalPosEmb(16), nn.Linear(16, 32), nn.Mish(),
     nn.Linear(32, 16))``) becomes the op's ``time_net``, its features of the
-    rule's timesteps computed once, here; and a ``(batch, n)`` condition the
-    op's ``cond_net``: the op evaluates both inside its one CUDA launch.
-    Any other time embedding is evaluated at every call into ``time_bias``.
+    rule's timesteps computed once, here, where the feature map has no
+    parameters, else (IDQL's learned Fourier features) at every call, before
+    the op; and a ``(batch, n)`` condition the op's ``cond_net``: the op
+    evaluates both inside its one launch. Any other time embedding is evaluated
+    at every call into ``time_bias``.
 
     Args:
         mlp: ``Linear (act Linear)*`` (see :func:`mlp_layers`), or any network
@@ -132,23 +157,35 @@ class DiffusionSampler(nn.Module):
         self.time_embedding = time_embedding
         self.register_buffer("timesteps", None if timesteps is None else torch.as_tensor(timesteps))
         self.precision = precision
-        # A tuple, so that the time MLP's modules (the embedding's own) are
-        # not registered twice.
-        split = _split_time_embedding(time_embedding) if "time" in names else None
-        if split is None and "time" in names and _parameter_free(time_embedding):
-            # Features alone (the t/T column, a sinusoidal map): computed once, here; the op
-            # multiplies them by the first Linear's time columns (a bias network of one layer).
-            split = (time_embedding, None, None)
-        if self._program is not None and not self._program.first_is_linear:
-            split = None  # the op reads the embedding's output itself
-        self._time_mlp = None if split is None else (split[1], split[2])
-        features = None
-        if split is not None:
-            with torch.no_grad():
-                features = split[0](self.timesteps.to(torch.float32)).to(torch.float32)
-        self.register_buffer("time_features", features)
+        self.register_buffer("time_features", None)
+        self._read_time_net()
         self._t_start_cache = (None, None)
         self._direct = None          # what an eager call reads, by structure (see _direct_plan)
+
+    def _read_time_net(self) -> None:
+        """Read the time embedding as the op's time net (``_time_net``, not a module attribute,
+        so that the embedding's modules are not registered twice) and compute its features
+        where they are fixed. ``_time_net`` None: the embedding is evaluated at every call into
+        ``time_bias``, or (a network whose first layer is not a Linear) the op reads its output
+        itself."""
+        first_is_linear = self._program is None or self._program.first_is_linear
+        has_time = any(name == "time" for name, _ in self.layout)
+        self._time_net = _time_net(self.time_embedding) if has_time and first_is_linear else None
+        features = None
+        if self._time_net is not None:
+            # Evaluated here also where it is evaluated again at every call (learned features):
+            # a feature map that cannot take the timesteps fails here, not at a call.
+            with torch.no_grad():
+                features = self._time_net.features(self.timesteps.to(torch.float32)).to(torch.float32)
+        self._buffers["time_features"] = None if self._time_net is None or self._time_net.learned else features
+
+    def _time_features(self) -> torch.Tensor:
+        """The time net's input: the features computed at construction, or those of a feature map
+        with parameters (learned Fourier features), evaluated now on the current ones."""
+        if not self._time_net.learned:
+            return self._buffers["time_features"]
+        with torch.no_grad():
+            return self._time_net.features(self.timesteps.to(torch.float32)).to(torch.float32)
 
     def _rule_on(self, device: torch.device) -> StepRule:
         """The rule on ``device``, moved once (a move builds and checks the
@@ -201,10 +238,10 @@ class DiffusionSampler(nn.Module):
         is which, the activations, the op's argument slots), made again when a layer of the
         network or the time MLP is replaced; or ``False`` when the form is not the direct
         call's (a time embedding evaluated in Python)."""
-        if self._time_mlp is not None and self._time_mlp[0] is not None:
-            # A layer of the time embedding may have been replaced: its MLP is read again.
-            split = _split_time_embedding(self.time_embedding)
-            self._time_mlp = None if split is None else (split[1], split[2])
+        if self._time_net is not None and self._time_net.linears:
+            # A layer of the time embedding may have been replaced: it is read again.
+            self._read_time_net()
+        time_net = self._time_net
         plan = False
         program = self._program
         # A network program (LayerNorm, residual blocks) whose input is not split into bias rows
@@ -212,7 +249,7 @@ class DiffusionSampler(nn.Module):
         # for it), goes through sample() (its arguments read by Program.parameters()).
         direct_form = program is None or (program.first_is_linear and all(
             m.bias is not None for m in (*program.linears, *program.norms)))
-        if direct_form and (self.time_embedding is None or self._time_mlp is not None):
+        if direct_form and (self.time_embedding is None or time_net is not None):
             children = _children(self.mlp)
             if program is None:
                 modules = [self.mlp, *children]
@@ -223,22 +260,19 @@ class DiffusionSampler(nn.Module):
                 modules = list(self.mlp.modules())
                 activations = []
                 linears, norms = list(program.linears), list(program.norms)
-            time_linears, time_activations = [], []
-            if self._time_mlp is not None and self._time_mlp[0] is not None:
-                mlp, last = self._time_mlp
-                modules += [mlp, *_children(mlp)]
-                time_activations = [*mlp_layers(mlp)[2], last]
-                time_linears = [m for m in (_children(mlp) or (mlp,)) if isinstance(m, nn.Linear)]
+            time_linears = []
             template, slot = arg_slots(RULE)
             template[slot["activations"]] = activations
             template[slot["precision"]] = self.precision
-            if self._time_mlp is not None:
-                template[slot["time_activations"]] = time_activations
+            if time_net is not None:
+                modules += time_net.modules
+                time_linears = list(time_net.linears)
+                template[slot["time_activations"]] = list(time_net.activations)
             if program is not None:
                 template[slot["network"]] = list(program.instructions)
             plan = _DirectPlan(modules, linears, time_linears, norms, template, slot,
                                [n for _, n in self.layout], [name for name, _ in self.layout],
-                               self._time_mlp is not None)
+                               time_net)
         self._direct = (structure, plan)
         return plan
 
@@ -279,6 +313,8 @@ class DiffusionSampler(nn.Module):
         steps = ready.steps if num_steps is None else num_steps
         i_x, i_t_start, i_steps, i_chain, i_cond, i_noise, i_generator = plan.per_call
         args = list(ready.args)
+        if plan.learned_features:
+            args[plan.slot["time_input"]] = self._time_features()
         args[i_x] = x
         args[i_steps] = steps
         args[i_chain] = return_chain
@@ -364,13 +400,10 @@ class DiffusionSampler(nn.Module):
                                                 t_start=t_start)
         columns = dict(zip(names, weights[0].detach().split([n for _, n in self.layout], dim=1)))
         time = time_net = None
-        if self._time_mlp is not None and self._time_mlp[0] is None:
-            time_net = BiasNet(self.time_features, [columns["time"]], [], [])
-        elif self._time_mlp is not None:
-            mlp, last = self._time_mlp
-            time_weights, time_biases, time_activations = mlp_layers(mlp)
-            time_net = BiasNet(self.time_features, [*time_weights, columns["time"]], time_biases,
-                               [*time_activations, last])
+        if self._time_net is not None:
+            linears = self._time_net.linears
+            time_net = BiasNet(self._time_features(), [*(m.weight for m in linears), columns["time"]],
+                               [m.bias for m in linears], list(self._time_net.activations))
         elif self.time_embedding is not None:
             time = time_bias_from_module(self.time_embedding, columns["time"], self.timesteps)
         conditioning = cond_net = None
@@ -465,7 +498,8 @@ class _DirectPlan:
     def __init__(self, modules, linears, time_linears, norms, template, slot, widths, names, time_net):
         self.modules, self.linears, self.time_linears, self.norms = modules, linears, time_linears, norms
         self.template, self.slot, self.widths, self.names = template, slot, widths, names
-        self.has_cond, self.time_net = "cond" in names, time_net
+        self.has_cond, self.time_net = "cond" in names, time_net is not None
+        self.learned_features = time_net is not None and time_net.learned
         # Registering a hook adds to these dictionaries: one ``any`` over them sees it.
         self.hooks = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
         # The Linears' and LayerNorms' parameter dictionaries, read directly at a call (each

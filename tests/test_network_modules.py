@@ -88,7 +88,7 @@ def test_cleandiffuser_idql_mlp(batch):
     sampler = ddpm_ops.DiffusionSampler(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out), rule,
                                         torch.arange(10), layout=(("x", 6), ("time", 64)),
                                         time_embedding=nn.Sequential(model.map_noise, *model.time_mlp))
-    assert sampler._time_mlp is not None  # the op runs the time MLP
+    assert sampler._time_net is not None and sampler._time_net.linears  # the op runs the time MLP
     x, noise = torch.randn(batch, 6), torch.randn(10, batch, 6)
     with torch.no_grad():
         out = sampler(x, noise=noise)
@@ -174,6 +174,34 @@ def test_parameters_are_read_at_every_call():
         after = sampler(x, cond=state, noise=noise)
     assert relative_error(after, before) > 1e-3
     assert relative_error(after, idql_loop(reverse, time_encoder, rule, state, x, noise)) <= TOLERANCE
+
+
+@pytest.mark.parametrize("path", ["direct", "general"])
+def test_learned_time_features_are_evaluated_at_every_call(path, monkeypatch):
+    """IDQL's time embedding, learned Fourier features then its MLP module (functional Mish):
+    the op runs the MLP as its time net, the features are evaluated on the current kernel at
+    every call; on the direct call (kept argument list) and through ``sample`` alike."""
+    torch.manual_seed(6)
+    reverse = MLPResNet(2, 6 + 17 + 128, 6, use_layer_norm=True, hidden_dim=64).eval()
+    time_encoder = idql_time_encoder()
+    rule = idql_rule()
+    sampler = ddpm_ops.DiffusionSampler(reverse, rule, torch.arange(5.0), layout=(("x", 6), ("cond", 17),
+                                        ("time", 128)), time_embedding=time_encoder)
+    time_net = sampler._time_net
+    assert time_net.learned and len(time_net.linears) == 2 and time_net.activations == ("mish", "identity")
+    assert sampler.time_features is None  # nothing fixed is kept for learned features
+    calls = []
+    monkeypatch.setattr(ddpm_ops.modules, "time_bias_from_module", lambda *a, **k: calls.append(a))
+    if path == "general":  # every call through sample()
+        monkeypatch.setattr(type(sampler), "_direct_call", lambda *a, **k: None)
+    state, x, noise = torch.randn(9, 17), torch.randn(9, 6), torch.randn(5, 9, 6)
+    for change in (lambda: None, lambda: time_encoder[0].kernel.mul_(1.7),
+                   lambda: time_encoder[1].denses[1].weight.mul_(-0.5)):
+        with torch.no_grad():
+            change()
+            out = sampler(x, cond=state, noise=noise)
+        assert relative_error(out, idql_loop(reverse, time_encoder, rule, state, x, noise)) <= TOLERANCE
+    assert not calls  # never evaluated in Python as a whole
 
 
 def test_direct_call_of_a_program_is_the_general_path():
