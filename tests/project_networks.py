@@ -123,6 +123,19 @@ class PositionalEmbedding(nn.Module):
         return torch.cat([x.cos(), x.sin()], dim=1)
 
 
+class GaussianFourierProjection(nn.Module):
+    """Score SDE's random Fourier features: a parameter that is never trained
+    (``requires_grad=False``), ``cat[sin, cos](2 pi t W)``."""
+
+    def __init__(self, embed_dim, scale=30.0):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(embed_dim // 2) * scale, requires_grad=False)
+
+    def forward(self, x):
+        x_proj = x[:, None] * self.W[None, :] * 2 * math.pi
+        return torch.cat([torch.sin(x_proj), torch.cos(x_proj)], dim=-1)
+
+
 class IDQLMlp(nn.Module):
     """CleanDiffuser's ``IDQLMlp``: the time MLP's output plus the condition, concatenated to x."""
 

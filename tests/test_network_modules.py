@@ -11,8 +11,8 @@ from torch import nn
 import ddpm_ops
 from network_problems import dppo_rule, idql_rule
 from problems import relative_error
-from project_networks import (DiffusionMLP, IDQLMLP, IDQLMlp, MLPResNet, ResidualBlock, ResidualMLP,
-                              idql_time_encoder)
+from project_networks import (DiffusionMLP, GaussianFourierProjection, IDQLMLP, IDQLMlp, MLPResNet,
+                              ResidualBlock, ResidualMLP, idql_time_encoder)
 
 TOLERANCE = 1e-5
 
@@ -78,17 +78,22 @@ def cleandiffuser_loop(model, rule, x, noise, condition=None):
     return x
 
 
+@pytest.mark.parametrize("features", ["positional", "gaussian_fourier"])
 @pytest.mark.parametrize("batch", [1, 33])
-def test_cleandiffuser_idql_mlp(batch):
+def test_cleandiffuser_idql_mlp(batch, features):
     """CleanDiffuser's IDQLMlp: its layers as the sampler's network, its time MLP as the time embedding
-    (read into the op's time network), no condition."""
+    (read into the op's time network), no condition; its positional embedding, or random Fourier
+    features held in a parameter (evaluated at every call)."""
     torch.manual_seed(200 + batch)
     model = IDQLMlp(6, emb_dim=64, hidden_dim=256, n_blocks=3).eval()
+    if features == "gaussian_fourier":
+        model.map_noise = GaussianFourierProjection(64, scale=0.05)
     rule = ddpm_ops.step_rules.ddpm(ddpm_ops.cosine_betas(10), clip=1.0)
     sampler = ddpm_ops.DiffusionSampler(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out), rule,
                                         torch.arange(10), layout=(("x", 6), ("time", 64)),
                                         time_embedding=nn.Sequential(model.map_noise, *model.time_mlp))
     assert sampler._time_net is not None and sampler._time_net.linears  # the op runs the time MLP
+    assert sampler._time_net.learned == (features == "gaussian_fourier")
     x, noise = torch.randn(batch, 6), torch.randn(10, batch, 6)
     with torch.no_grad():
         out = sampler(x, noise=noise)
