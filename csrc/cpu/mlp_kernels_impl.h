@@ -271,10 +271,20 @@ void dot_layer_row(const float* x, int64_t in_f, const float* w, int64_t ld_w, c
 // every block of kOuts weight rows (16 KB at in_f 1024) stays in L1 while all
 // the tile's rows pass: the weights stream from memory once a step whatever
 // the rows, and no call packs them (packing IDQL's 6 MB of weights cost a
-// small batch's call more than its steps). The kV accumulators are reduced
-// jointly (reduce_lanes).
+// small batch's call more than its steps). The accumulators are reduced kV at
+// a time (reduce_lanes). With AVX2's 16 registers, 3 outputs x 4 rows keep 12
+// sums in flight: 4 x 2's 8 sums barely cover two FMA ports' 4-cycle latency
+// (IDQL's and DPPO's programs at batch 8 took 15% longer with them, one
+// AVX2 thread).
+#if defined(CPU_CAPABILITY_AVX2)
+constexpr int kOuts = 3;
+constexpr int kDotRows = 4;
+#else
 constexpr int kOuts = 4;
 constexpr int kDotRows = kV / kOuts;
+#endif
+constexpr int kDotSums = kOuts * kDotRows;
+constexpr int kDotGroups = (kDotSums + kV - 1) / kV;
 
 // out[r, j] = bias[r * bias_ld + j] + sum_i in[r, i] w[j, i], j < out_f, r < rows
 // (no activation: the caller applies it).
@@ -291,8 +301,8 @@ void dot_layer_rows(const float* in, int64_t ld_in, int64_t rows, int64_t in_f, 
       const int64_t nr = std::min<int64_t>(kDotRows, rows - r0);
       const float* xr[kDotRows];
       for (int r = 0; r < kDotRows; ++r) xr[r] = in + (r0 + (r < nr ? r : 0)) * ld_in;
-      Vec acc[kV];
-      for (int a = 0; a < kV; ++a) acc[a] = Vec(0.f);
+      Vec acc[kDotGroups * kV];
+      for (int a = 0; a < kDotGroups * kV; ++a) acc[a] = Vec(0.f);
       for (int64_t i = 0; i < in_full; i += kV) {
         Vec wv[kOuts];
         for (int o = 0; o < kOuts; ++o) wv[o] = Vec::loadu(wr[o] + i);
@@ -309,8 +319,8 @@ void dot_layer_rows(const float* in, int64_t ld_in, int64_t rows, int64_t in_f, 
           for (int o = 0; o < kOuts; ++o) acc[r * kOuts + o] = at::vec::fmadd(wv[o], xv, acc[r * kOuts + o]);
         }
       }
-      float sums[kV];
-      reduce_lanes(acc).store(sums);
+      float sums[kDotGroups * kV];
+      for (int g = 0; g < kDotGroups; ++g) reduce_lanes(acc + g * kV).store(sums + g * kV);
       for (int64_t r = 0; r < nr; ++r) {
         for (int64_t o = 0; o < nj; ++o) {
           out[(r0 + r) * ld_out + j0 + o] = sums[r * kOuts + o] + bias[(r0 + r) * bias_ld + j0 + o];
