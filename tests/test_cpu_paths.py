@@ -21,6 +21,9 @@ PATHS = {
     "native isa, small register-blocked tiles": {"DDPM_OPS_CPU_SERIAL_BATCH": "0", "DDPM_OPS_CPU_DOT_ROWS": "0",
                                                  "DDPM_OPS_CPU_VEC_TILE": "7"},
     "native isa, one thread": {"OMP_NUM_THREADS": "1"},
+    "native isa, layers split between threads": {"OMP_NUM_THREADS": "2", "DDPM_OPS_CPU_SPLIT_WEIGHTS": "1"},
+    "avx2, layers split between threads": {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "3",
+                                           "DDPM_OPS_CPU_SPLIT_WEIGHTS": "1"},
 }
 
 SCRIPT = textwrap.dedent("""

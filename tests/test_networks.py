@@ -316,13 +316,17 @@ PROGRAM_PATHS = {
                                       "DDPM_OPS_CPU_SERIAL_BATCH": "0", "DDPM_OPS_CPU_VEC_TILE": "7"},
     "default isa": {"ATEN_CPU_CAPABILITY": "default", "DDPM_OPS_CPU_VEC_TILE": "3"},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "DDPM_OPS_CPU_PROGRAM_DOT_ROWS": "5"},
+    "layers split between threads": {"OMP_NUM_THREADS": "2", "DDPM_OPS_CPU_SPLIT_WEIGHTS": "1"},
+    "avx2, layers split between threads": {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "3",
+                                           "DDPM_OPS_CPU_SPLIT_WEIGHTS": "1"},
 }
 
 
 @pytest.mark.parametrize("path", sorted(PROGRAM_PATHS))
 def test_program_cpu_paths(path):
     """Each CPU path a program can take (the ISA builds, the single- and multi-row dot kernels, register
-    blocks, the generic build whose large tiles would use BLAS without a program), forced in a fresh process."""
+    blocks, the generic build whose large tiles would use BLAS without a program, a small batch's layers
+    split between the threads), forced in a fresh process."""
     result = run_python(PATHS_SCRIPT, PROGRAM_PATHS[path])
     assert result.returncode == 0, result.stderr
     assert float(result.stdout.strip().splitlines()[-1]) <= TOLERANCE

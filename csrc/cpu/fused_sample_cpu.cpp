@@ -98,15 +98,24 @@ constexpr int64_t kSerialBatch = 4;
 // Tiles of at most this many rows use the dot-product kernel on the weights as
 // they are: packing them costs about 3-4 steps of a single row.
 constexpr int64_t kDotRows = 1;
-// A network program's tiles of at most this many rows use the multi-row
-// dot-product kernel on the weights as they are (dot_layer_rows): a program's
-// layers may be large (IDQL's LN-ResNet: 6 MB of weights), and packing them
-// cost more than the steps of a few rows.
-constexpr int64_t kProgramDotRows = 16;
+// A network program whose threads run at most this many rows each uses the
+// multi-row dot-product kernel on the weights as they are (dot_layer_rows):
+// a program's layers may be large (IDQL's LN-ResNet: 6 MB of weights), and
+// packing costs every thread a pass over all of them per call. IDQL at batch
+// 64 on two threads took 8.3 ms this way against 12.8 packed; at 128 rows a
+// thread the two are even, at 512 packing wins (Xeon, AVX2).
+constexpr int64_t kProgramDotRows = 64;
+// A call that runs one tile on the calling thread (a batch of at most
+// kSerialBatch rows) on unpacked weights splits the output columns of each
+// layer of at least this many weights between the threads: such a layer
+// (512 KB and more) comes from L3 or memory at every step, and two cores
+// stream it twice as fast as one.
+constexpr int64_t kSplitWeights = 128 * 1024;
 
 // Tuning and test knobs, read once per process (unset: the defaults above).
 // DDPM_OPS_CPU_VEC_TILE (max rows per vectorised tile), DDPM_OPS_CPU_BLAS_TILE,
-// DDPM_OPS_CPU_SERIAL_BATCH, DDPM_OPS_CPU_DOT_ROWS, DDPM_OPS_CPU_PROGRAM_DOT_ROWS, and DDPM_OPS_CPU_BLAS=0/1
+// DDPM_OPS_CPU_SERIAL_BATCH, DDPM_OPS_CPU_DOT_ROWS, DDPM_OPS_CPU_PROGRAM_DOT_ROWS,
+// DDPM_OPS_CPU_SPLIT_WEIGHTS, and DDPM_OPS_CPU_BLAS=0/1
 // (let large tiles use BLAS; default on only for the generic build). They
 // exist so tests can force every path on any machine. DDPM_OPS_CPU_UNFUSED=1
 // runs the step-rule overload as the ATen loop other devices use, so that
@@ -117,7 +126,7 @@ int64_t env_int(const char* name, int64_t fallback) {
 }
 
 struct Tuning {
-  int64_t vec_rows, blas_rows, serial_batch, dot_rows, program_dot_rows;
+  int64_t vec_rows, blas_rows, serial_batch, dot_rows, program_dot_rows, split_weights;
   bool allow_blas, unfused;
 };
 
@@ -129,6 +138,7 @@ const Tuning& tuning() {
       env_int("DDPM_OPS_CPU_SERIAL_BATCH", kSerialBatch),
       env_int("DDPM_OPS_CPU_DOT_ROWS", kDotRows),
       env_int("DDPM_OPS_CPU_PROGRAM_DOT_ROWS", kProgramDotRows),
+      env_int("DDPM_OPS_CPU_SPLIT_WEIGHTS", kSplitWeights),
       env_int("DDPM_OPS_CPU_BLAS", simd ? 0 : 1) != 0,
       env_int("DDPM_OPS_CPU_UNFUSED", 0) != 0};
   return t;
@@ -170,8 +180,9 @@ Tiling choose_tiling(int64_t batch, bool program) {
                           : std::min(per_thread, use_vec ? tune.vec_rows : tune.blas_rows);
   const int64_t num_tiles = (batch + tile_rows - 1) / tile_rows;
   tile_rows = (batch + num_tiles - 1) / num_tiles;  // balance the tiles
-  return {use_vec, use_vec && tile_rows <= (program ? tune.program_dot_rows : tune.dot_rows), tile_rows,
-          num_tiles};
+  const int64_t thread_rows = batch <= tune.serial_batch ? batch : per_thread;
+  const bool use_dot = program ? thread_rows <= tune.program_dot_rows : tile_rows <= tune.dot_rows;
+  return {use_vec, use_vec && use_dot, tile_rows, num_tiles};
 }
 
 // The vectorised kernels' (in, out_pad) weight panels and padded biases, all
@@ -229,6 +240,11 @@ void blas_tile(const Kernels& kern, const MlpPlan& plan, const std::vector<at::T
     kern.step_update(plan, x_tile, row0, rows, bufs[(num_layers - 1) % 2], ld,
                      bias_added ? nullptr : plan.bias[num_layers - 1], k, x0_prev);
   }
+}
+
+// MlpPlan::parallel_columns.
+void parallel_columns(int64_t n, void (*fn)(void* ctx, int64_t begin, int64_t end), void* ctx) {
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) { fn(ctx, begin, end); });
 }
 
 at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
@@ -313,7 +329,11 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
     }
   };
   if (tiling.num_tiles == 1) {
-    run_tiles(0, 1);  // no parallel region for a single tile
+    if (tiling.use_dot && at::get_num_threads() > 1 && !at::in_parallel_region()) {
+      plan.parallel_columns = &parallel_columns;
+      plan.split_weights = tuning().split_weights;
+    }
+    run_tiles(0, 1);  // no parallel region for a single tile but the split layers'
   } else {
     at::parallel_for(0, tiling.num_tiles, 1, run_tiles);
   }

@@ -104,6 +104,15 @@ struct MlpPlan {
   const float* time_input = nullptr;  // (steps table, time_cols)
   int64_t time_cols = 0;
 
+  // Set where one tile runs on the calling thread with threads to spare and the
+  // weights are read unpacked: a layer of at least split_weights weights runs
+  // its output columns split between the threads. parallel_columns(n, fn, ctx)
+  // calls fn(ctx, begin, end) over [0, n) on the threads (at::parallel_for,
+  // compiled for the baseline ISA, so that no ATen inline code is built for a
+  // wider one).
+  void (*parallel_columns)(int64_t n, void (*fn)(void* ctx, int64_t begin, int64_t end), void* ctx) = nullptr;
+  int64_t split_weights = 0;
+
   // Whether layer 0 needs bias rows of its own (else it uses bias[0] for every row).
   bool row_bias() const { return time_bias != nullptr || time_weight != nullptr || cond_bias != nullptr; }
 };

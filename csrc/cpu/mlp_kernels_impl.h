@@ -605,22 +605,43 @@ void gather_input(const MlpPlan& p, const float* x, int64_t row0, int64_t rows, 
   }
 }
 
+// fn(begin, end) over the output columns [0, out_f) in blocks of `block`: split
+// between the threads where the plan says so (MlpPlan::parallel_columns).
+template <typename Fn>
+void over_columns(const MlpPlan& p, int64_t l, int64_t block, Fn&& fn) {
+  const int64_t out_f = p.out_f[l];
+  const int64_t blocks = (out_f + block - 1) / block;
+  if (p.parallel_columns == nullptr || blocks < 2 || p.in_f[l] * out_f < p.split_weights) {
+    fn(int64_t{0}, out_f);
+    return;
+  }
+  auto columns = [&](int64_t b0, int64_t b1) { fn(b0 * block, std::min(b1 * block, out_f)); };
+  p.parallel_columns(blocks, [](void* ctx, int64_t b0, int64_t b1) { (*static_cast<decltype(columns)*>(ctx))(b0, b1); },
+                     &columns);
+}
+
 // One Linear layer of `rows` rows: out = act(in @ W^T + bias or bias rows).
 void linear_rows(const MlpPlan& p, int64_t l, const float* in, int64_t in_ld, int64_t rows, float* out,
                  int64_t ld, const float* row_bias, Activation act) {
   const bool own_rows = l == 0 && p.row_bias();
   const int64_t bias_ld = own_rows ? ld : 0;
+  const float* w = p.weight[l];
+  const int64_t ld_w = p.weight_ld[l];
   if (p.packed_w == nullptr && rows > 1) {
-    dot_layer_rows(in, in_ld, rows, p.in_f[l], p.weight[l], p.weight_ld[l], own_rows ? row_bias : p.bias[l],
-                   bias_ld, p.out_f[l], out, ld);
-    if (act != Activation::kIdentity) activation_rows(out, ld, out, ld, rows, p.out_f[l], act);
+    const float* bias = own_rows ? row_bias : p.bias[l];
+    over_columns(p, l, kOuts * kV, [&](int64_t j0, int64_t j1) {
+      dot_layer_rows(in, in_ld, rows, p.in_f[l], w + j0 * ld_w, ld_w, bias + j0, bias_ld, j1 - j0, out + j0, ld);
+      if (act != Activation::kIdentity) activation_rows(out + j0, ld, out + j0, ld, rows, j1 - j0, act);
+    });
   } else if (p.packed_w == nullptr) {
     const float* bias = own_rows ? row_bias : p.bias[l];
     with_activation(act, [&](auto a) {
-      for (int64_t r = 0; r < rows; ++r) {
-        dot_layer_row<decltype(a)::value>(in + r * in_ld, p.in_f[l], p.weight[l], p.weight_ld[l],
-                                          bias + r * bias_ld, p.out_f[l], out + r * ld);
-      }
+      over_columns(p, l, kV, [&](int64_t j0, int64_t j1) {
+        for (int64_t r = 0; r < rows; ++r) {
+          dot_layer_row<decltype(a)::value>(in + r * in_ld, p.in_f[l], w + j0 * ld_w, ld_w,
+                                            bias + r * bias_ld + j0, j1 - j0, out + r * ld + j0);
+        }
+      });
     });
   } else {
     layer(in, in_ld, rows, p.in_f[l], p.packed_w[l], round_up(p.out_f[l], kPad),
@@ -683,21 +704,8 @@ void vec_tile(const MlpPlan& p, float* x_all, int64_t row0, int64_t rows, float*
     int64_t in_ld = p.dim;
     for (int64_t l = 0; l < p.num_layers; ++l) {
       float* out = bufs[l % 2];
-      const Activation act = l + 1 < p.num_layers ? p.act[l] : Activation::kIdentity;
-      const bool own_rows = l == 0 && p.row_bias();
-      const int64_t bias_ld = own_rows ? ld : 0;
-      if (p.packed_w == nullptr) {
-        const float* bias = own_rows ? row_bias : p.bias[l];
-        with_activation(act, [&](auto a) {
-          for (int64_t r = 0; r < rows; ++r) {
-            dot_layer_row<decltype(a)::value>(in + r * in_ld, p.in_f[l], p.weight[l], p.weight_ld[l],
-                                              bias + r * bias_ld, p.out_f[l], out + r * ld);
-          }
-        });
-      } else {
-        layer(in, in_ld, rows, p.in_f[l], p.packed_w[l], round_up(p.out_f[l], kPad),
-              own_rows ? row_bias : p.packed_b[l], bias_ld, out, ld, act);
-      }
+      linear_rows(p, l, in, in_ld, rows, out, ld, row_bias,
+                  l + 1 < p.num_layers ? p.act[l] : Activation::kIdentity);
       in = out;
       in_ld = ld;
     }
