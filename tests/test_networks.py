@@ -311,11 +311,11 @@ PATHS_SCRIPT = textwrap.dedent("""
 """)
 
 PROGRAM_PATHS = {
-    "dot kernel on every tile": {"DDPM_OPS_CPU_PROGRAM_DOT_ROWS": "1000000", "DDPM_OPS_CPU_DOT_ROWS": "0"},
-    "register blocks on every tile": {"DDPM_OPS_CPU_PROGRAM_DOT_ROWS": "0", "DDPM_OPS_CPU_DOT_ROWS": "0",
+    "dot kernel on every tile": {"DDPM_OPS_CPU_STREAMED_DOT_ROWS": "1000000", "DDPM_OPS_CPU_DOT_ROWS": "1000000"},
+    "register blocks on every tile": {"DDPM_OPS_CPU_STREAMED_DOT_ROWS": "0", "DDPM_OPS_CPU_DOT_ROWS": "0",
                                       "DDPM_OPS_CPU_SERIAL_BATCH": "0", "DDPM_OPS_CPU_VEC_TILE": "7"},
     "default isa": {"ATEN_CPU_CAPABILITY": "default", "DDPM_OPS_CPU_VEC_TILE": "3"},
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "DDPM_OPS_CPU_PROGRAM_DOT_ROWS": "5"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "DDPM_OPS_CPU_DOT_ROWS": "5"},
     "layers split between threads": {"OMP_NUM_THREADS": "2", "DDPM_OPS_CPU_SPLIT_WEIGHTS": "1"},
     "avx2, layers split between threads": {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "3",
                                            "DDPM_OPS_CPU_SPLIT_WEIGHTS": "1"},

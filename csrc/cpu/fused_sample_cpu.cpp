@@ -95,16 +95,20 @@ constexpr int64_t kBlasTileRows = 128;
 // Up to this batch, the whole batch is one tile on the calling thread: no
 // parallel region to pay for.
 constexpr int64_t kSerialBatch = 4;
-// Tiles of at most this many rows use the dot-product kernel on the weights as
-// they are: packing them costs about 3-4 steps of a single row.
+// Threads of at most this many rows each use the dot-product kernels on the
+// weights as they are: packing them costs about 3-4 steps of a single row,
+// and weights that stay in L2 (Diffusion-QL's 0.8 MB) run the packed
+// register blocks from 2 rows on (at 50 rows, one thread: 1.0 ms a call
+// packed, 1.6 ms on the dot kernel; Xeon, AVX2).
 constexpr int64_t kDotRows = 1;
-// A network program whose threads run at most this many rows each uses the
-// multi-row dot-product kernel on the weights as they are (dot_layer_rows):
-// a program's layers may be large (IDQL's LN-ResNet: 6 MB of weights), and
-// packing costs every thread a pass over all of them per call. IDQL at batch
-// 64 on two threads took 8.3 ms this way against 12.8 packed; at 128 rows a
-// thread the two are even, at 512 packing wins (Xeon, AVX2).
-constexpr int64_t kProgramDotRows = 64;
+// Networks of at least kStreamedWeightBytes of weights, which come from L3 or
+// memory at every step, use the dot kernel up to kStreamedDotRows rows a
+// thread: packing costs every thread a pass over all of them per call. IDQL's
+// LN-ResNet (6 MB) at batch 64 on two threads took 8.3 ms this way against
+// 12.8 packed; at 128 rows a thread the two are even, at 512 packing wins
+// (Xeon, AVX2).
+constexpr int64_t kStreamedWeightBytes = int64_t{1} << 20;
+constexpr int64_t kStreamedDotRows = 64;
 // A call that runs one tile on the calling thread (a batch of at most
 // kSerialBatch rows) on unpacked weights splits the output columns of each
 // layer of at least this many weights between the threads: such a layer
@@ -114,7 +118,7 @@ constexpr int64_t kSplitWeights = 128 * 1024;
 
 // Tuning and test knobs, read once per process (unset: the defaults above).
 // DDPM_OPS_CPU_VEC_TILE (max rows per vectorised tile), DDPM_OPS_CPU_BLAS_TILE,
-// DDPM_OPS_CPU_SERIAL_BATCH, DDPM_OPS_CPU_DOT_ROWS, DDPM_OPS_CPU_PROGRAM_DOT_ROWS,
+// DDPM_OPS_CPU_SERIAL_BATCH, DDPM_OPS_CPU_DOT_ROWS, DDPM_OPS_CPU_STREAMED_DOT_ROWS,
 // DDPM_OPS_CPU_SPLIT_WEIGHTS, and DDPM_OPS_CPU_BLAS=0/1
 // (let large tiles use BLAS; default on only for the generic build). They
 // exist so tests can force every path on any machine. DDPM_OPS_CPU_UNFUSED=1
@@ -126,7 +130,7 @@ int64_t env_int(const char* name, int64_t fallback) {
 }
 
 struct Tuning {
-  int64_t vec_rows, blas_rows, serial_batch, dot_rows, program_dot_rows, split_weights;
+  int64_t vec_rows, blas_rows, serial_batch, dot_rows, streamed_dot_rows, split_weights;
   bool allow_blas, unfused;
 };
 
@@ -137,7 +141,7 @@ const Tuning& tuning() {
       std::max<int64_t>(1, env_int("DDPM_OPS_CPU_BLAS_TILE", kBlasTileRows)),
       env_int("DDPM_OPS_CPU_SERIAL_BATCH", kSerialBatch),
       env_int("DDPM_OPS_CPU_DOT_ROWS", kDotRows),
-      env_int("DDPM_OPS_CPU_PROGRAM_DOT_ROWS", kProgramDotRows),
+      env_int("DDPM_OPS_CPU_STREAMED_DOT_ROWS", kStreamedDotRows),
       env_int("DDPM_OPS_CPU_SPLIT_WEIGHTS", kSplitWeights),
       env_int("DDPM_OPS_CPU_BLAS", simd ? 0 : 1) != 0,
       env_int("DDPM_OPS_CPU_UNFUSED", 0) != 0};
@@ -168,7 +172,7 @@ struct Tiling {
   int64_t tile_rows, num_tiles;
 };
 
-Tiling choose_tiling(int64_t batch, bool program) {
+Tiling choose_tiling(int64_t batch, bool program, int64_t weight_bytes) {
   const bool allow_blas = !program;
   const Tuning& tune = tuning();
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
@@ -181,7 +185,8 @@ Tiling choose_tiling(int64_t batch, bool program) {
   const int64_t num_tiles = (batch + tile_rows - 1) / tile_rows;
   tile_rows = (batch + num_tiles - 1) / num_tiles;  // balance the tiles
   const int64_t thread_rows = batch <= tune.serial_batch ? batch : per_thread;
-  const bool use_dot = program ? thread_rows <= tune.program_dot_rows : tile_rows <= tune.dot_rows;
+  const bool use_dot =
+      thread_rows <= (weight_bytes >= kStreamedWeightBytes ? tune.streamed_dot_rows : tune.dot_rows);
   return {use_vec, use_vec && use_dot, tile_rows, num_tiles};
 }
 
@@ -266,8 +271,6 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
     return problem.return_chain ? chain : out;
   }
   const Kernels& kern = kernels();
-  // A network program runs on the vectorised kernels only.
-  const Tiling tiling = choose_tiling(batch, /*program=*/plan.program != nullptr);
 
   // ---- Everything the step loop reads, prepared before it.
   std::vector<int64_t> in_f(num_layers), out_f(num_layers), weight_ld(num_layers);
@@ -275,6 +278,7 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
   std::vector<const float*> weight_p(num_layers), bias_p(num_layers);
   // A program's LayerNorm may read its concatenated input into an activation buffer.
   int64_t widest = std::max(dim, plan.input_ld);
+  int64_t weight_bytes = 0;
   for (int64_t l = 0; l < num_layers; ++l) {
     weight_c[l] = rows_unit_stride(problem.weights[l]);
     bias_c[l] = problem.biases[l].contiguous();
@@ -284,7 +288,10 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
     weight_p[l] = weight_c[l].data_ptr<float>();
     bias_p[l] = bias_c[l].data_ptr<float>();
     widest = std::max(widest, out_f[l]);
+    weight_bytes += out_f[l] * in_f[l] * static_cast<int64_t>(sizeof(float));
   }
+  // A network program runs on the vectorised kernels only.
+  const Tiling tiling = choose_tiling(batch, /*program=*/plan.program != nullptr, weight_bytes);
   const at::Tensor t_long = problem.t_start.to(at::kLong).contiguous();
   plan.batch = batch;
   plan.dim = dim;
