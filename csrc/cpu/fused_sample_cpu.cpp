@@ -105,10 +105,11 @@ constexpr int64_t kDotRows = 1;
 // memory at every step, use the dot kernel up to kStreamedDotRows rows a
 // thread: packing costs every thread a pass over all of them per call. IDQL's
 // LN-ResNet (6 MB) at batch 64 on two threads took 8.3 ms this way against
-// 12.8 packed; at 128 rows a thread the two are even, at 512 packing wins
-// (Xeon, AVX2).
+// 12.8 packed; at 64 rows a thread the two are even, and DPPO's residual MLP
+// (2 MB, nearly L2-resident once packed) ran 15-25% faster packed there (one
+// thread, Xeon, AVX2).
 constexpr int64_t kStreamedWeightBytes = int64_t{1} << 20;
-constexpr int64_t kStreamedDotRows = 64;
+constexpr int64_t kStreamedDotRows = 32;
 // A call that runs one tile on the calling thread (a batch of at most
 // kSerialBatch rows) on unpacked weights splits the output columns of each
 // layer of at least this many weights between the threads: such a layer
