@@ -566,6 +566,21 @@ def test_multistep_loop_the_op_cannot_run_is_left_alone_and_says_why(kind, reaso
     assert_general_reason(caplog, reasons[-1])
 
 
+def test_x0_from_an_eps_clamped_with_other_coefficients_is_left_alone(caplog):
+    """CleanDiffuser's DPM-Solver++ 2M with its eps clip, its x_theta computed with the next step's
+    sigma: not the clamped x0 (its x terms do not cancel), so no previous x0 for the next step."""
+    torch.manual_seed(0)
+    model = dpm_solver.CleanDiffuser2M(eps_bounds=True, theta_sigma_offset=1)
+    args = (torch.randn(16, 11), torch.randn(16, 3))
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, *args)
+    with torch.no_grad():
+        assert relative_error(out, model(*args)) < 1e-5
+    assert not RULE_CALL.search(code)
+    assert_general_reason(caplog, "the next step reads a value of this step that is not A*x - B*e (its x0 "
+                                  "prediction) but x + x0")
+
+
 def test_float64_loop_is_left_alone(caplog):
     model = v1_variants.PosteriorSampler(timesteps="int").double()
     x = torch.randn(8, model.dim, dtype=torch.float64)

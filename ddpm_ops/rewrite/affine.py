@@ -227,6 +227,12 @@ class _UpdateReader:
             return self.settle(f)
         if set(f.coef) == {"x0"} and _is_num(f.coef["x0"], 1.0):
             return f  # the clamped x0 itself, through a view
+        if self.eps_clip is not None and "x0" in f.coef and _proved_equal(f.coef["x0"], ONE) and \
+                all(_proved_equal(c, ZERO) for v, c in f.coef.items() if v != "x0"):
+            # The clamped x0 computed again from the clamped e, (x - sigma * e_c) / alpha
+            # (CleanDiffuser's x_theta): its x and x0 terms cancel to x0 where alpha and sigma
+            # are finite and nonzero, which the eps clamp's proof (emit._prove_eps_clip) shows.
+            return _Form({"x0": ONE})
         if set(f.coef) - {"x", "e"}:
             raise _NoMatch("the next step reads a value of this step that is not A*x - B*e (its x0 "
                            "prediction) but " + " + ".join(sorted(f.coef)))
@@ -544,6 +550,61 @@ class _UpdateReader:
             raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 value per "
                            "column of a (batch, dim) sample")
         return b
+
+
+def _polynomial(c: _Coef, leaves: list) -> dict | None:
+    """``c`` as a Laurent polynomial in its leaves, ``{monomial: factor}`` (a monomial a sorted
+    tuple of ``(leaf index in leaves, power)``; a leaf computed again alike is the same leaf);
+    None where ``c`` divides by a sum."""
+    from .timesteps import _recomputed  # (timesteps reads the network: imported when needed)
+
+    if _is_num(c):
+        return {(): c.args[0]} if c.args[0] else {}
+    if c.op == "leaf":
+        node = c.args[0]
+        index = next((i for i, n in enumerate(leaves) if n is node or _recomputed(n, node)), None)
+        if index is None:
+            index = len(leaves)
+            leaves.append(node)
+        return {((index, 1),): 1.0}
+    parts = [_polynomial(a, leaves) for a in c.args]
+    if any(p is None for p in parts):
+        return None
+    if c.op == "neg":
+        return {m: -v for m, v in parts[0].items()}
+    if c.op == "add":
+        total = dict(parts[0])
+        for m, v in parts[1].items():
+            total[m] = total.get(m, 0.0) + v
+        return {m: v for m, v in total.items() if v}
+    if c.op == "div":
+        if len(parts[1]) != 1:
+            return None
+        (m, v), = parts[1].items()
+        parts[1] = {tuple((i, -p) for i, p in m): 1.0 / v}
+    if c.op in ("mul", "div"):
+        product: dict = {}
+        for ma, va in parts[0].items():
+            for mb, vb in parts[1].items():
+                powers = dict(ma)
+                for i, p in mb:
+                    powers[i] = powers.get(i, 0) + p
+                m = tuple(sorted((i, p) for i, p in powers.items() if p))
+                product[m] = product.get(m, 0.0) + va * vb
+        return {m: v for m, v in product.items() if v}
+    return None
+
+
+def _proved_equal(a: _Coef, b: _Coef) -> bool:
+    """Whether ``a`` and ``b`` are one value for any values of their leaves: equal as Laurent
+    polynomials in them (``sigma * (1 / sigma) / alpha`` is ``1 / alpha``), up to the rounding
+    of the numbers they hold."""
+    leaves: list = []
+    pa, pb = _polynomial(a, leaves), _polynomial(b, leaves)
+    if pa is None or pb is None:
+        return False
+    scale = max([1.0, *map(abs, pa.values()), *map(abs, pb.values())])
+    return all(abs(pa.get(m, 0.0) - pb.get(m, 0.0)) <= 1e-12 * scale for m in {*pa, *pb})
 
 
 def _number_factor(c: _Coef) -> tuple:

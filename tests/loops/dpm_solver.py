@@ -4,9 +4,11 @@ Python variable (a list, or one name), the first step first order.
 - :class:`CleanDiffuser2M`: CleanDiffuser's ``DiscreteDiffusionSDE.sample`` with
   ``solver="ode_dpmsolver++_2M"``: ``alphas``, ``sigmas``, ``logSNRs`` of the sampling schedule
   indexed by the Python-int step, ``hs`` filled in place, every x0 prediction appended to
-  ``buffer``; the last step is second order too. The x0 clip is CleanDiffuser's on a data
-  prediction (``pred.clip``), a number here (the project's per-dimension ``x_max`` tensors
-  and the clip of an eps prediction through bounds computed from ``xt`` are not read).
+  ``buffer``; the last step is second order too. ``x_max`` a number: the x0 prediction clipped
+  to it (``pred.clip`` on a data prediction, ``x_theta.clip`` on an eps one); ``eps_bounds``:
+  CleanDiffuser's own clip of an eps prediction, to ``((xt - alpha * x_max) / sigma, (xt -
+  alpha * x_min) / sigma)`` with its ``(1, x_dim)`` bound tensors, before ``x_theta``
+  (``theta_sigma_offset`` 1: ``x_theta`` computed with the next step's sigma, which is no x0).
 - :class:`DiffusersStyle2M`: ``DPMSolverMultistepScheduler.step`` (``dpmsolver++``, midpoint,
   ``solver_order=2``) inline, written with tensors: ``convert_model_output``,
   ``model_outputs`` shifted by one, ``lower_order_nums``, ``lower_order_final`` on the last
@@ -42,9 +44,12 @@ class CleanDiffuser2M(nn.Module):
     ``noise[k]`` for step k where given, else ``randn_like``)."""
 
     def __init__(self, obs_dim=11, x_dim=3, diffusion_steps=20, sample_steps=6, predict_noise=True,
-                 x_max=None, solver="ode_dpmsolver++_2M"):
+                 x_max=None, solver="ode_dpmsolver++_2M", eps_bounds=False, theta_sigma_offset=0):
         super().__init__()
-        self.solver = solver
+        self.solver, self.theta_sigma_offset = solver, theta_sigma_offset
+        # CleanDiffuser keeps its bounds as (1, x_dim) tensors, plain attributes.
+        self.bounds = (-torch.tensor([[1.0, 0.5, 2.0]])[:, :x_dim], torch.tensor([[1.0, 2.0, 0.5]])[:, :x_dim]) \
+            if eps_bounds else None
         self.model = FloatTimeMlp(obs_dim, x_dim, hidden=64)
         self.predict_noise, self.x_max = predict_noise, x_max
         # CleanDiffuser's discretization and linear schedule: t in [epsilon, 1], VP alpha / sigma.
@@ -70,9 +75,12 @@ class CleanDiffuser2M(nn.Module):
         for i in reversed(range(1, self.sample_steps + 1)):
             t = torch.full((n_samples,), sample_step_schedule[i], dtype=xt.dtype)
             pred = self.model(xt, t, condition)
+            if self.bounds is not None:
+                x_min, x_max = self.bounds
+                pred = pred.clip((xt - alphas[i] * x_max) / sigmas[i], (xt - alphas[i] * x_min) / sigmas[i])
             if not self.predict_noise and self.x_max is not None:
                 pred = pred.clip(-self.x_max, self.x_max)
-            x_theta = pred if not self.predict_noise else (xt - sigmas[i] * pred) / alphas[i]
+            x_theta = pred if not self.predict_noise else (xt - sigmas[i - self.theta_sigma_offset] * pred) / alphas[i]
             if self.predict_noise and self.x_max is not None:
                 x_theta = x_theta.clip(-self.x_max, self.x_max)
             buffer.append(x_theta)
