@@ -164,13 +164,19 @@ def test_dppo_residual_mlp(activation, batch):
     assert relative_error(chain, expected) <= TOLERANCE
 
 
-def test_parameters_are_read_at_every_call():
-    torch.manual_seed(5)
+def small_idql_sampler(seed):
+    """``(reverse, time_encoder, rule, sampler)``: IDQL's LN-ResNet (2 blocks of 64) and time encoder."""
+    torch.manual_seed(seed)
     reverse = MLPResNet(2, 6 + 17 + 128, 6, use_layer_norm=True, hidden_dim=64).eval()
     time_encoder = idql_time_encoder()
     rule = idql_rule()
     sampler = ddpm_ops.DiffusionSampler(reverse, rule, torch.arange(5.0), layout=(("x", 6), ("cond", 17),
                                         ("time", 128)), time_embedding=time_encoder)
+    return reverse, time_encoder, rule, sampler
+
+
+def test_parameters_are_read_at_every_call():
+    reverse, time_encoder, rule, sampler = small_idql_sampler(5)
     state, x, noise = torch.randn(9, 17), torch.randn(9, 6), torch.randn(5, 9, 6)
     with torch.no_grad():
         before = sampler(x, cond=state, noise=noise)
@@ -186,12 +192,7 @@ def test_learned_time_features_are_evaluated_at_every_call(path, monkeypatch):
     """IDQL's time embedding, learned Fourier features then its MLP module (functional Mish):
     the op runs the MLP as its time net, the features are evaluated on the current kernel at
     every call; on the direct call (kept argument list) and through ``sample`` alike."""
-    torch.manual_seed(6)
-    reverse = MLPResNet(2, 6 + 17 + 128, 6, use_layer_norm=True, hidden_dim=64).eval()
-    time_encoder = idql_time_encoder()
-    rule = idql_rule()
-    sampler = ddpm_ops.DiffusionSampler(reverse, rule, torch.arange(5.0), layout=(("x", 6), ("cond", 17),
-                                        ("time", 128)), time_embedding=time_encoder)
+    reverse, time_encoder, rule, sampler = small_idql_sampler(6)
     time_net = sampler._time_net
     assert time_net.learned and len(time_net.linears) == 2 and time_net.activations == ("mish", "identity")
     assert sampler.time_features is None  # nothing fixed is kept for learned features
