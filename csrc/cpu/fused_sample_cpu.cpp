@@ -260,8 +260,8 @@ void blas_tile(const Kernels& kern, const MlpPlan& plan, const std::vector<at::T
 }
 
 // MlpPlan::parallel_columns.
-void parallel_columns(int64_t n, void (*fn)(void* ctx, int64_t begin, int64_t end), void* ctx) {
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) { fn(ctx, begin, end); });
+void parallel_columns(int64_t n, int64_t grain, void (*fn)(void* ctx, int64_t begin, int64_t end), void* ctx) {
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { fn(ctx, begin, end); });
 }
 
 at::Tensor run(const CpuProblem& problem, MlpPlan plan) {

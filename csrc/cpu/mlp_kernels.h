@@ -106,11 +106,14 @@ struct MlpPlan {
 
   // Set where one tile runs on the calling thread with threads to spare and the
   // weights are read unpacked: a layer of at least split_weights weights runs
-  // its output columns split between the threads. parallel_columns(n, fn, ctx)
-  // calls fn(ctx, begin, end) over [0, n) on the threads (at::parallel_for,
-  // compiled for the baseline ISA, so that no ATen inline code is built for a
-  // wider one).
-  void (*parallel_columns)(int64_t n, void (*fn)(void* ctx, int64_t begin, int64_t end), void* ctx) = nullptr;
+  // its output columns split between the threads, in pieces of at least half
+  // that (a parallel region's cost grows with its threads; two or three cores
+  // stream a layer about as fast as more). parallel_columns(n, grain, fn, ctx)
+  // calls fn(ctx, begin, end) over [0, n) on the threads, at least grain at a
+  // time (at::parallel_for, compiled for the baseline ISA, so that no ATen
+  // inline code is built for a wider one).
+  void (*parallel_columns)(int64_t n, int64_t grain, void (*fn)(void* ctx, int64_t begin, int64_t end),
+                           void* ctx) = nullptr;
   int64_t split_weights = 0;
 
   // Whether layer 0 needs bias rows of its own (else it uses bias[0] for every row).
