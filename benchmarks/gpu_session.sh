@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_session.sh bench          # build + full benchmark
 #   bash benchmarks/gpu_session.sh rule           # build + the step rule's CUDA tests + bench_rule.py
 #   bash benchmarks/gpu_session.sh engine         # build + the engine's and the kernels' CUDA tests + bench_rule.py
+#   bash benchmarks/gpu_session.sh networks       # build + the network programs' CUDA tests + bench_networks.py
 #   bash benchmarks/gpu_session.sh portable       # a build of compute_80 PTX alone (JIT-compiled by the driver):
 #                                                 # the portable path's CUDA tests, compute-sanitizer, bench_rule.py
 set -uo pipefail
@@ -46,6 +47,12 @@ if [ "$mode" = engine ]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_kernels.py > "$out/sanitize_memcheck.log" 2>&1
   echo "compute-sanitizer memcheck: exit $? $(grep 'ERROR SUMMARY' "$out/sanitize_memcheck.log" | tail -1)"
   python3 benchmarks/bench_rule.py --device cuda 2>&1 | tee "$out/bench_rule.log"
+  exit 0
+fi
+if [ "$mode" = networks ]; then
+  limited_pytest 240 "$out/tests_networks.log" tests/test_cuda_networks.py tests/test_network_modules.py \
+    tests/test_networks.py
+  python3 benchmarks/bench_networks.py --device cuda 2>&1 | tee "$out/bench_networks.log"
   exit 0
 fi
 if [ "$mode" = portable ]; then
