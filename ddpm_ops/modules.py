@@ -22,14 +22,15 @@ def _activation_name(layer: nn.Module) -> str | None:
 class _TimeNet:
     """A time embedding the op evaluates as its ``time_net``: the feature map's output at the
     rule's timesteps, then ``linears`` (each followed by its activation in ``activations``),
-    then the first Linear's time columns. ``learned``: whether the feature map has parameters
-    (IDQL's learned Fourier features: evaluated at every call; else computed once).
-    ``modules``: what a call checks for hooks."""
+    then the first Linear's time columns. ``per_call``: whether the feature map holds tensors
+    (IDQL's learned Fourier features, a parameter; random features in a buffer, which a
+    checkpoint loads after the sampler is built): then it is evaluated at every call, else
+    its features are computed once. ``modules``: what a call checks for hooks."""
 
     def __init__(self, features, linears=(), activations=(), modules=()):
-        self.features, self.learned = features, not _parameter_free(features)
+        self.features, self.per_call = features, not _stateless(features)
         self.linears, self.activations = tuple(linears), tuple(activations)
-        self.modules = (*modules, *(features.modules() if self.learned else ()))
+        self.modules = (*modules, *(features.modules() if self.per_call else ()))
 
 
 def _time_net(time_embedding) -> _TimeNet | None:
@@ -37,8 +38,8 @@ def _time_net(time_embedding) -> _TimeNet | None:
     such as a sinusoidal map or the t/T column), or an ``nn.Sequential`` of a feature map with
     no Linear followed by Linears and activations (as modules or functions, in modules of
     their own such as IDQL's MLP: :func:`read_network`); None for any other form."""
-    if _parameter_free(time_embedding):
-        return _TimeNet(time_embedding)
+    if isinstance(time_embedding, nn.Module) and next(time_embedding.parameters(), None) is None:
+        return _TimeNet(time_embedding)  # features alone
     if not isinstance(time_embedding, nn.Sequential):
         return None
     layers = list(time_embedding.children())
@@ -84,11 +85,13 @@ class DiffusionSampler(nn.Module):
     a time embedding written as a feature map followed by an MLP
     (``nn.Sequential(SinusoidalPosEmb(16), nn.Linear(16, 32), nn.Mish(),
     nn.Linear(32, 16))``) becomes the op's ``time_net``, its features of the
-    rule's timesteps computed once, here, where the feature map has no
-    parameters, else (IDQL's learned Fourier features) at every call, before
-    the op; and a ``(batch, n)`` condition the op's ``cond_net``: the op
-    evaluates both inside its one launch. Any other time embedding is evaluated
-    at every call into ``time_bias``.
+    rule's timesteps computed once, here, where the feature map holds no
+    tensors, else (IDQL's learned Fourier features, random features in a
+    buffer) at every call, before the op; and a ``(batch, n)`` condition the
+    op's ``cond_net``: the op evaluates both inside its one launch. An MLP in
+    modules of its own (IDQL's ``MLP``) is read once, here, as the network is:
+    its parameters are read at every call, a layer replaced later is not seen.
+    Any other time embedding is evaluated at every call into ``time_bias``.
 
     Args:
         mlp: ``Linear (act Linear)*`` (see :func:`mlp_layers`), or any network
@@ -173,16 +176,16 @@ class DiffusionSampler(nn.Module):
         self._time_net = _time_net(self.time_embedding) if has_time and first_is_linear else None
         features = None
         if self._time_net is not None:
-            # Evaluated here also where it is evaluated again at every call (learned features):
+            # Evaluated here also where it is evaluated again at every call:
             # a feature map that cannot take the timesteps fails here, not at a call.
             with torch.no_grad():
                 features = self._time_net.features(self.timesteps.to(torch.float32)).to(torch.float32)
-        self._buffers["time_features"] = None if self._time_net is None or self._time_net.learned else features
+        self._buffers["time_features"] = None if self._time_net is None or self._time_net.per_call else features
 
     def _time_features(self) -> torch.Tensor:
         """The time net's input: the features computed at construction, or those of a feature map
-        with parameters (learned Fourier features), evaluated now on the current ones."""
-        if not self._time_net.learned:
+        that holds tensors (learned Fourier features), evaluated now on the current ones."""
+        if not self._time_net.per_call:
             return self._buffers["time_features"]
         with torch.no_grad():
             return self._time_net.features(self.timesteps.to(torch.float32)).to(torch.float32)
@@ -313,7 +316,7 @@ class DiffusionSampler(nn.Module):
         steps = ready.steps if num_steps is None else num_steps
         i_x, i_t_start, i_steps, i_chain, i_cond, i_noise, i_generator = plan.per_call
         args = list(ready.args)
-        if plan.learned_features:
+        if plan.features_per_call:
             args[plan.slot["time_input"]] = self._time_features()
         args[i_x] = x
         args[i_steps] = steps
@@ -499,7 +502,7 @@ class _DirectPlan:
         self.modules, self.linears, self.time_linears, self.norms = modules, linears, time_linears, norms
         self.template, self.slot, self.widths, self.names = template, slot, widths, names
         self.has_cond, self.time_net = "cond" in names, time_net is not None
-        self.learned_features = time_net is not None and time_net.learned
+        self.features_per_call = time_net is not None and time_net.per_call
         # Registering a hook adds to these dictionaries: one ``any`` over them sees it.
         self.hooks = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
         # The Linears' and LayerNorms' parameter dictionaries, read directly at a call (each
@@ -528,9 +531,10 @@ class _Prepared:
         self.t_start = (None, None)
 
 
-def _parameter_free(module) -> bool:
-    """An ``nn.Module`` without parameters: its output depends on its input alone."""
-    return isinstance(module, nn.Module) and next(module.parameters(), None) is None
+def _stateless(module) -> bool:
+    """An ``nn.Module`` without parameters or buffers: its output depends on its input alone."""
+    return isinstance(module, nn.Module) and next(module.parameters(), None) is None \
+        and next(module.buffers(), None) is None
 
 
 def _children(module) -> tuple:

@@ -125,11 +125,16 @@ class PositionalEmbedding(nn.Module):
 
 class GaussianFourierProjection(nn.Module):
     """Score SDE's random Fourier features: a parameter that is never trained
-    (``requires_grad=False``), ``cat[sin, cos](2 pi t W)``."""
+    (``requires_grad=False``), or (``buffer``) a buffer as other projects keep them,
+    ``cat[sin, cos](2 pi t W)``."""
 
-    def __init__(self, embed_dim, scale=30.0):
+    def __init__(self, embed_dim, scale=30.0, buffer=False):
         super().__init__()
-        self.W = nn.Parameter(torch.randn(embed_dim // 2) * scale, requires_grad=False)
+        W = torch.randn(embed_dim // 2) * scale
+        if buffer:
+            self.register_buffer("W", W)
+        else:
+            self.W = nn.Parameter(W, requires_grad=False)
 
     def forward(self, x):
         x_proj = x[:, None] * self.W[None, :] * 2 * math.pi

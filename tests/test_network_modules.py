@@ -78,7 +78,7 @@ def cleandiffuser_loop(model, rule, x, noise, condition=None):
     return x
 
 
-@pytest.mark.parametrize("features", ["positional", "gaussian_fourier"])
+@pytest.mark.parametrize("features", ["positional", "gaussian_fourier", "buffered_fourier"])
 @pytest.mark.parametrize("batch", [1, 33])
 def test_cleandiffuser_idql_mlp(batch, features):
     """CleanDiffuser's IDQLMlp: its layers as the sampler's network, its time MLP as the time embedding
@@ -86,18 +86,25 @@ def test_cleandiffuser_idql_mlp(batch, features):
     features held in a parameter (evaluated at every call)."""
     torch.manual_seed(200 + batch)
     model = IDQLMlp(6, emb_dim=64, hidden_dim=256, n_blocks=3).eval()
-    if features == "gaussian_fourier":
-        model.map_noise = GaussianFourierProjection(64, scale=0.05)
+    if features != "positional":
+        model.map_noise = GaussianFourierProjection(64, scale=0.05, buffer=features == "buffered_fourier")
     rule = ddpm_ops.step_rules.ddpm(ddpm_ops.cosine_betas(10), clip=1.0)
     sampler = ddpm_ops.DiffusionSampler(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out), rule,
                                         torch.arange(10), layout=(("x", 6), ("time", 64)),
                                         time_embedding=nn.Sequential(model.map_noise, *model.time_mlp))
     assert sampler._time_net is not None and sampler._time_net.linears  # the op runs the time MLP
-    assert sampler._time_net.learned == (features == "gaussian_fourier")
+    assert sampler._time_net.per_call == (features != "positional")
     x, noise = torch.randn(batch, 6), torch.randn(10, batch, 6)
     with torch.no_grad():
         out = sampler(x, noise=noise)
     assert relative_error(out, cleandiffuser_loop(model, rule, x, noise)) <= TOLERANCE
+    if features != "positional":  # a checkpoint loaded after the sampler was built
+        state = {k: v * 1.5 if k == "map_noise.W" else v for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+        with torch.no_grad():
+            again = sampler(x, noise=noise)
+        assert relative_error(again, out) > 1e-3
+        assert relative_error(again, cleandiffuser_loop(model, rule, x, noise)) <= TOLERANCE
 
 
 def test_cleandiffuser_idql_mlp_with_a_condition_added_to_the_time_embedding():
@@ -194,7 +201,7 @@ def test_learned_time_features_are_evaluated_at_every_call(path, monkeypatch):
     every call; on the direct call (kept argument list) and through ``sample`` alike."""
     reverse, time_encoder, rule, sampler = small_idql_sampler(6)
     time_net = sampler._time_net
-    assert time_net.learned and len(time_net.linears) == 2 and time_net.activations == ("mish", "identity")
+    assert time_net.per_call and len(time_net.linears) == 2 and time_net.activations == ("mish", "identity")
     assert sampler.time_features is None  # nothing fixed is kept for learned features
     calls = []
     monkeypatch.setattr(ddpm_ops.modules, "time_bias_from_module", lambda *a, **k: calls.append(a))
