@@ -616,8 +616,9 @@ void over_columns(const MlpPlan& p, int64_t l, int64_t block, Fn&& fn) {
     return;
   }
   auto columns = [&](int64_t b0, int64_t b1) { fn(b0 * block, std::min(b1 * block, out_f)); };
-  const int64_t piece = p.split_weights / 2;  // weights
-  const int64_t grain = std::max<int64_t>(1, (piece + block * p.in_f[l] - 1) / (block * p.in_f[l]));
+  const int64_t piece = p.split_weights / 2;          // weights
+  const int64_t block_weights = std::max<int64_t>(1, block * p.in_f[l]);
+  const int64_t grain = std::max<int64_t>(1, (piece + block_weights - 1) / block_weights);
   p.parallel_columns(blocks, grain,
                      [](void* ctx, int64_t b0, int64_t b1) { (*static_cast<decltype(columns)*>(ctx))(b0, b1); },
                      &columns);
