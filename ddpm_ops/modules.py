@@ -241,9 +241,8 @@ class DiffusionSampler(nn.Module):
         is which, the activations, the op's argument slots), made again when a layer of the
         network or the time MLP is replaced; or ``False`` when the form is not the direct
         call's (a time embedding evaluated in Python)."""
-        if self._time_net is not None and self._time_net.linears:
-            # A layer of the time embedding may have been replaced: it is read again.
-            self._read_time_net()
+        # The time embedding, or a layer of it, may have been replaced: it is read again.
+        self._read_time_net()
         time_net = self._time_net
         plan = False
         program = self._program

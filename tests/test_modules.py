@@ -344,3 +344,27 @@ def test_rewrite_reads_activations_by_the_vocabulary():
     from ddpm_ops.layers import VOCABULARY
     from ddpm_ops.rewrite.activations import _aten_forms
     assert sorted(_aten_forms().values()) == sorted(a.name for a in VOCABULARY if a.name != "identity")
+
+
+@pytest.mark.parametrize("replacement", ["features", "features_and_mlp"])
+def test_a_time_embedding_replaced_after_construction_is_read_again(replacement):
+    """``sampler.time_embedding = other`` after a call: the next direct call reads the new
+    embedding (its features, its MLP), as a sampler built with it does."""
+    from loops.common import PositionalEmbedding
+    torch.manual_seed(7)
+    mlp = nn.Sequential(nn.Linear(6 + 16 + 5, 32), nn.Mish(), nn.Linear(32, 6))
+    rule = ddpm_ops.step_rules.ddpm(ddpm_ops.cosine_betas(10), clip=1.0)
+    layout = (("x", 6), ("time", 16), ("cond", 5))
+    before = PositionalEmbedding(16)
+    after = PositionalEmbedding(16, max_positions=100) if replacement == "features" else \
+        nn.Sequential(PositionalEmbedding(16), nn.Linear(16, 32), nn.Mish(), nn.Linear(32, 16))
+    sampler = ddpm_ops.DiffusionSampler(mlp, rule, torch.arange(10.0), layout=layout, time_embedding=before)
+    x, cond, noise = torch.randn(4, 6), torch.randn(4, 5), torch.randn(10, 4, 6)
+    with torch.no_grad():
+        first = sampler(x, cond=cond, noise=noise)
+        sampler.time_embedding = after
+        again = sampler(x, cond=cond, noise=noise)
+        fresh = ddpm_ops.DiffusionSampler(mlp, rule, torch.arange(10.0), layout=layout, time_embedding=after)
+        expected = fresh(x, cond=cond, noise=noise)
+    assert relative_error(again, first) > 1e-3
+    assert torch.equal(again, expected)
