@@ -603,8 +603,8 @@ def _proved_equal(a: _Coef, b: _Coef) -> bool:
     pa, pb = _polynomial(a, leaves), _polynomial(b, leaves)
     if pa is None or pb is None:
         return False
-    scale = max([1.0, *map(abs, pa.values()), *map(abs, pb.values())])
-    return all(abs(pa.get(m, 0.0) - pb.get(m, 0.0)) <= 1e-12 * scale for m in {*pa, *pb})
+    return all(abs(a - b) <= 1e-12 * max(1.0, abs(a), abs(b))
+               for a, b in ((pa.get(m, 0.0), pb.get(m, 0.0)) for m in {*pa, *pb}))
 
 
 def _number_factor(c: _Coef) -> tuple:
