@@ -20,8 +20,9 @@ from torch.fx import Graph, Node
 
 from ..calls import RULE, arg_slots, bias_net_args, op_args
 from ..ops import NOISE_SEED_BOUND
-from .affine import _Coef, _row_wise, _Update, cmul
+from .affine import _row_wise, _Update
 from .chain import _Loop, _mixed_piece
+from .coefficients import _Coef, cmul
 from .constants import evaluate, fold, real_buffers
 from .network import _net_ending_at
 from .nodes import _NoMatch, _is, _val, aten, prims

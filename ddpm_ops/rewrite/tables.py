@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, Node
 
-from .affine import _Coef
+from .coefficients import _Coef
 from .linear import _linear
 from .nodes import _NoMatch, _is, _known_eq, _val, aten, prims
 
