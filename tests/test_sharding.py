@@ -24,6 +24,8 @@ WORLD = 2
 # rank 0 saves what each sharded call gathered to $RESULTS.
 WORKER = textwrap.dedent("""
     import os
+    import sys
+
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -73,6 +75,11 @@ WORKER = textwrap.dedent("""
     if dist.get_rank() == 0:
         torch.save(results, os.environ["RESULTS"])
     dist.destroy_process_group()
+    # Leave without the interpreter's teardown: torch 2.14's gloo at times
+    # aborts a process there ("terminate called without an active
+    # exception"), after every result is in.
+    sys.stdout.flush()
+    os._exit(0)
 """)
 
 BATCH_ROWS = ("x", "t_start", "cond_bias", "cond_input", "noise_seed")
