@@ -282,7 +282,8 @@ def make_inputs(model, batch=4, seed=0):
 
 def compile_run(model, *args):
     with torch.no_grad():
-        out, code = run_and_get_code(torch.compile(model), *[a.clone() for a in args])
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        out, code = run_and_get_code(torch.compile(model), *args)
     return out, "\n".join(code)
 
 
@@ -509,6 +510,71 @@ def test_zero_times_a_broadcast_prior_fuses_with_eagers_nan_columns():
         ref = model(x.clone(), t.clone(), prior.nan_to_num())
     out, _ = compile_run(model, x, t, prior.nan_to_num())
     assert relative_error(out, ref) < 1e-5
+
+
+class LastStepZero(Base):
+    """The last step alone adds ``v * 0.`` (``std * (noise if t > 0 else 0.)`` with a Python-int
+    ``t``); ``v``: "table" (a buffer's value at the step: finite), "table_inf" (the same buffer
+    holding inf there) or "prior" (an input)."""
+
+    def __init__(self, v="table"):
+        super().__init__(K=3)
+        self.v = v
+        std = torch.linspace(0.1, 0.3, self.T)
+        if v == "table_inf":
+            std[: self.T // 2] = float("inf")
+        self.register_buffer("std", std)
+
+    def forward(self, x, t_start: int, prior, noise):
+        for k in range(self.K):
+            t = torch.full((x.shape[0],), t_start - k)
+            x = self.step(x, t)
+            z = noise[k] if k < self.K - 1 else 0.0
+            x = x + (prior if self.v == "prior" else self.col(self.std, t)) * z
+        return x
+
+
+def _last_step_zero_inputs(model, batch=4):
+    x, _ = make_inputs(model, batch=batch)
+    # The last step reads the table at T // 2 - 1: its inf where it holds one.
+    return x, model.T // 2 + model.K - 2, torch.randn(batch, model.dim), torch.randn(model.K, batch, model.dim)
+
+
+def test_a_zero_term_in_the_last_step_alone_fuses_where_it_is_finite():
+    """``std * 0.`` where ``std`` is a buffer's finite value is +-0: dropped, one fused call with
+    eager's numbers (the other steps add their noise)."""
+    model = LastStepZero("table").eval()
+    args = _last_step_zero_inputs(model)
+    with torch.no_grad():
+        ref = model(*args)
+        without_noise = model(args[0], args[1], args[2], torch.zeros_like(args[3]))
+    out, code = compile_run(model, *args)
+    assert len(FUSED_CALL.findall(code)) == 1, code
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(without_noise, ref) > 1e-3
+
+
+@pytest.mark.parametrize("v, reason", [
+    ("table_inf", "a term v * 0, and others add none"),
+    ("prior", "a term v * 0, and others add none"),
+])
+def test_a_zero_term_in_the_last_step_alone_not_proved_finite_is_left_alone(v, reason, caplog):
+    """``v * 0.`` in the last step alone, where ``v`` holds inf (eager's row turns NaN) or is an
+    input (its values are not known when the loop is compiled): left alone with eager's numbers."""
+    import logging
+
+    model = LastStepZero(v).eval()
+    args = _last_step_zero_inputs(model)
+    with torch.no_grad():
+        ref = model(*args)
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, *args)
+    assert not FUSED_CALL.findall(code)
+    assert torch.equal(out.isnan(), ref.isnan()) and ref.isnan().all() == (v == "table_inf")
+    finite = ~ref.isnan().any(1)
+    assert relative_error(out[finite], ref[finite]) < 1e-5
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddpm_ops.rewrite"]
+    assert any("left alone" in m and reason in m for m in lines), lines
 
 
 def test_half_a_prior_is_left_alone_and_says_why(caplog):

@@ -343,14 +343,17 @@ def test_sample_columns_out_of_order_are_left_alone(caplog):
 
 class TensorBounds(v1_variants.PosteriorSampler):
     """x0 clamped to per-column bounds held in buffers (CleanDiffuser's ``x_min`` / ``x_max``),
-    ``bounds``: "both" (``x0.clip(lo, hi)``), "number_low" (``x0.clamp(min=-0.7).clamp(max=hi)``)
-    or "per_row" (a ``(B, dim)`` bound: not one value per column)."""
+    ``bounds``: "both" (``x0.clip(lo, hi)``), "number_low" (``x0.clamp(min=-0.7).clamp(max=hi)``),
+    "negated" (``x0.clamp(-hi, hi)``: each step negates ``hi`` again), "scalar" (a 0-d
+    ``max_action`` buffer, ``x0.clamp(-max_action, max_action)``) or "per_row" (a ``(B, dim)``
+    bound: not one value per column)."""
 
     def __init__(self, bounds="both", **kw):
         super().__init__(timesteps="int", **kw)
         self.bounds = bounds
         self.register_buffer("lo", -torch.linspace(0.3, 1.2, self.dim))
         self.register_buffer("hi", torch.linspace(1.1, 0.2, self.dim))
+        self.register_buffer("max_action", torch.tensor(0.6))
 
     def forward(self, x, t_start, noise=None):
         for k in range(self.num_steps):
@@ -361,27 +364,34 @@ class TensorBounds(v1_variants.PosteriorSampler):
                 x0 = x0.clip(self.lo, self.hi)
             elif self.bounds == "number_low":
                 x0 = x0.clamp(min=-0.7).clamp(max=self.hi)
+            elif self.bounds == "negated":
+                x0 = x0.clamp(-self.hi, self.hi)
+            elif self.bounds == "scalar":
+                x0 = x0.clamp(-self.max_action, self.max_action)
             else:
                 x0 = x0.clip(self.lo.expand(x.shape), self.hi.expand(x.shape))
             x = self.posterior_mean_coef1[i] * x0 + self.posterior_mean_coef2[i] * x
         return x
 
 
-@pytest.mark.parametrize("bounds", ["both", "number_low"])
+@pytest.mark.parametrize("bounds", ["both", "number_low", "negated", "scalar"])
 def test_x0_clamped_to_per_column_tensors_fuses_with_eager_numbers(bounds):
     """The bounds go to the op as its per-column ``clip_bounds``: one fused call, eager's numbers.
     The bounds are tight enough to clamp (without them the numbers differ), and differ by column
-    (a bound read as one number for every column would give other numbers)."""
+    (a bound read as one number for every column would give other numbers), but for the 0-d
+    ``max_action``, which the op takes as that value in every column."""
     torch.manual_seed(0)
     model = TensorBounds(bounds=bounds)
     x = 3 * torch.randn(16, model.dim)
     out, code = compile_run(model, x, model.T - 1)
     with torch.no_grad():
         ref = model(x, model.T - 1)
-        lo, hi = model.lo.clone(), model.hi.clone()
-        model.lo.fill_(-1e9), model.hi.fill_(1e9)
+        bounds = [b.clone() for b in (model.lo, model.hi, model.max_action)]
+        for b in (model.lo, model.hi, model.max_action):
+            b.copy_(torch.full_like(b, 1e9) * b.sign())
         unclamped = model(x, model.T - 1)
-        model.lo.copy_(lo), model.hi.copy_(hi)
+        for b, value in zip((model.lo, model.hi, model.max_action), bounds):
+            b.copy_(value)
     assert_fused_as_eager(code, out, ref, unclamped)
 
 
@@ -394,7 +404,7 @@ def test_x0_clamped_to_per_row_tensors_is_left_alone(caplog):
     assert not RULE_CALL.search(code)
     with torch.no_grad():
         assert relative_error(out, model(x, model.T - 1)) < 1e-5
-    assert_general_reason(caplog, "that is not one float32 value per column of a (batch, dim) sample")
+    assert_general_reason(caplog, "that is not one float32 value, or one per column of a (batch, dim) sample")
 
 
 NEAR_MISSES = {

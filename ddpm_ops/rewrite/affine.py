@@ -476,8 +476,9 @@ class _UpdateReader:
         return True
 
     def bound(self, n: Node, b: Any) -> float | Node:
-        """A clamp's bound: a number, or a step-only tensor of one value per column of the sample
-        (CleanDiffuser's per-dimension ``x_min`` / ``x_max``: the op's per-column bounds)."""
+        """A clamp's bound: a number, or a step-only float32 tensor of one value per column of the
+        sample (CleanDiffuser's per-dimension ``x_min`` / ``x_max``: the op's per-column bounds) or
+        of one value (a 0-d ``max_action`` buffer: that value in every column)."""
         if isinstance(b, (int, float)) and not isinstance(b, bool):
             return float(b)
         if not isinstance(b, Node) or self._is_form(b) or not self.step_only(b):
@@ -485,10 +486,10 @@ class _UpdateReader:
         v = _val(b)
         dim = self.shape[-1] if len(self.shape) == 2 else None
         if v is None or v.dtype != torch.float32 or dim is None or not (
-                v.dim() == 1 and _known_eq(v.shape[0], dim)
+                v.dim() == 0 or v.dim() == 1 and _known_eq(v.shape[0], dim)
                 or v.dim() == 2 and _known_eq(v.shape[0], 1) and _known_eq(v.shape[1], dim)):
-            raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 value per "
-                           "column of a (batch, dim) sample")
+            raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 value, or one "
+                           "per column of a (batch, dim) sample")
         return b
 
 

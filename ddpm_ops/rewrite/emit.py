@@ -138,12 +138,15 @@ def _prove_eps_clip(graph: Graph, updates: list, tables: Node, columns: list | N
 
 def _clamp_arg(em: _Emitter, clip, dim) -> tuple[list | None, Node | None]:
     """A clamp read as ``(clip, clip_bounds)``: two floats, or (where a bound is a tensor of one
-    value per column) the ``(2, dim)`` per-column bounds, a number of the other side filled in."""
+    value per column, or of one value) the ``(2, dim)`` per-column bounds, a number of the other
+    side filled in."""
     if clip is None:
         return None, None
     if not any(isinstance(b, Node) for b in clip):
         return list(clip), None
-    rows = [em(aten.reshape.default, b, [dim]) if isinstance(b, Node) else em.full([dim], b) for b in clip]
+    rows = [em.full([dim], b) if not isinstance(b, Node)
+            else em(aten.expand.default, b, [dim]) if _val(b).dim() == 0 else em(aten.reshape.default, b, [dim])
+            for b in clip]
     return None, em.stack(rows)
 
 

@@ -7,7 +7,7 @@ Each step of a loop (:mod:`.chain`) is proved to be
     x_{k+1} = clamp(C*clamp(A*x - B*e) + D*x + E*e + S*z)   (:mod:`.affine`)
 
 (plus, where every step adds it, one term ``c = v * 0`` of a ``v`` the steps
-share: :func:`_zero_term`) with coefficients and pieces that depend on the step only, or on nothing
+share, or none where each such ``v`` is finite at compile time: :func:`_zero_term`) with coefficients and pieces that depend on the step only, or on nothing
 that changes over the loop, every step with one clamp of x0 and one of its
 result. :func:`_plan` returns the proved :class:`_Plan` or raises
 ``_NoMatch`` with the first fact not proved (:class:`.chain._StepNoMatch`
@@ -24,6 +24,7 @@ from .._library import has_fused_rule_kernel
 from .affine import _read_update, _Update, _x0_clamped
 from .chain import _ancestors_within, _descendants, _latest_step, _Loop, _loops, _step_region, _StepNoMatch
 from .chain import _split_sums
+from .constants import evaluate, real_buffers
 from .network import _find_nets
 from .nodes import _ASSERT_METADATA, _float32_cast_source, _is, _NoMatch, _val
 from .tables import _coefs, _shape_of
@@ -153,6 +154,7 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
             raise _StepNoMatch(f"step {k}: {e}", e.step, e.sample_kept) from None
         except _NoMatch as e:
             raise _NoMatch(f"step {k}: {e}") from None
+    _unify_bounds(updates)
     posts = {u.post_clip for u in updates}
     if len(posts) > 1:
         # x = clamp(a*x + b*e) is a clamp of the result, or an x0 clamp with x = x0 (a solver's last
@@ -182,6 +184,10 @@ def _zero_term(loop: _Loop, updates: list) -> Node | None:
     terms = [u.zero for u in updates]
     if all(t is None for t in terms):
         return None
+    if _finite_at_compile_time([u.zero_of for u in updates if u.zero is not None]):
+        # Each term is then +-0: it changes no number, so no step needs to add it (a DDPM loop's
+        # last step spelt ``std * (noise if t > 0 else 0.)``, where the others add noise).
+        return None
     first = next(t for t in terms if t is not None)
     if any(t is None for t in terms):
         raise _NoMatch(f"some steps add {first.name}, a term v * 0, and others add none (the op adds one "
@@ -195,6 +201,37 @@ def _zero_term(loop: _Loop, updates: list) -> Node | None:
             raise _NoMatch(f"step {k} adds {u.zero.name} = {u.zero_of.name} * 0, not step 0's "
                            f"{v0.name} * 0 (the op adds one term v * 0 to every step)")
     return updates[0].zero
+
+
+def _unify_bounds(updates: list) -> None:
+    """Give every clamp bound that a step computes again alike from the same inputs (``-x_max``
+    of a per-column ``x_max``, negated in each step) the node of the first step that computes
+    it, so that steps clamping to one bound compare equal."""
+    seen: list[Node] = []
+
+    def first(b):
+        if not isinstance(b, Node):
+            return b
+        same = next((s for s in seen if s is b or _recomputed(b, s)), None)
+        if same is None:
+            seen.append(b)
+        return b if same is None else same
+
+    for u in updates:
+        u.clip = None if u.clip is None else tuple(map(first, u.clip))
+        u.post_clip = None if u.post_clip is None else tuple(map(first, u.post_clip))
+
+
+def _finite_at_compile_time(values: list) -> bool:
+    """Whether every node of ``values`` is computed from constants and module buffers alone and
+    is finite everywhere, on the values it has at compile time (:mod:`.constants`)."""
+    graph = values[0].graph
+    buffers = real_buffers(graph)
+    for v in values:
+        value = evaluate(graph, v, buffers or {})
+        if value is None or not bool(value.isfinite().all()):
+            return False
+    return True
 
 
 def _carried_into(loop: _Loop, k: int, prev: Node, prev_inside: set, inside: set, end: Node) -> frozenset:

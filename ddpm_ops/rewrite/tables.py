@@ -191,6 +191,12 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
                                              aten.to.dtype):
         return _inputs_uniform(node, batch, memo)
     if _is(node, aten.gather.default, aten.index.Tensor, aten.index_select.default):
+        table = node.args[0]
+        tv = _val(table)
+        if tv is not None and tv.dim() == 1:
+            # Every row reads a one-dimensional table at its own index: the same index, the same
+            # value, whatever the table's length (which may happen to equal the batch's).
+            return all(_uniform(a, batch, memo) for a in node.all_input_nodes if a is not table)
         return _inputs_uniform(node, batch, memo)
     if _is(node, aten.mm.default):  # a row of the product reads that row of the input only
         return _uniform(node.args[0], batch, memo)

@@ -1,8 +1,8 @@
 """Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
 import torch
 
-from . import cleandiffuser, diffusers_style, diffusion_ql, dpm_solver, dppo, flow_policy, idql, readme, \
-    scheduler_step, tabddpm, tiny_diffusion, v1_variants
+from . import cleandiffuser, diffusers_style, diffusion_ql, dpm_solver, dppo, flow_policy, idql, lucidrains, \
+    readme, scheduler_step, tabddpm, tiny_diffusion, v1_variants
 
 
 def _dql():
@@ -60,6 +60,16 @@ def _readme(**kw):
         m = readme.TimeColumnLoop(**kw)
         return m, (torch.randn(8, 4), torch.randint(m.num_steps, m.total_timesteps, (8,))), \
             (m.num_steps, 8, 4) if m.noise else None
+    return make
+
+
+def _lucidrains(batch, **kw):
+    """denoising-diffusion-pytorch's p_sample_loop; a batch of as many rows as the schedule has
+    timesteps makes every table look like one value per sample by its shape alone."""
+    def make():
+        torch.manual_seed(0)
+        m = lucidrains.GaussianDiffusion(**kw)
+        return m, (torch.randn(batch, 5),), (m.num_timesteps + 1, batch, m.dim)
     return make
 
 
@@ -225,6 +235,10 @@ CASES = {
     "readme_clamp": _readme(clamp=2.0),
     "readme_noise_clamp": _readme(noise=True, clamp=2.0),
     "int_t_scheduler_step": _int_scheduler,
+    "lucidrains_pred_noise": _lucidrains(5),
+    "lucidrains_pred_noise_batch_of_timesteps": _lucidrains(8, timesteps=8),
+    "lucidrains_pred_v": _lucidrains(5, objective="pred_v"),
+    "lucidrains_pred_x0_unclipped": _lucidrains(5, objective="pred_x0", clip_denoised=False),
     "idql": _idql(),
     "idql_ln_resnet": _idql(network="ln_resnet"),
     "idql_repeat_time": _idql(time_spelling="repeat"),
