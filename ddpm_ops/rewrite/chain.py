@@ -101,13 +101,26 @@ def _pieces(net: _Net) -> list:
 
 
 def _input_pieces(net: _Net) -> list:
-    inp = net.inp
-    if _is(inp, aten.cat.default):
-        dim = inp.args[1] if len(inp.args) > 1 else inp.kwargs.get("dim", 0)
-        v = _val(inp)
-        if v is not None and v.dim() == 2 and dim in (1, -1):
-            return _join_columns(list(inp.args[0]))
-    return [inp]
+    pieces = _column_cat(net.inp)
+    return [net.inp] if pieces is None else _join_columns(pieces)
+
+
+def _column_cat(node: Node) -> list | None:
+    """The pieces of ``node``, a ``cat`` of ``(batch, w)`` pieces along their columns, with each
+    piece that is such a ``cat`` itself read as its own pieces (diffusion_policy's
+    ``cat([x, cat([time_features, global_cond])])``: the same columns in the same order); else
+    ``None``."""
+    if not _is(node, aten.cat.default):
+        return None
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    v = _val(node)
+    if v is None or v.dim() != 2 or dim not in (1, -1):
+        return None
+    pieces = []
+    for piece in node.args[0]:
+        inner = _column_cat(piece)
+        pieces.extend([piece] if inner is None else inner)
+    return pieces
 
 
 def _sum_of_two(node) -> tuple[Node, Node] | None:

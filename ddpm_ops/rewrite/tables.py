@@ -214,6 +214,10 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
         if len(repeats) > sv.dim() or _known_eq(sv.shape[0], 1):
             return True  # every row is the whole source, or copies of its one row
         return repeats[0] == 1 and _uniform(src, batch, memo)
+    if _is(node, aten.expand.default):  # ConditionalUnet1D's ``torch.tensor([t]).expand(B)``
+        sv = _val(node.args[0])
+        if sv is not None and (sv.dim() < _val(node).dim() or _known_eq(sv.shape[0], 1)):
+            return True  # every row is the whole source, or its one row
     if _is(node, *_ROW_OPS):
         src = node.args[0]
         sv, v = _val(src), _val(node)

@@ -1,8 +1,8 @@
 """Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
 import torch
 
-from . import cleandiffuser, diffusers_style, diffusion_ql, dpm_solver, dppo, flow_policy, idql, lucidrains, \
-    readme, scheduler_step, tabddpm, tiny_diffusion, v1_variants
+from . import cleandiffuser, diffusers_style, diffusion_policy, diffusion_ql, dpm_solver, dppo, flow_policy, idql, \
+    lucidrains, readme, scheduler_step, tabddpm, tiny_diffusion, v1_variants
 
 
 def _dql():
@@ -71,6 +71,12 @@ def _lucidrains(batch, **kw):
         m = lucidrains.GaussianDiffusion(**kw)
         return m, (torch.randn(batch, 5),), (m.num_timesteps + 1, batch, m.dim)
     return make
+
+
+def _diffusion_policy():
+    torch.manual_seed(0)
+    m = diffusion_policy.LowdimPolicy()
+    return m, (torch.randn(8, 2, 5), torch.randn(8, m.horizon, m.action_dim)), None
 
 
 def _int_scheduler():
@@ -235,6 +241,7 @@ CASES = {
     "readme_clamp": _readme(clamp=2.0),
     "readme_noise_clamp": _readme(noise=True, clamp=2.0),
     "int_t_scheduler_step": _int_scheduler,
+    "diffusion_policy_lowdim_ddim": _diffusion_policy,
     "lucidrains_pred_noise": _lucidrains(5),
     "lucidrains_pred_noise_batch_of_timesteps": _lucidrains(8, timesteps=8),
     "lucidrains_pred_v": _lucidrains(5, objective="pred_v"),
