@@ -344,7 +344,8 @@ def test_sample_columns_out_of_order_are_left_alone(caplog):
 class TensorBounds(v1_variants.PosteriorSampler):
     """x0 clamped to per-column bounds held in buffers (CleanDiffuser's ``x_min`` / ``x_max``),
     ``bounds``: "both" (``x0.clip(lo, hi)``), "number_low" (``x0.clamp(min=-0.7).clamp(max=hi)``),
-    "negated" (``x0.clamp(-hi, hi)``: each step negates ``hi`` again), "scalar" (a 0-d
+    "negated" (``x0.clamp(-hi, hi)``: each step negates ``hi`` again; "negated_final_clamp" then
+    clamps the result to (-0.6, 0.6) after the loop, outside the op), "scalar" (a 0-d
     ``max_action`` buffer, ``x0.clamp(-max_action, max_action)``) or "per_row" (a ``(B, dim)``
     bound: not one value per column)."""
 
@@ -364,17 +365,17 @@ class TensorBounds(v1_variants.PosteriorSampler):
                 x0 = x0.clip(self.lo, self.hi)
             elif self.bounds == "number_low":
                 x0 = x0.clamp(min=-0.7).clamp(max=self.hi)
-            elif self.bounds == "negated":
+            elif self.bounds.startswith("negated"):
                 x0 = x0.clamp(-self.hi, self.hi)
             elif self.bounds == "scalar":
                 x0 = x0.clamp(-self.max_action, self.max_action)
             else:
                 x0 = x0.clip(self.lo.expand(x.shape), self.hi.expand(x.shape))
             x = self.posterior_mean_coef1[i] * x0 + self.posterior_mean_coef2[i] * x
-        return x
+        return x.clamp(-0.6, 0.6) if self.bounds == "negated_final_clamp" else x
 
 
-@pytest.mark.parametrize("bounds", ["both", "number_low", "negated", "scalar"])
+@pytest.mark.parametrize("bounds", ["both", "number_low", "negated", "negated_final_clamp", "scalar"])
 def test_x0_clamped_to_per_column_tensors_fuses_with_eager_numbers(bounds):
     """The bounds go to the op as its per-column ``clip_bounds``: one fused call, eager's numbers.
     The bounds are tight enough to clamp (without them the numbers differ), and differ by column

@@ -137,6 +137,8 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
             except _NoMatch:
                 continue
         if updates:
+            for _, u in read_ends:
+                _unify_bounds([*updates, u])  # a bound computed again is the earlier steps'
             for same in (lambda u: _form(u) == _form(updates[-1]),
                          lambda u: (u.clip, u.post_clip) == (updates[-1].clip, updates[-1].post_clip)):
                 matching = [candidate for candidate, u in read_ends if same(u)]
