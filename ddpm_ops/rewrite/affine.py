@@ -469,7 +469,8 @@ class _UpdateReader:
         """Whether ``b`` is a tensor of one value per column that the op takes as per-column
         bounds (see :meth:`bound`). A 0-d value in an eps clamp's bound is its coefficient
         (``alpha`` of ``alpha * x_max``), not the bound."""
-        if not isinstance(b, Node) or self._is_form(b) or not self.step_only(b) or _val(b).dim() == 0:
+        if not isinstance(b, Node) or self._is_form(b) or not self.step_only(b) or _val(b) is None \
+                or _val(b).dim() == 0:
             return False
         try:
             self.bound(b, b)

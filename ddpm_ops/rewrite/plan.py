@@ -7,7 +7,8 @@ Each step of a loop (:mod:`.chain`) is proved to be
     x_{k+1} = clamp(C*clamp(A*x - B*e) + D*x + E*e + S*z)   (:mod:`.affine`)
 
 (plus, where every step adds it, one term ``c = v * 0`` of a ``v`` the steps
-share, or none where each such ``v`` is finite at compile time: :func:`_zero_term`) with coefficients and pieces that depend on the step only, or on nothing
+share, or none where each such ``v`` is finite at compile time: :func:`_zero_term`)
+with coefficients and pieces that depend on the step only, or on nothing
 that changes over the loop, every step with one clamp of x0 and one of its
 result. :func:`_plan` returns the proved :class:`_Plan` or raises
 ``_NoMatch`` with the first fact not proved (:class:`.chain._StepNoMatch`
