@@ -38,7 +38,7 @@ def _time_net(time_embedding) -> _TimeNet | None:
     such as a sinusoidal map or the t/T column), or an ``nn.Sequential`` of a feature map with
     no Linear followed by Linears and activations (as modules or functions, in modules of
     their own such as IDQL's MLP: :func:`read_network`); None for any other form."""
-    if isinstance(time_embedding, nn.Module) and next(time_embedding.parameters(), None) is None:
+    if _parameter_free(time_embedding):
         return _TimeNet(time_embedding)  # features alone
     if not isinstance(time_embedding, nn.Sequential):
         return None
@@ -530,10 +530,14 @@ class _Prepared:
         self.t_start = (None, None)
 
 
+def _parameter_free(module) -> bool:
+    """An ``nn.Module`` without parameters."""
+    return isinstance(module, nn.Module) and next(module.parameters(), None) is None
+
+
 def _stateless(module) -> bool:
     """An ``nn.Module`` without parameters or buffers: its output depends on its input alone."""
-    return isinstance(module, nn.Module) and next(module.parameters(), None) is None \
-        and next(module.buffers(), None) is None
+    return _parameter_free(module) and next(module.buffers(), None) is None
 
 
 def _children(module) -> tuple:

@@ -140,7 +140,7 @@ def _invariant(values: list, batch) -> bool:
     """Whether ``values`` (one per step) are one loop-invariant value (the same node, or step
     0's computed again) that differs between samples."""
     first = values[0]
-    return all(v is first or _recomputed(v, first) for v in values[1:]) and _batched(first, batch) \
+    return all(_recomputed(v, first) for v in values[1:]) and _batched(first, batch) \
         and not _uniform(first, batch, {})
 
 

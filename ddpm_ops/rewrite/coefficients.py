@@ -80,7 +80,7 @@ def _polynomial(c: _Coef, leaves: list) -> dict | None:
         return {(): c.args[0]} if c.args[0] else {}
     if c.op == "leaf":
         node = c.args[0]
-        index = next((i for i, n in enumerate(leaves) if n is node or _recomputed(n, node)), None)
+        index = next((i for i, n in enumerate(leaves) if _recomputed(n, node)), None)
         if index is None:
             index = len(leaves)
             leaves.append(node)
@@ -154,5 +154,5 @@ def _same_coef(a: _Coef, b: _Coef) -> bool:
     if a.op == "num":
         return a.args[0] == b.args[0]
     if a.op == "leaf":
-        return a.args[0] is b.args[0] or _recomputed(a.args[0], b.args[0])
+        return _recomputed(a.args[0], b.args[0])
     return all(_same_coef(x, y) for x, y in zip(a.args, b.args))

@@ -106,7 +106,7 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
     # A piece every step recomputes alike from the same inputs (TabDDPM adds its label's
     # embedding in each call of the network) is one loop-invariant value: step 0's.
     for p, first in enumerate(loop.pieces[0]):
-        if p != loop.x_pos and all(step[p] is first or _recomputed(step[p], first) for step in loop.pieces):
+        if p != loop.x_pos and all(_recomputed(step[p], first) for step in loop.pieces):
             for step in loop.pieces:
                 step[p] = first
     _split_sums(loop)
@@ -200,7 +200,7 @@ def _zero_term(loop: _Loop, updates: list) -> Node | None:
                        "(batch, dim) sample)")
     v0 = updates[0].zero_of
     for k, u in enumerate(updates[1:], 1):
-        if u.zero_of is not v0 and not _recomputed(u.zero_of, v0):
+        if not _recomputed(u.zero_of, v0):
             raise _NoMatch(f"step {k} adds {u.zero.name} = {u.zero_of.name} * 0, not step 0's "
                            f"{v0.name} * 0 (the op adds one term v * 0 to every step)")
     return updates[0].zero
@@ -215,7 +215,7 @@ def _unify_bounds(updates: list) -> None:
     def first(b):
         if not isinstance(b, Node):
             return b
-        same = next((s for s in seen if s is b or _recomputed(b, s)), None)
+        same = next((s for s in seen if _recomputed(b, s)), None)
         if same is None:
             seen.append(b)
         return b if same is None else same

@@ -137,8 +137,9 @@ class _NoSites(_Sites):
 
 
 def _recomputed(a: Node, b: Node) -> bool:
-    """Whether ``a`` is ``b`` computed again: the same ops, nothing random, on the same inputs."""
-    return _unify(a, b, 1, _NoSites(2), {})
+    """Whether ``a`` is ``b`` itself or ``b`` computed again: the same ops, nothing random, on the
+    same inputs."""
+    return a is b or _unify(a, b, 1, _NoSites(2), {})
 
 
 def _find_sites(per_step: list[list], K: int) -> _Sites:
