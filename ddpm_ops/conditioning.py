@@ -32,6 +32,7 @@ matmul is left outside the op)::
                        [lin1.bias, lin2.bias], ["mish", "identity"])
     cond_net = BiasNet(state, [W_c])
 """
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -148,6 +149,15 @@ def time_bias(
     return _project("time_features", weight_block, time_features, dtype)
 
 
+def device_of(module: nn.Module | Callable, default: torch.device) -> torch.device:
+    """Where ``module``'s own tensors are (its parameters, else its buffers); ``default`` for a
+    function or a module that holds none."""
+    if not isinstance(module, nn.Module):
+        return default
+    held = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return default if held is None else held.device
+
+
 def time_bias_from_module(
     time_embedding: nn.Module | Callable[[torch.Tensor], torch.Tensor],
     weight_block: torch.Tensor,
@@ -159,7 +169,7 @@ def time_bias_from_module(
     """Evaluate a time-embedding module at every step index and project it.
 
     The module runs under ``torch.no_grad`` in whatever mode (train/eval) it
-    is in, on the device of its parameters (else of ``weight_block``).
+    is in, on the device of its tensors (else of ``weight_block``).
 
     Args:
         time_embedding: a module or function mapping ``(S,)`` timesteps to
@@ -186,8 +196,7 @@ def time_bias_from_module(
     timesteps = torch.as_tensor(timesteps)
     if timesteps.dim() != 1:
         raise ValueError(f"timesteps: expected a 1-D tensor, got shape {tuple(timesteps.shape)}")
-    parameters = time_embedding.parameters() if isinstance(time_embedding, nn.Module) else ()
-    device = next(iter(parameters), weight_block).device
+    device = device_of(time_embedding, weight_block.device)
     with torch.no_grad():
         features = time_embedding(timesteps.to(device=device, dtype=dtype))
     return _project("time_embedding output", weight_block, features, out_dtype)

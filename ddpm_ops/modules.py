@@ -7,7 +7,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .calls import RULE, arg_slots
-from .conditioning import BiasNet, cond_bias, time_bias_from_module
+from .conditioning import BiasNet, cond_bias, device_of, time_bias_from_module
 from .layers import VOCABULARY, Program, mlp_layers, read_network, refuse_hooks
 
 ACTIVATION_NAMES = frozenset(a.name for a in VOCABULARY)
@@ -31,6 +31,13 @@ class _TimeNet:
         self.features, self.per_call = features, not _stateless(features)
         self.linears, self.activations = tuple(linears), tuple(activations)
         self.modules = (*modules, *(features.modules() if self.per_call else ()))
+
+    def features_at(self, timesteps: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The feature map's float32 output at ``timesteps``, computed where the map's own
+        tensors are, else on ``device`` (the network's): a policy on the GPU whose sampler
+        is given ``torch.arange(T)`` on the CPU."""
+        with torch.no_grad():
+            return self.features(timesteps.to(device_of(self.features, device), torch.float32)).to(torch.float32)
 
 
 def _time_net(time_embedding) -> _TimeNet | None:
@@ -174,12 +181,10 @@ class DiffusionSampler(nn.Module):
         first_is_linear = self._program is None or self._program.first_is_linear
         has_time = any(name == "time" for name, _ in self.layout)
         self._time_net = _time_net(self.time_embedding) if has_time and first_is_linear else None
-        features = None
-        if self._time_net is not None:
-            # Evaluated here also where it is evaluated again at every call:
-            # a feature map that cannot take the timesteps fails here, not at a call.
-            with torch.no_grad():
-                features = self._time_net.features(self.timesteps.to(torch.float32)).to(torch.float32)
+        # Evaluated here also where it is evaluated again at every call:
+        # a feature map that cannot take the timesteps fails here, not at a call.
+        features = None if self._time_net is None else \
+            self._time_net.features_at(self.timesteps, next(self.mlp.parameters()).device)
         self._buffers["time_features"] = None if self._time_net is None or self._time_net.per_call else features
 
     def _time_features(self) -> torch.Tensor:
@@ -187,8 +192,7 @@ class DiffusionSampler(nn.Module):
         that holds tensors (learned Fourier features), evaluated now on the current ones."""
         if not self._time_net.per_call:
             return self._buffers["time_features"]
-        with torch.no_grad():
-            return self._time_net.features(self.timesteps.to(torch.float32)).to(torch.float32)
+        return self._time_net.features_at(self.timesteps, next(self.mlp.parameters()).device)
 
     def _rule_on(self, device: torch.device) -> StepRule:
         """The rule on ``device``, moved once (a move builds and checks the

@@ -182,6 +182,28 @@ def small_idql_sampler(seed):
     return reverse, time_encoder, rule, sampler
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("path", ["direct", "general"])
+def test_a_policy_on_the_gpu_with_timesteps_on_the_cpu(path, monkeypatch):
+    """A policy moved to the GPU, its sampler given ``torch.arange(T)`` on the CPU and not moved
+    itself: the learned time features are computed where their kernel is, at construction and
+    at every call."""
+    torch.manual_seed(11)
+    reverse = MLPResNet(2, 6 + 17 + 128, 6, use_layer_norm=True, hidden_dim=64).eval().cuda()
+    time_encoder = idql_time_encoder().cuda()
+    rule = idql_rule()
+    sampler = ddpm_ops.DiffusionSampler(reverse, rule, torch.arange(5.0), layout=(("x", 6), ("cond", 17),
+                                        ("time", 128)), time_embedding=time_encoder)
+    if path == "general":
+        monkeypatch.setattr(type(sampler), "_direct_call", lambda *a, **k: None)
+    state, x, noise = torch.randn(9, 17), torch.randn(9, 6), torch.randn(5, 9, 6)
+    with torch.no_grad():
+        out = sampler(x.cuda(), cond=state.cuda(), noise=noise.cuda())
+    assert out.is_cuda
+    expected = idql_loop(reverse.cpu(), time_encoder.cpu(), rule, state, x, noise)
+    assert relative_error(out.cpu(), expected) <= TOLERANCE
+
+
 def test_parameters_are_read_at_every_call():
     reverse, time_encoder, rule, sampler = small_idql_sampler(5)
     state, x, noise = torch.randn(9, 17), torch.randn(9, 6), torch.randn(5, 9, 6)

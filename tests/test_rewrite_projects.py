@@ -28,12 +28,26 @@ MATMUL = re.compile(r"extern_kernels\.(mm|addmm|bmm)\b|cpp_gemm|_mkl_linear|mkld
 
 
 
-def assert_fuses_with_eager_numbers(name):
+def built(name, device):
+    """The loop ``name`` of tests/loops/cases.py on ``device``: on a GPU as a project built with
+    ``device="cuda"`` builds it (its tensors made there; a module it builds on the CPU, as
+    Diffusion-QL and diffusers' schedulers do, moved), then run with no default device, as
+    users run it (under one, Dynamo traces numpy calls and ``torch.tensor`` unlike eager)."""
+    if device == "cpu":
+        return CASES[name]()
+    with torch.device(device):
+        model, args, noise_shape = CASES[name]()
+    if isinstance(model, nn.Module):
+        model.to(device)
+    return model, args, noise_shape
+
+
+def assert_fuses_with_eager_numbers(name, device="cpu"):
     """The loop ``name`` of tests/loops/cases.py compiles to one fused call, with no matmul left
     (the time MLP, the time columns and the condition's run inside the op), and eager's numbers
     (the noise given as tensors). Returns the output."""
-    model, args, noise_shape = CASES[name]()
-    args = (*args, torch.randn(noise_shape)) if noise_shape else args
+    model, args, noise_shape = built(name, device)
+    args = (*args, torch.randn(noise_shape, device=device)) if noise_shape else args
     out, code = compile_run(model, *args)
     with torch.no_grad():
         ref = model(*args)
@@ -105,9 +119,7 @@ def test_dynamic_batch_fuses_with_eager_numbers(name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_loop_fuses_on_cuda_with_eager_numbers(name):
-    # Every factory call of the loop (its parameters, buffers, timesteps and noise) on the GPU.
-    with torch.device("cuda"):
-        assert assert_fuses_with_eager_numbers(name).is_cuda
+    assert assert_fuses_with_eager_numbers(name, "cuda").is_cuda
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "tabddpm", "tiny_diffusion", "v1_full_noise_clamps",

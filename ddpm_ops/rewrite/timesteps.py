@@ -338,6 +338,12 @@ class _Reemit:
             inp, weight, bias = self.linears[node]
             self.memo[node] = self.em(aten.addmm.default, bias, self.copy(inp),
                                       self.em(aten.permute.default, weight, [1, 0]))
+        if node not in self.memo and _is(node, aten.mm.default) and _known_eq(_val(node.args[0]).shape[1], 1):
+            # A product over one term (learned Fourier features: t times a (1, n) kernel) is an
+            # outer product: a pointwise mul fuses with the features around it, where an mm
+            # would be a matmul kernel of its own at every call (inductor turns it into the
+            # mul on the CPU alone).
+            self.memo[node] = self.em(aten.mul.Tensor, self.copy(node.args[0]), node.args[1])
         if node not in self.memo:
             args = [self.copy(a) for a in node.args]
             if _is(node, *_SHAPED):

@@ -64,7 +64,7 @@ class DiscreteDiffusionSDE(nn.Module):
         xt = torch.randn(n_samples, self.x_dim) if noise is None else noise[0]
         alphas, sigmas = self.alphas, self.sigmas
         for i in reversed(range(1, self.sampling_steps + 1)):
-            t = torch.full((n_samples,), self.sample_step_schedule[i], dtype=torch.long)
+            t = torch.full((n_samples,), self.sample_step_schedule[i], dtype=torch.long, device=xt.device)
             eps_theta = self.model(xt, t, condition)
             x_theta = (xt - sigmas[i] * eps_theta) / alphas[i]
             x_theta = x_theta.clip(-self.x_max, self.x_max)
@@ -135,7 +135,7 @@ class SampleStepSchedule(nn.Module):
             return alphas[i], sigmas[i], alphas[i - 1], sigmas[i - 1], stds[i]
         if not self.per_sample:
             return self.alphas[i], self.sigmas[i], self.alphas[i - 1], self.sigmas[i - 1], self.stds[i]
-        col = torch.full((n,), i, dtype=torch.long)
+        col = torch.full((n,), i, dtype=torch.long, device=self.alphas.device)
         return (at_least_ndim(self.alphas[col], 2), at_least_ndim(self.sigmas[col], 2),
                 at_least_ndim(self.alphas[col - 1], 2), at_least_ndim(self.sigmas[col - 1], 2),
                 at_least_ndim(self.stds[col], 2))
@@ -147,7 +147,7 @@ class SampleStepSchedule(nn.Module):
         if self.fix:
             xt = xt * (1.0 - self.fix_mask) + prior * self.fix_mask
         for k, i in enumerate(reversed(range(1, self.sampling_steps + 1))):
-            t = torch.full((n,), self.schedule[i], dtype=prior.dtype)
+            t = torch.full((n,), self.schedule[i], dtype=prior.dtype, device=prior.device)
             a, s, a_prev, s_prev, std = self.coefs(i, n)
             pred = self.model(xt, t, condition)
             if self.clip == "eps":
@@ -363,10 +363,10 @@ class DiscreteSDESample(nn.Module):
         logSNRs = torch.log(alphas / sigmas)
         hs = torch.zeros_like(logSNRs)
         hs[1:] = logSNRs[:-1] - logSNRs[1:]
-        stds = torch.zeros((self.sample_steps + 1,))
+        stds = torch.zeros((self.sample_steps + 1,), device=prior.device)
         stds[1:] = sigmas[:-1] / sigmas[1:] * (1 - (alphas[1:] / alphas[:-1]) ** 2).sqrt()
         for k, i in enumerate(reversed(range(1, self.sample_steps + 1))):
-            t = torch.full((n_samples,), sample_step_schedule[i], dtype=torch.long)
+            t = torch.full((n_samples,), sample_step_schedule[i], dtype=torch.long, device=prior.device)
             pred = self.guided(xt, t, condition_vec_cfg)
             pred = self.clip_prediction(pred, xt, alphas[i], sigmas[i])
             eps_theta = pred if self.predict_noise else (xt - alphas[i] * pred) / sigmas[i]

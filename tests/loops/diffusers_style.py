@@ -85,6 +85,6 @@ class SchedulerLoop(nn.Module):
     def forward(self, obs, noise=None):
         x = torch.randn(obs.shape[0], self.dim) if noise is None else noise[0]
         for k, t in enumerate(self.timesteps):
-            model_output = self.unet(x, torch.full((obs.shape[0],), t, dtype=torch.long), obs)
+            model_output = self.unet(x, torch.full((obs.shape[0],), t, dtype=torch.long, device=obs.device), obs)
             x = self.step(model_output, t, x, None if noise is None else noise[k + 1])
         return x

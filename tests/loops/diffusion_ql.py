@@ -118,7 +118,7 @@ class DiffusionVariants(Diffusion):
         if not self.t_arg:
             return super().forward(state, *rest)
         t_start, noise = (*rest, None)[:2]
-        x = torch.randn(state.shape[0], self.action_dim) if noise is None else noise[0]
+        x = torch.randn(state.shape[0], self.action_dim, device=state.device) if noise is None else noise[0]
         for k in range(self.steps):
             x = self.p_sample(x, t_start - k, state, None if noise is None else noise[k + 1])
         return x.clamp_(-self.max_action, self.max_action)
@@ -134,10 +134,11 @@ class SampleAction(Diffusion):
     def __init__(self, repeats=50, **kw):
         super().__init__(**kw)
         self.repeats = repeats
-        betas = torch.tensor(np.linspace(1e-4, 2e-2, self.n_timesteps), dtype=torch.float32)
+        # On the CPU, as the project builds its modules before moving them (np.sqrt reads them).
+        betas = torch.tensor(np.linspace(1e-4, 2e-2, self.n_timesteps), dtype=torch.float32, device="cpu")
         alphas = 1. - betas
         alphas_cumprod = torch.cumprod(alphas, axis=0)
-        alphas_cumprod_prev = torch.cat([torch.ones(1), alphas_cumprod[:-1]])
+        alphas_cumprod_prev = torch.cat([torch.ones(1, device="cpu"), alphas_cumprod[:-1]])
         posterior_variance = betas * (1. - alphas_cumprod_prev) / (1. - alphas_cumprod)
         for name, value in [
                 ("betas", betas), ("alphas_cumprod", alphas_cumprod), ("alphas_cumprod_prev", alphas_cumprod_prev),

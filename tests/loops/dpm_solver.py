@@ -73,7 +73,7 @@ class CleanDiffuser2M(nn.Module):
         hs[1:] = logSNRs[:-1] - logSNRs[1:]  # hs[0] is never read
         buffer = []
         for i in reversed(range(1, self.sample_steps + 1)):
-            t = torch.full((n_samples,), sample_step_schedule[i], dtype=xt.dtype)
+            t = torch.full((n_samples,), sample_step_schedule[i], dtype=xt.dtype, device=xt.device)
             pred = self.model(xt, t, condition)
             if self.bounds is not None:
                 x_min, x_max = self.bounds
@@ -118,7 +118,8 @@ class DiffusersStyle2M(nn.Module):
                  prediction_type="epsilon", final_sigmas_type="zero", lower_order_final=True, clip=None):
         super().__init__()
         self.unet = DiffusersNet(dim, obs_dim)
-        betas = torch.linspace(1e-4, 0.02, num_train_timesteps, dtype=torch.float32)
+        # A scheduler's tables are on the CPU (numpy reads them); the sigmas buffer moves with the module.
+        betas = torch.linspace(1e-4, 0.02, num_train_timesteps, dtype=torch.float32, device="cpu")
         alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
         # set_timesteps with timestep_spacing="linspace"
         timesteps = np.linspace(0, num_train_timesteps - 1, num_inference_steps + 1).round()[::-1][:-1].copy()
@@ -176,7 +177,7 @@ class DiffusersStyle2M(nn.Module):
         lower_order_nums = 0
         n = len(self.timesteps)
         for step_index, t in enumerate(self.timesteps):
-            model_output = self.unet(x, torch.full((x.shape[0],), t, dtype=torch.long), obs)
+            model_output = self.unet(x, torch.full((x.shape[0],), t, dtype=torch.long, device=x.device), obs)
             lower_order_final = step_index == n - 1 and (
                 (self.lower_order_final and n < 15) or self.final_sigmas_type == "zero")
             model_output = self.convert_model_output(model_output, x, step_index)
@@ -217,7 +218,7 @@ class NamedPrevious2M(nn.Module):
     def forward(self, obs, x):
         x0_prev = None
         for i in range(self.num_steps):
-            t = torch.full((x.shape[0], 1), self.times[i] / self.T)
+            t = torch.full((x.shape[0], 1), self.times[i] / self.T, device=x.device)
             eps = self.net(torch.cat([x, t, obs], dim=-1))
             x0 = (x - self.sigma[i] * eps) / self.alpha[i]
             if self.clip is not None:
@@ -242,7 +243,7 @@ class ThirdOrder3M(NamedPrevious2M):
     def forward(self, obs, x):
         history = []
         for i in range(self.num_steps):
-            t = torch.full((x.shape[0], 1), self.times[i] / self.T)
+            t = torch.full((x.shape[0], 1), self.times[i] / self.T, device=x.device)
             eps = self.net(torch.cat([x, t, obs], dim=-1))
             x0 = (x - self.sigma[i] * eps) / self.alpha[i]
             history.append(x0)
@@ -261,7 +262,7 @@ class PreviousBeforeClip(NamedPrevious2M):
     def forward(self, obs, x):
         x0_prev = None
         for i in range(self.num_steps - 1):
-            t = torch.full((x.shape[0], 1), self.times[i] / self.T)
+            t = torch.full((x.shape[0], 1), self.times[i] / self.T, device=x.device)
             eps = self.net(torch.cat([x, t, obs], dim=-1))
             raw = (x - self.sigma[i] * eps) / self.alpha[i]
             x0 = raw.clamp(-1.0, 1.0)

@@ -66,7 +66,7 @@ class DPPODiffusion(nn.Module):
         x = noise[0]
         t_all = list(reversed(range(self.denoising_steps)))
         for i, t in enumerate(t_all):
-            t_b = torch.full((B,), t, dtype=torch.long)
+            t_b = torch.full((B,), t, dtype=torch.long, device=x.device)
             mean, logvar = self.p_mean_var(x=x, t=t_b, cond=cond)
             std = torch.exp(0.5 * logvar)
             std = torch.clip(std, min=self.min_sampling_denoising_std)
@@ -151,8 +151,8 @@ class DPPODDIM(DPPODiffusion):
         B = cond.shape[0]
         x = noise[0]
         for i, t in enumerate(self.ddim_t):
-            t_b = torch.full((B,), t, dtype=torch.long)
-            index_b = torch.full((B,), i, dtype=torch.long)
+            t_b = torch.full((B,), t, dtype=torch.long, device=x.device)
+            index_b = torch.full((B,), i, dtype=torch.long, device=x.device)
             eps = self.network(x, t_b, cond=cond)
             alpha = extract(self.ddim_alphas, index_b, x.shape)
             alpha_prev = extract(self.ddim_alphas_prev, index_b, x.shape)
@@ -294,8 +294,8 @@ class DPPOEval(nn.Module):
         x = noise[0]
         t_all = self.ddim_t if self.use_ddim else list(reversed(range(self.denoising_steps)))
         for i, t in enumerate(t_all):
-            t_b = make_timesteps(B, t, None)
-            index_b = make_timesteps(B, i, None)
+            t_b = make_timesteps(B, t, x.device)
+            index_b = make_timesteps(B, i, x.device)
             mean, logvar = self.p_mean_var(x=x, t=t_b, cond=cond, index=index_b)
             std = torch.exp(0.5 * logvar)
             if self.use_ddim:

@@ -34,7 +34,7 @@ class FlowPolicy(nn.Module):
     def forward(self, obs, x):
         dt = 1.0 / self.num_steps
         for i in range(self.num_steps):
-            t = torch.full((x.shape[0], 1), i / self.num_steps)
+            t = torch.full((x.shape[0], 1), i / self.num_steps, device=x.device)
             x = x + dt * self.velocity(torch.cat([x, self.time(t), obs], dim=-1))
         return x.clamp(-1.0, 1.0)
 
@@ -42,16 +42,16 @@ class FlowPolicy(nn.Module):
 class FlowSpellings(nn.Module):
     """The same Euler loop in the other ways flow policies write the time and the step:
 
-    - ``"ones"``: ``t = torch.ones(B, 1) * (i / n)``;
+    - ``"ones"``: ``t = torch.ones(B, 1, device=x.device) * (i / n)``;
     - ``"float_arg"``: ``t = i / n`` a Python float, which the network turns into a column
       (``t * torch.ones_like(x[:, :1])``);
-    - ``"linspace"``: ``ts = torch.linspace(0, 1, n + 1)``, ``t = ts[i].expand(B, 1)``,
+    - ``"linspace"``: ``ts = torch.linspace(0, 1, n + 1, device=x.device)``, ``t = ts[i].expand(B, 1)``,
       ``dt = ts[i + 1] - ts[i]`` a 0-d tensor;
     - ``"repeat"``: ``ts[i].repeat(B, 1)`` and ``x = x + v * dt``;
     - ``"inplace"``: ``x += dt * v`` (functionalized);
-    - ``"embedding"``: ``t = torch.full((B, 1), i / n)`` through Fourier features and an MLP,
+    - ``"embedding"``: ``t = torch.full((B, 1), i / n, device=x.device)`` through Fourier features and an MLP,
       the velocity network's input ``cat[x, temb, obs]``;
-    - ``"sinusoidal"``: ``t = torch.full((B,), i / n)`` through Diffusion-QL's sinusoidal
+    - ``"sinusoidal"``: ``t = torch.full((B,), i / n, device=x.device)`` through Diffusion-QL's sinusoidal
       embedding and a Linear-Mish-Linear;
     - ``"tensor_loop"``: ``for t in ts[:-1]`` over the linspace, ``t.expand(B, 1)``.
 
@@ -78,7 +78,7 @@ class FlowSpellings(nn.Module):
         n, B = self.num_steps, x.shape[0]
         if self.spelling == "inplace":
             x = x.clone()  # the caller's noise, updated in place below
-        ts = torch.linspace(0, 1, n + 1)
+        ts = torch.linspace(0, 1, n + 1, device=x.device)
         if self.spelling == "tensor_loop":
             for t in ts[:-1]:
                 x = x + (1.0 / n) * self.net(x, t.expand(B, 1), obs)
@@ -86,16 +86,16 @@ class FlowSpellings(nn.Module):
         for i in range(n):
             dt = 1.0 / n
             if self.spelling == "ones":
-                t = torch.ones(B, 1) * (i / n)
+                t = torch.ones(B, 1, device=x.device) * (i / n)
             elif self.spelling == "float_arg":
                 t = i / n
             elif self.spelling in ("linspace", "repeat"):
                 t = ts[i].expand(B, 1) if self.spelling == "linspace" else ts[i].repeat(B, 1)
                 dt = ts[i + 1] - ts[i]
             elif self.spelling == "sinusoidal":
-                t = torch.full((B,), i / n)
+                t = torch.full((B,), i / n, device=x.device)
             else:
-                t = torch.full((B, 1), i / n)
+                t = torch.full((B, 1), i / n, device=x.device)
             v = self.net(x, t, obs)
             if self.spelling == "inplace":
                 x += dt * v

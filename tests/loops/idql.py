@@ -89,9 +89,9 @@ class IDQLActor(nn.Module):
         current_x = noise[0]
         for k, time in enumerate(reversed(range(self.T))):
             if self.time_spelling == "repeat":
-                input_time = torch.tensor([time]).repeat(batch).unsqueeze(1).float()
+                input_time = torch.tensor([time]).repeat(batch).unsqueeze(1).float().to(observations.device)
             else:
-                input_time = torch.full((batch, 1), time, dtype=torch.float32)
+                input_time = torch.full((batch, 1), time, dtype=torch.float32, device=observations.device)
             cond = self.cond_encoder(self.time_preprocess(input_time))
             eps_pred = self.reverse_encoder(torch.cat([current_x, observations, cond], dim=-1))
             alpha_1 = 1 / torch.sqrt(self.alphas[time])

@@ -14,7 +14,7 @@ class IntTimestepScheduler(nn.Module):
         ddpm_buffers(self, linear_beta_schedule(num_train_timesteps))
 
     def _at(self, table, t):
-        return table[torch.full((1,), t, dtype=torch.long)].reshape(-1, 1)
+        return table[torch.full((1,), t, dtype=torch.long, device=table.device)].reshape(-1, 1)
 
     def step(self, model_output, t, sample, noise):
         x0 = self._at(self.sqrt_recip_alphas_cumprod, t) * sample \
@@ -38,7 +38,7 @@ class IntTimestepLoop(nn.Module):
     def forward(self, x, noise):
         T = self.scheduler.num_train_timesteps
         for k, t in enumerate(reversed(range(T))):
-            t_col = torch.full((x.shape[0], 1), t / T)
+            t_col = torch.full((x.shape[0], 1), t / T, device=x.device)
             eps = self.net(torch.cat([x, t_col], dim=1))
             x = self.scheduler.step(eps, t, x, noise[k])
         return x

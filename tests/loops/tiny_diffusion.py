@@ -61,7 +61,7 @@ class TinyDiffusion(nn.Module):
     def forward(self, batch, noise=None):
         sample = torch.randn(batch, 2) if noise is None else noise[0]
         for k, t in enumerate(reversed(range(self.num_timesteps))):
-            ts = torch.full((batch,), t, dtype=torch.long)
+            ts = torch.full((batch,), t, dtype=torch.long, device=sample.device)
             residual = self.model(sample, ts)
             sample = self.step(residual, t, sample, None if noise is None else noise[k + 1])
         return sample
@@ -78,7 +78,7 @@ class SinusoidalEmbedding(nn.Module):
         x = x * self.scale
         half_size = self.size // 2
         emb = torch.log(torch.tensor([10000.0])) / (half_size - 1)
-        emb = torch.exp(-emb * torch.arange(half_size))
+        emb = torch.exp(-emb * torch.arange(half_size)).to(x.device)
         emb = x.unsqueeze(-1) * emb.unsqueeze(0)
         return torch.cat((torch.sin(emb), torch.cos(emb)), dim=-1)
 
@@ -144,7 +144,7 @@ class ProjectSampler(TinyDiffusion):
     def forward(self, batch, noise=None):
         sample = torch.randn(batch, 2) if noise is None else noise[0]
         for k, t in enumerate(list(range(self.num_timesteps))[::-1]):
-            ts = torch.from_numpy(np.repeat(t, batch)).long()
+            ts = torch.from_numpy(np.repeat(t, batch)).long().to(sample.device)
             residual = self.model(sample, ts)
             sample = self.step(residual, t, sample, None if noise is None else noise[k + 1])
         return sample

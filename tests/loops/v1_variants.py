@@ -37,8 +37,8 @@ class PosteriorSampler(nn.Module):
                 t_col = (t.float() / self.T)[:, None]
             else:
                 i = int(t_start) - k
-                t = i if self.timesteps == "int" else torch.full((b,), i, dtype=torch.long)
-                t_col = torch.full((b, 1), i / self.T)
+                t = i if self.timesteps == "int" else torch.full((b,), i, dtype=torch.long, device=x.device)
+                t_col = torch.full((b, 1), i / self.T, device=x.device)
             inp = torch.cat([x, t_col] + ([obs] if self.obs_dim else []), dim=1)
             eps = self.eps_net(inp)
             x0 = self.coef(self.sqrt_recip_alphas_cumprod, t, x) * x - self.coef(self.sqrt_recipm1_alphas_cumprod, t, x) * eps
