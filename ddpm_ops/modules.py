@@ -115,7 +115,9 @@ class DiffusionSampler(nn.Module):
         timesteps: ``(len(rule),)``: the training timestep of each step index,
             the input of ``time_embedding`` (``torch.arange(T)`` for
             :func:`ddpm_ops.step_rules.ddpm`; float timesteps for flow
-            matching, as :func:`~ddpm_ops.step_rules.from_diffusers` gives them).
+            matching, as :func:`~ddpm_ops.step_rules.from_diffusers` gives them),
+            on any device: the features are computed where the time
+            embedding's tensors are, else where the network's are.
         layout: ``(name, columns)`` pairs in the order the first Linear's input
             concatenates them; names ``"x"`` (required), ``"time"`` and
             ``"cond"``.
