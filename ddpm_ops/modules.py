@@ -185,8 +185,7 @@ class DiffusionSampler(nn.Module):
         self._time_net = _time_net(self.time_embedding) if has_time and first_is_linear else None
         # Evaluated here also where it is evaluated again at every call:
         # a feature map that cannot take the timesteps fails here, not at a call.
-        features = None if self._time_net is None else \
-            self._time_net.features_at(self.timesteps, next(self.mlp.parameters()).device)
+        features = None if self._time_net is None else self._evaluate_time_features()
         self._buffers["time_features"] = None if self._time_net is None or self._time_net.per_call else features
 
     def _time_features(self) -> torch.Tensor:
@@ -194,6 +193,9 @@ class DiffusionSampler(nn.Module):
         that holds tensors (learned Fourier features), evaluated now on the current ones."""
         if not self._time_net.per_call:
             return self._buffers["time_features"]
+        return self._evaluate_time_features()
+
+    def _evaluate_time_features(self) -> torch.Tensor:
         return self._time_net.features_at(self.timesteps, next(self.mlp.parameters()).device)
 
     def _rule_on(self, device: torch.device) -> StepRule:

@@ -334,23 +334,26 @@ class _Reemit:
             return node
         if node in self.sites.steps:
             return self.vector(node)
-        if node in self.linears and node not in self.memo:
+        if node in self.memo:
+            return self.memo[node]
+        if node in self.linears:
             inp, weight, bias = self.linears[node]
-            self.memo[node] = self.em(aten.addmm.default, bias, self.copy(inp),
-                                      self.em(aten.permute.default, weight, [1, 0]))
-        if node not in self.memo and _is(node, aten.mm.default) and _known_eq(_val(node.args[0]).shape[1], 1):
+            copied = self.em(aten.addmm.default, bias, self.copy(inp),
+                             self.em(aten.permute.default, weight, [1, 0]))
+        elif _is(node, aten.mm.default) and _known_eq(_val(node.args[0]).shape[1], 1):
             # A product over one term (learned Fourier features: t times a (1, n) kernel) is an
             # outer product: a pointwise mul fuses with the features around it, where an mm
             # would be a matmul kernel of its own at every call (inductor turns it into the
             # mul on the CPU alone).
-            self.memo[node] = self.em(aten.mul.Tensor, self.copy(node.args[0]), node.args[1])
-        if node not in self.memo:
+            copied = self.em(aten.mul.Tensor, self.copy(node.args[0]), node.args[1])
+        else:
             args = [self.copy(a) for a in node.args]
             if _is(node, *_SHAPED):
                 args[1] = [self.size(), *list(args[1])[1:]] if args[1][0] != -1 else list(args[1])
             kwargs = {k: self.copy(v) for k, v in node.kwargs.items()}
-            self.memo[node] = self.em(node.target, *args, **kwargs)
-        return self.memo[node]
+            copied = self.em(node.target, *args, **kwargs)
+        self.memo[node] = copied
+        return copied
 
     def rows(self, node: Any) -> Any:
         """``node`` over every step index: ``(S, ...)``; a value without a site as it is."""
