@@ -1,19 +1,21 @@
 """Network programs and the noise clamp on CUDA: a program's call runs on fp32_rule in one
 launch (IDQL's LN-ResNet and its MLP with a LayerNorm over the whole input, DPPO's residual
-MLP) against float64, with the noise given, drawn from a seed and from a generator, clipped
-by noise_clip; noise_clip on every engine kernel without a program."""
+MLP) against float64, alone or in clusters of every size, with the noise given, drawn from a
+seed and from a generator, clipped by noise_clip; noise_clip on every engine kernel without a
+program."""
 import dataclasses
 
 import pytest
 import torch
 
 import ddpm_ops
+from ddpm_ops.cuda_plan import current_device
 from ddpm_ops.calls import RULE, bias_net_args, op_args
 from ddpm_ops.ops import _clamp_args
 from network_problems import dppo_program, dppo_rule, idql_mlp_program, idql_rule, make_program_problem
 from problems import make_rule, relative_error
 from test_cuda_engine import ENGINE_KERNELS, engine, kernels_of, launched, log_name  # noqa: F401 (engine: a fixture)
-from test_networks import ACTION, HIDDEN, STATE, TOLERANCE, _to, idql_problem
+from test_networks import ACTION, HIDDEN, PROGRAMS, STATE, TOLERANCE, _to, idql_problem
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -107,6 +109,103 @@ def test_programs_match_float64_in_one_launch(logged, capfd, shape, batch):
     torch.cuda.synchronize()
     assert launched(capfd) == ["rule"]
     assert out.shape == expected.shape
+    assert not torch.isnan(out).any()
+    assert relative_error(out, expected) <= TOLERANCE
+
+
+def cluster_launches(size):
+    """Whether clusters of ``size`` CTAs launch on this GPU with this build (the plan's own test)."""
+    device = current_device()
+    return device.sm90a_build and device.capability == (9, 0) and device.max_clusters[size] > 0
+
+
+def forced_cluster(monkeypatch, capfd, size):
+    """DDPM_OPS_CUDA_CLUSTER_SIZE=size (the log on, nothing else forced); skips a size this GPU
+    does not launch."""
+    if size > 1 and not cluster_launches(size):
+        pytest.skip(f"clusters of {size} do not launch here")
+    monkeypatch.setenv("DDPM_OPS_CUDA_CLUSTER_SIZE", str(size))
+    capfd.readouterr()
+
+
+def rule_log(capfd):
+    """The fp32_rule launch lines printed since the last call."""
+    return [line for line in capfd.readouterr().err.splitlines() if line.startswith("ddpm_ops rule kernel")]
+
+
+def assert_ran_in(lines, size):
+    """One fp32_rule launch, in clusters of ``size`` (1: a plain launch)."""
+    assert len(lines) == 1, lines
+    assert ("cluster size" not in lines[0]) if size == 1 else (f"cluster size {size} " in lines[0]), lines
+
+
+CLUSTER_SIZES = [1, 2, 3, 4, 8, 16]
+
+
+@pytest.mark.parametrize("size", CLUSTER_SIZES)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("batch", [1, 6, 50])
+def test_every_instruction_in_clusters_of_every_size(logged, monkeypatch, capfd, size, name, batch):
+    """Each CTA of a cluster computes a share of every Linear's columns (widths 7 to 40, not
+    multiples of the shares) and stores them into all; the LayerNorms (with and without affine
+    parameters), nested residuals and activations run on every CTA's copy: within 1e-5 of
+    float64, every element written, the chain too."""
+    network, outs = PROGRAMS[name]
+    rule = make_rule("ddim_eta", 9, clip=(-2.0, 2.0), post_clip=(-3.0, 3.0))
+    problem = make_program_problem(batch, 7, network, outs, rule, time_rows=True, cond_rows=True, random_t=True,
+                                   num_steps=5, return_chain=batch % 2 == 0)
+    expected = problem.reference64()
+    _to(problem, "cuda")
+    forced_cluster(monkeypatch, capfd, size)
+    out = poisoned(problem)
+    torch.cuda.synchronize()
+    assert_ran_in(rule_log(capfd), size)
+    assert not torch.isnan(out).any()
+    assert relative_error(out, expected) <= TOLERANCE
+
+
+@pytest.mark.parametrize("size", CLUSTER_SIZES)
+@pytest.mark.parametrize("shape, batch", [("idql", 1), ("idql", 37), ("idql_mlp", 8), ("dppo_ddpm_mish", 40),
+                                          ("dppo_ddim_relu", 3)])
+def test_project_programs_in_clusters_of_every_size(logged, monkeypatch, capfd, size, shape, batch):
+    """IDQL's and DPPO's programs (1024- and 512-wide layers streamed from L2 in shares, an input
+    LayerNorm over cat[a, s, time]) in clusters of every size, noise given and drawn from a seed."""
+    problem, expected = on_cuda(shape, batch)
+    forced_cluster(monkeypatch, capfd, size)
+    out = poisoned(problem)
+    torch.cuda.synchronize()
+    assert_ran_in(rule_log(capfd), size)
+    assert not torch.isnan(out).any()
+    assert relative_error(out, expected) <= TOLERANCE
+    seed = torch.tensor([1234567], device="cuda")
+    noise = problem.kwargs.pop("noise")
+    drawn = call_op(problem, noise_seed=seed)
+    problem.kwargs["noise"] = ddpm_ops.seeded_noise(seed.cpu(), problem.num_steps, batch, noise.shape[2]).float()
+    assert relative_error(drawn, _to(problem, "cpu").reference64()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("size", CLUSTER_SIZES)
+@pytest.mark.parametrize("batch", [1, 50, 256])
+def test_a_plain_chain_in_clusters_of_every_size(monkeypatch, capfd, size, batch):
+    """Without a program, fp32_rule's chain of Linear layers (the Diffusion-QL policy's widths, a
+    first layer read from a wider weight's columns) in clusters, time and cond rows, clip and
+    noise: within 1e-5 of float64."""
+    monkeypatch.setenv("DDPM_OPS_CUDA_LOG", "1")
+    monkeypatch.setenv("DDPM_OPS_CUDA_KERNEL", "rule")
+    problem = make_program_problem(batch, 6, ["linear", "mish", "linear", "mish", "linear", "mish", "linear"],
+                                   [256, 256, 256, 6], dppo_rule("ddpm"), time_rows=True, cond_rows=True)
+    for name in ("network", "norm_weights", "norm_biases"):
+        del problem.kwargs[name]
+    problem.kwargs["activations"] = "mish"
+    expected = problem.reference64()
+    _to(problem, "cuda")
+    wide = torch.randn(256, 30, device="cuda")
+    wide[:, 3:9] = problem.kwargs["weights"][0]
+    problem.kwargs["weights"][0] = wide[:, 3:9]  # a view: row stride 30, offset 3
+    forced_cluster(monkeypatch, capfd, size)
+    out = poisoned(problem)
+    torch.cuda.synchronize()
+    assert_ran_in(rule_log(capfd), size)
     assert not torch.isnan(out).any()
     assert relative_error(out, expected) <= TOLERANCE
 

@@ -340,28 +340,95 @@ def test_general_step_plans_only_engine_kernels(batch):
 IDQL_WIDTHS = [256, *[1024, 256] * 3]  # IDQL's LN-ResNet: Linear(6, 256), blocks of 256 -> 1024 -> 256
 
 
+def ceil_div(n, d):
+    return -(-n // d)
+
+
+def rule_threads(rows):
+    return 1024 if rows <= 2 else 512
+
+
+def rule_columns(rows):
+    return 8 if rows == 1 else (4 if rows <= 8 else 2)
+
+
 def rule_smem(rows, dim, width, saved):
     """fp32_rule's shared memory (fp32_rule.h: rule_smem_bytes) without bias networks: the row
-    header, the samples and the previous x0, two activation buffers and `saved` more."""
+    header, the warps' partial sums, the samples and the previous x0, two activation buffers and
+    `saved` more."""
     header = -(-10 * rows // 4) * 4
+    scratch = rule_threads(rows) // 32 * rows * rule_columns(rows)
     dim_ld = -(-dim // 4) * 4
-    return 4 * (header + rows * (2 * dim_ld + (2 + saved) * width))
+    return 4 * (header + scratch + rows * (2 * dim_ld + (2 + saved) * width))
+
+
+def kept_on_chip(plan):
+    """The layers whose weights fp32_rule's plan keeps in shared memory (its log's flags)."""
+    return [flag == "1" for flag in plan["log"].split("weights on chip:")[1].split()]
+
+
+def rule_smem_with_weights(plan, dim, ins, outs, saved, width):
+    """rule_smem, then each kept layer's share: the cluster's columns of it (whole groups of a
+    warp's), rows of its inputs rounded up to four floats."""
+    rows, cluster = plan["rows"], max(plan["cluster_size"], 1)
+    group = rule_columns(rows)
+    shares = [ceil_div(ceil_div(out, cluster), group) * group * ceil_div(n, 4) * 4 for n, out in zip(ins, outs)]
+    base = rule_smem(rows, dim, width, saved)
+    kept = [share for share, on_chip in zip(shares, kept_on_chip(plan)) if on_chip]
+    return base + 4 * sum(kept)
+
+
+IDQL_INS, IDQL_OUTS = [6, *IDQL_WIDTHS], [*IDQL_WIDTHS, 6]  # every Linear, the last (256 -> 6) too
 
 
 @pytest.mark.parametrize("batch, rows", [(1, 1), (64, 1), (256, 2), (1024, 8), (4096, 16)])
 @pytest.mark.parametrize("forced", [None, "fp32_resident", "tiled16", "fp32_smem"])
 def test_a_network_program_plans_fp32_rule_alone(batch, rows, forced):
     """A program runs on fp32_rule whatever the batch or DDPM_OPS_CUDA_KERNEL says (the other
-    kernels run a plain chain only), its residual stack's buffers counted in the shared memory."""
-    p = plan_for(batch, 6, IDQL_WIDTHS, 5, program_saved=1, overrides=forced and {"DDPM_OPS_CUDA_KERNEL": forced})
-    assert p["kernel"] == "fp32_rule" and p["rows"] == rows, p
-    assert p["smem"] == rule_smem(rows, 6, 1024, 1), p
+    kernels run a plain chain only), its residual stack's buffers and the weights it keeps on
+    chip counted in the shared memory. Alone (clusters of 1), the rows double while the blocks
+    outnumber the SMs."""
+    overrides = {"DDPM_OPS_CUDA_CLUSTER_SIZE": "1", **({"DDPM_OPS_CUDA_KERNEL": forced} if forced else {})}
+    p = plan_for(batch, 6, IDQL_WIDTHS, 5, program_saved=1, overrides=overrides)
+    assert p["kernel"] == "fp32_rule" and p["rows"] == rows and p["cluster_size"] == 0, p
+    assert p["smem"] == rule_smem_with_weights(p, 6, IDQL_INS, IDQL_OUTS, 1, 1024) <= H200.max_smem, p
+    assert not any(kept_on_chip(p)[1:-1]), p  # a whole 1024 x 256 layer does not fit one block
+
+
+@pytest.mark.parametrize("batch", [1, 8, 40, 64])
+def test_small_batches_of_a_program_run_in_clusters_on_hopper(batch):
+    """IDQL's LN-ResNet at small batches: its layers' columns split over a cluster (one wave of
+    clusters holds the batch), the shares that fit kept on chip; no cluster without Hopper."""
+    p = plan_for(batch, 6, IDQL_WIDTHS, 5, program_saved=1)
+    assert p["kernel"] == "fp32_rule" and p["cluster_size"] >= 2, p
+    assert -(-batch // p["rows"]) <= H200.max_clusters[p["cluster_size"]], p
+    assert p["smem"] == rule_smem_with_weights(p, 6, IDQL_INS, IDQL_OUTS, 1, 1024) <= H200.max_smem, p
+    assert any(kept_on_chip(p)), p
+    portable = plan_for(batch, 6, IDQL_WIDTHS, 5, program_saved=1, device=A100)
+    assert portable["kernel"] == "fp32_rule" and portable["cluster_size"] == 0, portable
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("general_step", [False, True])
+def test_fp32_rule_in_a_forced_cluster_size(size, general_step):
+    """DDPM_OPS_CUDA_CLUSTER_SIZE names fp32_rule's cluster (any size that launches), for a
+    program and for the plain chain fp32_rule runs (DDPM_OPS_CUDA_KERNEL=rule)."""
+    overrides = {"DDPM_OPS_CUDA_CLUSTER_SIZE": str(size)}
+    if general_step:
+        p = plan_for(50, 6, [256, 256, 256], 5, general_step=True, overrides={**overrides, "DDPM_OPS_CUDA_KERNEL": "rule"})
+    else:
+        p = plan_for(50, 6, IDQL_WIDTHS, 5, program_saved=1, overrides=overrides)
+    assert p["kernel"] == "fp32_rule" and p["cluster_size"] == size, p
+    assert f"cluster size {size} " in p["log"] and p["tiles"] == p["grid"] == -(-50 // p["rows"]), p
 
 
 def test_a_program_input_wider_than_the_layers_widens_the_buffers():
-    p = plan_for(1, 6, [64, 64], 5, program_saved=2, program_input=300)
-    assert p["kernel"] == "fp32_rule" and p["smem"] == rule_smem(1, 6, 300, 2), p
-    assert plan_for(1, 6, [64, 64], 5, program_saved=0, program_input=40)["smem"] == rule_smem(1, 6, 64, 0)
+    alone = {"DDPM_OPS_CUDA_CLUSTER_SIZE": "1"}
+    p = plan_for(1, 6, [64, 64], 5, program_saved=2, program_input=300, overrides=alone)
+    assert p["kernel"] == "fp32_rule", p
+    assert p["smem"] == rule_smem_with_weights(p, 6, [300, 64, 64], [64, 64, 6], 2, 300), p
+    p = plan_for(1, 6, [64, 64], 5, program_saved=0, program_input=40, overrides=alone)
+    assert p["smem"] == rule_smem_with_weights(p, 6, [40, 64, 64], [64, 64, 6], 0, 64), p
 
 
 def test_a_program_too_wide_for_fp32_rule_has_no_plan():

@@ -190,8 +190,11 @@ void launch_engine(const plan::Plan& plan, const EngineArgs& a, const ProgramArg
 // folded into a.activations (but the last Linear's: rule_layer applies none
 // there), identities dropped. A buffer stays untouched from its "save" to
 // its "add", so the buffers number at most 2 + program.max_saved (a fresh
-// one avoids h's and the saved ones). False where the program does not fit
-// the argument block (the call then runs the ATen loop).
+// one avoids h's and the saved ones). A Linear's fresh buffer also avoids,
+// where one is left within that count, those touched since the Linear
+// before it, or else is fenced (ProgramOpArgs::fence: in a cluster the
+// partners store into it). False where the program does not fit the
+// argument block (the call then runs the ATen loop).
 bool compile_program(const NetworkProgram& program, const SampleRuleCall& call, const SampleRuleExtras& extras,
                      Operands& ops, EngineArgs& a, ProgramArgs& p) {
   // Each saved buffer is read by an "add" instruction, so a deeper stack
@@ -204,20 +207,32 @@ bool compile_program(const NetworkProgram& program, const SampleRuleCall& call, 
     p.norm_biases[j] = ops.hold((*extras.norm_biases)[j]);
   }
   int cur = cuda_kernels::kProgramX;
-  std::vector<int> saved;
-  const auto is_saved = [&](int b) { return std::find(saved.begin(), saved.end(), b) != saved.end(); };
+  std::vector<int> saved, touched;  // touched: since the last Linear (a step starts after a cluster barrier)
+  const auto holds = [](const std::vector<int>& v, int b) { return std::find(v.begin(), v.end(), b) != v.end(); };
   const auto fresh = [&]() {
     int b = 0;
-    while (b == cur || is_saved(b)) ++b;
+    while (b == cur || holds(saved, b)) ++b;
     return b;
   };
+  const auto fresh_for_linear = [&]() {
+    for (int b = 0; b < 2 + static_cast<int>(program.max_saved); ++b) {
+      if (b != cur && !holds(saved, b) && !holds(touched, b)) return b;
+    }
+    return fresh();
+  };
   // In place where h's buffer is an activation buffer no "save" holds.
-  const auto writable = [&]() { return cur >= 0 && !is_saved(cur) ? cur : fresh(); };
+  const auto writable = [&]() { return cur >= 0 && !holds(saved, cur) ? cur : fresh(); };
   std::vector<ProgramOpArgs> out;
   const auto emit = [&](ProgramOpArgs o, int dst, int64_t width) {
     o.src = static_cast<int8_t>(cur);
     o.dst = static_cast<int8_t>(dst);
     o.width = static_cast<int>(width);
+    if (o.kind == ProgramOpArgs::kLinear) {
+      o.fence = holds(touched, dst);
+      touched.clear();
+    } else {
+      touched.insert(touched.end(), {cur, dst, o.kind == ProgramOpArgs::kAdd ? o.other : cur});
+    }
     out.push_back(o);
     cur = dst;
   };
@@ -252,7 +267,7 @@ bool compile_program(const NetworkProgram& program, const SampleRuleCall& call, 
           a.activations[op.index] = instructions[++i].activation;
         }
         width = call.weights[op.index].size(0);
-        emit({0.f, 0, ProgramOpArgs::kLinear, 0, static_cast<int8_t>(op.index)}, fresh(), width);
+        emit({0.f, 0, ProgramOpArgs::kLinear, 0, static_cast<int8_t>(op.index)}, fresh_for_linear(), width);
         break;
       }
       case NetworkOp::Kind::kActivation:

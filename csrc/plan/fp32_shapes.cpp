@@ -3,6 +3,8 @@
 #include "../cuda/kernels/fp32_resident.h"
 #include "shapes.h"
 
+#include <algorithm>
+#include <limits>
 #include <string>
 
 namespace ddpm_ops {
@@ -496,35 +498,127 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
   return true;
 }
 
-bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides&, Plan* plan) {
+namespace {
+
+// fp32_rule's cost of one step of one wave, in ns: the weights each CTA
+// streams from L2 (its share of every layer not kept on chip), its products
+// and, in a cluster, a barrier per Linear and per step (fitted to IDQL's
+// LN-ResNet on one block per row group, H200: 82 us a step at one row for
+// 1.57 M weight floats, 374 at eight rows; a cluster barrier with a
+// distributed shared-memory read takes 0.32 us).
+constexpr double kRuleL2NsPerKiloFloat = 52.0;
+constexpr double kRuleFmaNsPerKiloFloatRow = 23.0;
+constexpr double kRuleClusterBarrierNs = 400.0;
+
+// Keeps the largest shares of the layers' weights that fit `free_floats` of
+// shared memory from float `base` on (RuleWeights); returns the kilo-floats
+// a CTA still streams from L2 per step, and the total in *all.
+double keep_weights_on_chip(const Problem& p, int rows, int cluster, int base, int64_t free_floats,
+                            cuda_kernels::RuleWeights* kept, double* all) {
+  *kept = {};
+  int order[kMaxLayers];
+  for (int l = 0; l < p.num_layers; ++l) order[l] = l;
+  const auto share = [&](int l) {
+    return cuda_kernels::rule_weight_share_floats(p.layers[l].out, p.layers[l].in, cluster, rows);
+  };
+  std::sort(order, order + p.num_layers, [&](int a, int b) { return share(a) > share(b); });
+  double streamed = 0.0;
+  *all = 0.0;
+  for (int i = 0; i < p.num_layers; ++i) {
+    const int l = order[i];
+    const double kilo = 1e-3 * share(l);
+    *all += kilo;
+    if (share(l) <= free_floats) {
+      kept->offset[l] = base;  // within the shared memory: an int
+      base += static_cast<int>(share(l));
+      free_floats -= share(l);
+    } else {
+      streamed += kilo;
+    }
+  }
+  return streamed;
+}
+
+}  // namespace
+
+bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan* plan) {
   if (d.sm_count <= 0 || d.max_smem <= 0) return false;
   const int dim_ld = round_up4(p.dim), width = round_up4(std::max({p.dim, widest_hidden(p), p.program_input}));
   const int h0 = p.layers[0].out;
-  // Rows per block: doubled from 1 while the blocks would outnumber the SMs'
-  // share of the batch (a small batch spreads over the SMs, a large one
+  // The shared memory of a block of `rows` rows with the bias networks' rows
+  // of `window` steps, and the largest window that fits (bias_window).
+  const auto bytes = [&](int rows, int window) {
+    return cuda_kernels::rule_smem_bytes(
+        rows, dim_ld, width,
+        window == 0 ? 0 : cuda_kernels::bias_net_floats(rows, h0, window, p.time_net, p.cond_net, p.bias_net_hidden),
+        p.program_saved);
+  };
+  const auto window_of = [&](int rows) {
+    return bias_window(p, [&](int w) { return bytes(rows, w) <= static_cast<size_t>(d.max_smem); });
+  };
+  const auto fits = [&](int rows) { return bytes(rows, window_of(rows)) <= static_cast<size_t>(d.max_smem); };
+  // Where the weights kept on chip start (floats, 16-byte aligned).
+  const auto kept_base = [&](int rows) {
+    return round_up4(static_cast<int>(bytes(rows, window_of(rows)) / sizeof(float)));
+  };
+  // A shape's modelled time per step (the constants above), with the weights
+  // its shared memory has room for kept on chip.
+  struct Shape {
+    int rows = 0, cluster = 1;
+    cuda_kernels::RuleWeights kept = {};
+    double ns = std::numeric_limits<double>::infinity();
+  };
+  const auto shape = [&](int rows, int cluster, int64_t co_resident) {
+    Shape s;
+    s.rows = rows;
+    s.cluster = cluster;
+    const int base = kept_base(rows);
+    double all = 0.0;
+    const double streamed = keep_weights_on_chip(p, rows, cluster, base, d.max_smem / 4 - base, &s.kept, &all);
+    const int64_t waves = ceil_div(ceil_div(p.batch, rows), co_resident);
+    const double products = all * rows * kRuleFmaNsPerKiloFloatRow + streamed * kRuleL2NsPerKiloFloat;
+    const double barriers = cluster > 1 ? (p.num_layers + 1) * kRuleClusterBarrierNs : 0.0;
+    s.ns = static_cast<double>(waves) * (products + barriers);
+    return s;
+  };
+  // Alone: rows per block doubled from 1 while the blocks would outnumber the
+  // SMs' share of the batch (a small batch spreads over the SMs, a large one
   // reuses each weight it loads for more rows), then halved until the block
-  // fits shared memory, with the bias networks' rows if they fit too.
+  // fits.
   int rows = 1;
   while (rows < cuda_kernels::kRuleMaxRows && static_cast<int64_t>(rows) * d.sm_count < p.batch) rows *= 2;
-  for (; rows >= 1; rows /= 2) {
-    const auto bytes = [&](int window) {
-      return cuda_kernels::rule_smem_bytes(
-          rows, dim_ld, width,
-          window == 0 ? 0 : cuda_kernels::bias_net_floats(rows, h0, window, p.time_net, p.cond_net, p.bias_net_hidden),
-          p.program_saved);
-    };
-    const int window = bias_window(p, [&](int w) { return bytes(w) <= static_cast<size_t>(d.max_smem); });
-    if (bytes(window) > static_cast<size_t>(d.max_smem)) continue;
-    plan->kernel = Kernel::kFp32Rule;
-    plan->rows = rows;
-    plan->threads = cuda_kernels::rule_threads(rows);
-    plan->cluster_size = 0;
-    plan->grid = plan->tiles = ceil_div(p.batch, rows);
-    plan->smem = static_cast<int>(bytes(window));
-    plan->bias_window = window;
-    return true;
+  while (rows >= 1 && !fits(rows)) rows /= 2;
+  if (rows < 1) return false;
+  // On Hopper a cluster may run each row group instead, its CTAs splitting
+  // every Linear's columns (fp32_rule.cuh): the shape of least modelled time
+  // over every size that launches and every rows that fit, or the best of
+  // the size DDPM_OPS_CUDA_CLUSTER_SIZE names.
+  const int forced = d.hopper() ? forced_cluster_size(d, o) : 0;
+  Shape best = forced > 1 ? Shape{} : shape(rows, 1, d.sm_count);
+  for (int size = 2; d.hopper() && size <= kMaxClusterSize; ++size) {
+    if (d.max_clusters[size] <= 0 || (forced > 0 && size != forced)) continue;
+    for (int r = 1; r <= cuda_kernels::kRuleMaxRows && fits(r); r *= 2) {
+      const Shape s = shape(r, size, d.max_clusters[size]);
+      if (s.ns < best.ns) best = s;
+    }
   }
-  return false;
+  plan->kernel = Kernel::kFp32Rule;
+  plan->rows = best.rows;
+  plan->threads = cuda_kernels::rule_threads(best.rows);
+  plan->cluster_size = best.cluster > 1 ? best.cluster : 0;
+  plan->co_resident = best.cluster > 1 ? d.max_clusters[best.cluster] : 0;
+  plan->grid = plan->tiles = ceil_div(p.batch, best.rows);
+  plan->bias_window = window_of(best.rows);
+  plan->rule_weights = best.kept;
+  int64_t kept_floats = 0;
+  for (int l = 0; l < p.num_layers; ++l) {
+    if (best.kept.offset[l] != 0) {
+      kept_floats += cuda_kernels::rule_weight_share_floats(p.layers[l].out, p.layers[l].in, best.cluster, best.rows);
+    }
+  }
+  plan->smem = static_cast<int>(kept_floats > 0 ? sizeof(float) * (kept_base(best.rows) + kept_floats)
+                                               : bytes(best.rows, plan->bias_window));
+  return true;
 }
 
 }  // namespace detail

@@ -299,8 +299,13 @@ std::string describe(const Plan& plan, const Problem& problem) {
                            "bytes shared memory",
                            plan.rows, tiles, grid, plan.cluster_size, plan.hidden, plan.own, plan.smem);
     case Kernel::kFp32Rule:
-      return line + format("%d rows x %lld blocks of %d threads, %d bytes shared memory", plan.rows, tiles,
-                           plan.threads, plan.smem);
+      if (plan.cluster_size > 0) {
+        line += format("cluster size %d (%d co-resident), ", plan.cluster_size, plan.co_resident);
+      }
+      line += format("%d rows x %lld %s of %d threads, %d bytes shared memory, weights on chip:", plan.rows, tiles,
+                     plan.cluster_size > 0 ? "clusters" : "blocks", plan.threads, plan.smem);
+      for (int l = 0; l < plan.num_layers; ++l) line += format(" %d", plan.rule_weights.offset[l] != 0);
+      return line;
   }
   return line;
 }

@@ -141,6 +141,7 @@ struct Plan {
   // The kernel arguments computed on the host.
   cuda_kernels::SmemPlan smem_plan = {};
   cuda_kernels::TilePlan tile_plan = {};
+  cuda_kernels::RuleWeights rule_weights = {};  // fp32_rule: the layers kept on chip
 };
 
 Plan choose_plan(const Problem& problem, const Device& device, const Overrides& overrides);

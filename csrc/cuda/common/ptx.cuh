@@ -63,6 +63,12 @@ __device__ __forceinline__ int cluster_rank() {
   DDPM_OPS_SM90_ONLY(asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank)));
   return static_cast<int>(rank);
 }
+// The CTAs in this CTA's cluster.
+__device__ __forceinline__ int cluster_size() {
+  uint32_t size = 1;
+  DDPM_OPS_SM90_ONLY(asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(size)));
+  return static_cast<int>(size);
+}
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals)
                : "memory");
