@@ -45,6 +45,9 @@ Contenders (one process, the same inputs; --contenders names a subset):
             time embedding evaluated and projected, the parameters read)
   op-graph  (CUDA) that op call in one CUDA graph, replayed
   op@cN     (CUDA, --cluster-sizes N ...) op again with DDPM_OPS_CUDA_CLUSTER_SIZE=N
+  rewrite   torch.compile of the loop (default mode) with ddpm_ops' rewrite on at
+            its compilation; rewrite-ro (CUDA) the same in reduce-overhead mode.
+            A loop the rewrite leaves alone is said so on the line.
 Each line ends with the ratio of the best of eager, graph and compile-ro
 (those timed) to each ddpm_ops contender.
 
@@ -74,8 +77,8 @@ import ddpm_ops
 import machine  # this folder is on sys.path
 from bench_rule import cpu_medians_us, cuda_gpu_us, graphed
 
-CONTENDERS = ("eager", "graph", "compile-ro", "sampler", "sampler-graph", "op", "op-graph")
-CUDA_ONLY = ("graph", "compile-ro", "sampler-graph", "op-graph")
+CONTENDERS = ("eager", "graph", "compile-ro", "sampler", "sampler-graph", "op", "op-graph", "rewrite", "rewrite-ro")
+CUDA_ONLY = ("graph", "compile-ro", "sampler-graph", "op-graph", "rewrite-ro")
 # What the ratios compare ddpm_ops against.
 BASELINES = ("eager", "graph", "compile-ro")
 
@@ -428,6 +431,20 @@ def contender_builders(policy, sampler, state):
         compiled = torch.compile(policy, mode="reduce-overhead")
         return lambda: compiled(state)
 
+    def rewritten(mode):
+        def build():
+            compiled = torch.compile(policy, mode=mode)
+            fused = ddpm_ops.rewrite_stats()["loops_fused"]
+            ddpm_ops.enable_auto_rewrite()
+            try:
+                compiled(state)  # compiled here, the rewrite on
+            finally:
+                ddpm_ops.disable_auto_rewrite()
+            if ddpm_ops.rewrite_stats()["loops_fused"] == fused:
+                print(f"      ({mode or 'default'} mode: the rewrite left the loop alone)", flush=True)
+            return lambda: compiled(state)
+        return build
+
     return {
         "eager": lambda: (lambda: policy(state)),
         "graph": lambda: graphed(policy, state),
@@ -436,6 +453,8 @@ def contender_builders(policy, sampler, state):
         "sampler-graph": lambda: graphed(through_sampler, state),
         "op": op,
         "op-graph": op_graph,
+        "rewrite": rewritten(None),
+        "rewrite-ro": rewritten("reduce-overhead"),
     }
 
 

@@ -347,13 +347,16 @@ __global__ void __launch_bounds__(rule_threads(R))
   float* const xs = rr.scratch + rule_scratch_floats(R);  // (R, dim_ld): the samples
   float* const x0_prev = xs + R * dim_ld;                  // (R, dim_ld)
   float* const buffers[2] = {x0_prev + R * dim_ld, x0_prev + R * dim_ld + R * width};
-  BiasNetRows nets(a.bias_rows, buffers[1] + (kProgram ? 1 + prog.saved_buffers : 1) * R * width, R,
-                   a.layers[0].out, 0);
   RuleCluster cluster;
   if constexpr (kCluster) {
     cluster.rank = cluster_rank();
     cluster.size = cluster_size();
   }
+  // The bias networks' rows of this CTA's columns of layer 0 (the plan
+  // reserves room for all of them).
+  const int2 first_columns = cluster.columns<R>(a.layers[0].out);
+  BiasNetRows nets(a.bias_rows, buffers[1] + (kProgram ? 1 + prog.saved_buffers : 1) * R * width, R,
+                   first_columns.y - first_columns.x, first_columns.x);
   // The CTAs of a cluster hold the same samples; each stores its share of them.
   const auto stores = [&](int i) { return !kCluster || i % cluster.size == cluster.rank; };
 
