@@ -191,10 +191,16 @@ class Program:
         """``(weights, biases, norm_weights, norm_biases)`` as they are now; a Linear or a
         LayerNorm without a bias gets zeros."""
         weights = [m.weight for m in self.linears]
-        biases = [m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in self.linears]
+        biases = [bias_or_zeros(m.weight, m.bias) for m in self.linears]
         norm_weights = [m.weight for m in self.norms]
-        norm_biases = [m.bias if m.bias is not None else torch.zeros_like(m.weight) for m in self.norms]
+        norm_biases = [bias_or_zeros(m.weight, m.bias) for m in self.norms]
         return weights, biases, norm_weights, norm_biases
+
+
+def bias_or_zeros(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``bias``, or zeros of ``weight``'s output width for a Linear or LayerNorm built without
+    one: the op takes a bias for every layer."""
+    return bias if bias is not None else weight.new_zeros(weight.shape[0])
 
 
 _FUNCTION_ACTIVATIONS = {

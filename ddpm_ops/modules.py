@@ -8,7 +8,7 @@ from torch.nn.utils import parametrize
 
 from .calls import RULE, arg_slots
 from .conditioning import BiasNet, cond_bias, device_of, time_bias_from_module
-from .layers import VOCABULARY, Program, mlp_layers, read_network, refuse_hooks
+from .layers import VOCABULARY, Program, bias_or_zeros, mlp_layers, read_network, refuse_hooks
 
 ACTIVATION_NAMES = frozenset(a.name for a in VOCABULARY)
 from .ops import PRECISIONS, _as_int, _clamp_args, _default_generator, mlp_parameters, sample
@@ -66,8 +66,6 @@ def _time_net(time_embedding) -> _TimeNet | None:
             activations[-1] = instruction
         else:  # a LayerNorm, a residual block, two activations in a row
             return None
-    if any(m.bias is None for m in program.linears):
-        return None
     return _TimeNet(nn.Sequential(*layers[:first]), program.linears, activations, mlp.modules())
 
 
@@ -255,10 +253,9 @@ class DiffusionSampler(nn.Module):
         plan = False
         program = self._program
         # A network program (LayerNorm, residual blocks) whose input is not split into bias rows
-        # (an "input:" instruction), or with a Linear or LayerNorm without a bias (zeros stand in
-        # for it), goes through sample() (its arguments read by Program.parameters()).
-        direct_form = program is None or (program.first_is_linear and all(
-            m.bias is not None for m in (*program.linears, *program.norms)))
+        # (an "input:" instruction) goes through sample() (its arguments read by
+        # Program.parameters()).
+        direct_form = program is None or program.first_is_linear
         if direct_form and (self.time_embedding is None or time_net is not None):
             children = _children(self.mlp)
             if program is None:
@@ -356,7 +353,11 @@ class DiffusionSampler(nn.Module):
         slot at its default."""
         n = 2 * len(plan.linears)
         m = n + 2 * len(plan.time_linears)
-        weights, biases = list(params[0:n:2]), list(params[1:n:2])
+
+        def biases_of(start, stop=None):  # zeros, made here once, for a layer without bias
+            return [bias_or_zeros(w, b) for w, b in zip(params[start:stop:2], params[start + 1:stop:2])]
+
+        weights, biases = list(params[0:n:2]), biases_of(0, n)
         # Views of the first weight's column blocks: they follow in-place updates; a new
         # parameter, or new storage under it (``.data =``), makes new ones.
         columns = dict(zip(plan.names, weights[0].detach().split(plan.widths, dim=1)))
@@ -375,10 +376,10 @@ class DiffusionSampler(nn.Module):
         if plan.time_net:
             args[slot["time_input"]] = features
             args[slot["time_weights"]] = [*params[n:m:2], columns["time"]]
-            args[slot["time_biases"]] = list(params[n + 1:m:2])
+            args[slot["time_biases"]] = biases_of(n, m)
         if plan.norms:
             args[slot["norm_weights"]] = list(params[m::2])
-            args[slot["norm_biases"]] = list(params[m + 1::2])
+            args[slot["norm_biases"]] = biases_of(m)
         if plan.has_cond:
             args[slot["cond_weights"]] = [columns["cond"]]
             args[slot["cond_activations"]] = []
@@ -413,7 +414,7 @@ class DiffusionSampler(nn.Module):
         if self._time_net is not None:
             linears = self._time_net.linears
             time_net = BiasNet(self._time_features(), [*(m.weight for m in linears), columns["time"]],
-                               [m.bias for m in linears], list(self._time_net.activations))
+                               [bias_or_zeros(m.weight, m.bias) for m in linears], list(self._time_net.activations))
         elif self.time_embedding is not None:
             time = time_bias_from_module(self.time_embedding, columns["time"], self.timesteps)
         conditioning = cond_net = None

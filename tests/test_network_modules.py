@@ -11,7 +11,7 @@ from torch import nn
 import ddpm_ops
 from network_problems import dppo_rule, idql_rule
 from problems import relative_error
-from project_networks import (DiffusionMLP, GaussianFourierProjection, IDQLMLP, IDQLMlp, MLPResNet,
+from project_networks import (DiffusionMLP, FourierFeatures, GaussianFourierProjection, IDQLMLP, IDQLMlp, MLPResNet,
                               ResidualBlock, ResidualMLP, idql_time_encoder)
 
 TOLERANCE = 1e-5
@@ -61,6 +61,31 @@ def test_idql_mlp_with_a_layer_norm_over_the_whole_input(batch):
     state, x, noise = torch.randn(batch, 17), torch.randn(batch, 6), torch.randn(5, batch, 6)
     with torch.no_grad():
         out = sampler(x, cond=state, noise=noise)
+    assert relative_error(out, idql_loop(reverse, time_encoder, rule, state, x, noise)) <= TOLERANCE
+
+
+def test_linears_without_bias_in_the_network_and_the_time_mlp():
+    """nn.Linear(bias=False) as every layer of the network (the first and the last too) and in
+    the time MLP: the op gets zeros for those biases, made once for the argument list the direct
+    call keeps; the direct call and the general path give IDQL's loop's numbers in float64."""
+    torch.manual_seed(3)
+    reverse = nn.Sequential(nn.Linear(6 + 17 + 128, 256, bias=False), nn.Mish(), nn.Linear(256, 256, bias=False),
+                            nn.Mish(), nn.Linear(256, 6, bias=False))
+    time_encoder = nn.Sequential(FourierFeatures(64), nn.Linear(64, 128, bias=False), nn.Mish(), nn.Linear(128, 128))
+    rule = idql_rule()
+    sampler = ddpm_ops.DiffusionSampler(reverse, rule, torch.arange(5.0), layout=(("x", 6), ("cond", 17),
+                                        ("time", 128)), time_embedding=time_encoder)
+    assert sampler._time_net is not None  # the op runs the time MLP
+    state, x, noise = torch.randn(7, 17), torch.randn(7, 6), torch.randn(5, 7, 6)
+    with torch.no_grad():
+        out = sampler(x, cond=state, noise=noise)
+        plan = sampler._direct[1]
+        assert plan, "the direct form"
+        prepared = plan.ready
+        again = sampler(x, cond=state, noise=noise)
+        general = sampler._sample(x, state, None, noise, None, False, None)
+    assert plan.ready is prepared  # the zeros too: nothing made again at the second call
+    assert torch.equal(out, again) and torch.equal(out, general)
     assert relative_error(out, idql_loop(reverse, time_encoder, rule, state, x, noise)) <= TOLERANCE
 
 

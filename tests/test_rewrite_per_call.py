@@ -50,8 +50,7 @@ class StepsOnly(nn.Module):
     def forward(self, x, state):
         d = self.diffusion
         for i in reversed(range(d.n_timesteps)):
-            t = torch.full((x.shape[0],), i, device=x.device, dtype=torch.long)
-            x = d.p_sample(x, t, state)
+            x = d.p_sample(x, d.make_timesteps(x.shape[0], i, x.device), state)
         return x
 
 
@@ -62,9 +61,15 @@ def _source(node):
     return node
 
 
-def test_rewritten_loop_computes_the_op_and_one_seed_per_call():
+@pytest.mark.parametrize("variant", [{}, dict(bias_free=("mid", "final", "time")), dict(time_spelling="repeat"),
+                                     dict(time_spelling="expand")],
+                         ids=["biases", "no_biases", "repeat_time", "expand_time"])
+def test_rewritten_loop_computes_the_op_and_one_seed_per_call(variant):
+    """``variant``: of Diffusion-QL's sampler (``DiffusionVariants``): the Linears of the network
+    and of the time MLP built without bias, whose zeros the op gets as graph constants, or the
+    timesteps made again at every step as ``tensor([i]).repeat(B)`` or ``.expand(B)``."""
     torch.manual_seed(0)
-    model = StepsOnly(diffusion_ql.Diffusion(state_dim=17, action_dim=6, n_timesteps=5)).eval()
+    model = StepsOnly(diffusion_ql.DiffusionVariants(state_dim=17, action_dim=6, n_timesteps=5, **variant)).eval()
     x, state = torch.randn(4, 6), torch.randn(4, 17)
     capture = Capture()
     with inductor_config.patch(post_grad_custom_pre_pass=capture):
@@ -94,6 +99,8 @@ def test_rewritten_loop_computes_the_op_and_one_seed_per_call():
         assert _source(args[slot[name]]).op == "placeholder", name
     weights = [_source(w) for w in args[slot["weights"]] + args[slot["time_weights"]]]
     assert all(w.op == "placeholder" for w in weights)  # parameters, read at the call
+    biases = {_source(b).op for b in args[slot["biases"]] + args[slot["time_biases"]]}
+    assert biases == {"get_attr" if "bias_free" in variant else "placeholder"}
     seed = _source(args[slot["noise_seed"]])
     assert seed.target is aten.bitwise_and.Scalar and seed.args[1] == ddpm_ops.ops.NOISE_SEED_BOUND - 1
     assert seed.args[0].target is torch.ops.prims.inductor_lookup_seed.default

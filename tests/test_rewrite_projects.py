@@ -162,12 +162,12 @@ class SquaredUpdate(v1_variants.PosteriorSampler):
 
 class LayerNormNet(v1_variants.PosteriorSampler):
     """``norm`` between the Linears: a LayerNorm is a layer of the op's network programs; an
-    RMSNorm is not."""
+    RMSNorm is not. ``bias``: the Linears'."""
 
-    def __init__(self, norm=nn.LayerNorm, **kw):
+    def __init__(self, norm=nn.LayerNorm, bias=True, **kw):
         super().__init__(timesteps="int", **kw)
-        self.eps_net = nn.Sequential(nn.Linear(self.dim + 1, 32), norm(32), nn.SiLU(),
-                                     nn.Linear(32, self.dim))
+        self.eps_net = nn.Sequential(nn.Linear(self.dim + 1, 32, bias=bias), norm(32), nn.SiLU(),
+                                     nn.Linear(32, self.dim, bias=bias))
 
 
 class Trajectory(v1_variants.PosteriorSampler):
@@ -217,9 +217,10 @@ class PerSampleFirstStep(v1_variants.PosteriorSampler):
         return x
 
 
-@pytest.mark.parametrize("make", [LayerNormNet, v1_variants.ResidualSampler,
+@pytest.mark.parametrize("make", [LayerNormNet, lambda: LayerNormNet(bias=False), v1_variants.ResidualSampler,
                                   lambda: v1_variants.ResidualSampler(use_layernorm=True)],
-                         ids=["layer_norm", "dppo_residual", "dppo_residual_layer_norm"])
+                         ids=["layer_norm", "layer_norm_linears_without_bias", "dppo_residual",
+                              "dppo_residual_layer_norm"])
 def test_network_program_fuses_with_the_float64_loops_numbers(make):
     """A noise network with a LayerNorm between its Linears, or DPPO's residual MLP (pre-activation
     blocks, with LayerNorms or not): read as the op's network program, one call, no matmul left,

@@ -63,6 +63,10 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             columns = [K - 1 - k for k, u in enumerate(updates) if u.eps_clip is not None]
         _prove_eps_clip(graph, updates, tables, columns, plan.clip)
         weights, biases, time_bias, cond_bias, time_net, cond_net = _first_layer(em, loop, batch, reemit)
+        biases = _zeros_where_missing(em, weights, biases)
+        for net in (time_net, cond_net):
+            if net:
+                net[2] = _zeros_where_missing(em, net[1], net[2])
         noise, noise_seed = _noise(em, updates, K)
         if noise is not None and _val(noise).dim() != 3:  # a chunk's draws: rows flattened as x's
             noise = em(aten.reshape.default, noise, [K, batch, dim])
@@ -150,9 +154,22 @@ def _clamp_arg(em: _Emitter, clip, dim) -> tuple[list | None, Node | None]:
     return None, em.stack(rows)
 
 
+def _zeros_where_missing(em: _Emitter, weights: list, biases: list) -> list:
+    """``biases`` (one per Linear of ``weights``, in order, ``None`` for a Linear without bias)
+    with zeros for each missing one: the op takes a bias per layer. Zeros of one width are one
+    tensor, which ``_fold_constants`` makes a graph constant: no kernel fills it per call."""
+    zeros: dict = {}
+    for w, b in zip(weights, biases):
+        if b is None and _val(w).shape[0] not in zeros:
+            zeros[_val(w).shape[0]] = em.full([_val(w).shape[0]], 0.0)
+    return [zeros[_val(w).shape[0]] if b is None else b for w, b in zip(weights, biases)]
+
+
 #: The op's arguments that a loop computes from its constants and buffers alone, when it does:
 #: the step tables, the shared timesteps, the time embedding's rows, per-column bounds.
 _FOLDED = ("t_start", "step_tables", "time_bias", "time_input", "clip_bounds", "post_clip_bounds")
+#: The op's lists of tensors that may hold such a value: zeros for a Linear without bias.
+_FOLDED_LISTS = ("biases", "time_biases", "cond_biases")
 
 
 def _fold_constants(graph: Graph, em: _Emitter, fused: Node) -> None:
@@ -163,15 +180,20 @@ def _fold_constants(graph: Graph, em: _Emitter, fused: Node) -> None:
         return  # not under torch.compile: an exported program keeps its inputs and computes them
     _, slot = arg_slots(RULE)
     args = list(fused.args)
-    constants = []
+    constants, memo = [], {}
+
+    def folded(value):
+        if value not in memo:
+            memo[value] = fold(graph, value, buffers, em.fake_mode) if isinstance(value, Node) else None
+            constants.extend(memo[value] or ())
+        return value if memo[value] is None else memo[value][1]
+
     for name in _FOLDED:
-        i = slot[name]
-        if i >= len(args) or not isinstance(args[i], Node):
-            continue
-        folded = fold(graph, args[i], buffers, em.fake_mode)
-        if folded is not None:
-            args[i] = folded[1]
-            constants += folded
+        if slot[name] < len(args):
+            args[slot[name]] = folded(args[slot[name]])
+    for name in _FOLDED_LISTS:
+        if slot[name] < len(args) and args[slot[name]] is not None:
+            args[slot[name]] = [folded(v) for v in args[slot[name]]]
     if not constants:
         return
     fused.args = tuple(args)
@@ -287,7 +309,7 @@ def _first_layer(em: _Emitter, loop: _Loop, batch, reemit) -> tuple[list, list, 
     else:
         time_bias, time_net, time_b = _bias_net(em, time_pieces, reemit.rows, reemit.depends)
     cond_bias, cond_net, cond_b = _bias_net(em, cond_pieces, lambda n: n, lambda n: False)
-    b0 = _sum(em, [net0.biases[0], *time_b, *cond_b])
+    b0 = _sum(em, [b for b in (net0.biases[0], *time_b, *cond_b) if b is not None])
     return [cols, *net0.weights[1:]], [b0, *net0.biases[1:]], time_bias, cond_bias, time_net, cond_net
 
 
@@ -335,12 +357,12 @@ def _same_net_every_step(values: list) -> list | None:
 
 
 def _fixed_net(net, varies) -> bool:
-    """Whether the op can take ``net`` as a bias network: float32 weights and 1-D biases that do
-    not change with the step, and a 2-D input."""
+    """Whether the op can take ``net`` as a bias network: float32 weights and 1-D biases (where
+    its Linears have them) that do not change with the step, and a 2-D input."""
     iv = _val(net.inp)
     if iv is None or iv.dim() != 2:
         return False
-    for t, dims in [(w, 2) for w in net.weights] + [(b, 1) for b in net.biases]:
+    for t, dims in [(w, 2) for w in net.weights] + [(b, 1) for b in net.biases if b is not None]:
         tv = _val(t)
         if tv is None or tv.dim() != dims or tv.dtype != torch.float32 or tv.device != iv.device or varies(t):
             return False

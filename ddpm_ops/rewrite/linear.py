@@ -1,10 +1,12 @@
-"""Reading a Linear layer with bias in each ATen form it lowers to.
+"""Reading a Linear layer in each ATen form it lowers to.
 
-``aten.linear``; ``permute``/``t``/``transpose`` + ``addmm``; ``mm`` + ``add``;
-inductor's CPU decomposition of a one-row ``addmm``; and any of the ``addmm``
-forms as inductor's ``pad_mm`` leaves them on CUDA (operands zero-padded to
-aligned sizes, the result sliced back). :func:`_linear` is the one entry
-point; every form ends in the same check that the result is exactly
+With a bias: ``aten.linear``; ``permute``/``t``/``transpose`` + ``addmm``;
+``mm`` + ``add``; inductor's CPU decomposition of a one-row ``addmm``.
+Without one (``nn.Linear(bias=False)``): ``aten.linear`` without a bias;
+``permute``/``t``/``transpose`` + ``mm``. Any ``addmm`` or ``mm`` form also
+as inductor's ``pad_mm`` leaves it on CUDA (operands zero-padded to aligned
+sizes, the result sliced back). :func:`_linear` is the one entry point;
+every form ends in the same check that the result is exactly
 ``input @ weight.T``.
 """
 from __future__ import annotations
@@ -17,8 +19,9 @@ from .nodes import _NoMatch, _int_const, _is, _known_eq, _no_kwargs, _shape_eq, 
     _transposed, _val, aten
 
 
-def _linear(node: Any) -> tuple[Node, Node, Node, list[Node]]:
-    """``(input, weight, bias, nodes)`` for ``F.linear(input, weight, bias)``.
+def _linear(node: Any) -> tuple[Node, Node, Node | None, list[Node]]:
+    """``(input, weight, bias, nodes)`` for ``F.linear(input, weight, bias)``, ``bias`` None
+    for a Linear without one.
 
     Also through inductor's ``pad_mm`` (a joint-graph pass that, on CUDA and
     when it benchmarks faster, zero-pads an ``addmm``'s operands to aligned
@@ -76,13 +79,14 @@ def _zero_extended_bias(node: Any, pads: list[Node]) -> Any:
     return node
 
 
-def _unpadded_linear(node: Any) -> tuple[Node, Node, Node, list[Node]]:
+def _unpadded_linear(node: Any) -> tuple[Node, Node, Node | None, list[Node]]:
     if _is(node, aten.linear.default):
-        if len(node.args) < 3 or node.args[2] is None:
-            raise _NoMatch(f"{node.name} is a Linear without bias")
-        return node.args[0], node.args[1], node.args[2], [node]
+        bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+        return node.args[0], node.args[1], bias, [node]
     if _is(node, aten.addmm.default) and _no_kwargs(node, {"beta": 1, "alpha": 1}):
         return _addmm_linear(node)
+    if _is(node, aten.mm.default) and _no_kwargs(node):
+        return _mm_linear(node)
     if _is(node, aten.add.Tensor) and _no_kwargs(node, {"alpha": 1}):
         found = _mm_plus_bias(node) or _one_row_product_plus_bias(node)
         if found is not None:
@@ -97,6 +101,14 @@ def _addmm_linear(node: Node) -> tuple[Node, Node, Node, list[Node]]:
     inp = _zero_padded(node.args[1], pads)
     wt = _zero_padded(node.args[2], pads)
     return inp, _transposed(wt), bias, [node, *pads]
+
+
+def _mm_linear(node: Node) -> tuple[Node, Node, None, list[Node]]:
+    """``mm(input, weight.T)``: a Linear without bias, each operand possibly zero-padded by pad_mm."""
+    pads: list[Node] = []
+    inp = _zero_padded(node.args[0], pads)
+    wt = _zero_padded(node.args[1], pads)
+    return inp, _transposed(wt), None, [node, *pads]
 
 
 def _mm_plus_bias(node: Node) -> tuple[Node, Node, Node, list[Node]] | None:

@@ -23,7 +23,7 @@ from .activations import _activation
 from .linear import _linear
 from .nodes import _NoMatch, _is, _known_eq, _no_kwargs, _shape_eq, _val, aten
 
-_LINEAR_TARGETS = (aten.addmm.default, aten.add.Tensor, aten.linear.default, aten.slice.Tensor)
+_LINEAR_TARGETS = (aten.addmm.default, aten.mm.default, aten.add.Tensor, aten.linear.default, aten.slice.Tensor)
 
 
 @dataclass
@@ -33,7 +33,7 @@ class _Net:
     out: Node
     inp: Node
     weights: list
-    biases: list
+    biases: list  # None for a Linear without bias
     activations: list
     nodes: set = field(default_factory=set)  # every node of the MLP, out included, inp not
     terms: list = field(default_factory=list)  # addends of the first Linear's output
@@ -59,6 +59,9 @@ def _find_nets(graph: Graph) -> list[_Net]:
                 linears[node] = _linear(node)
             except _NoMatch:
                 pass
+    # The mm of ``mm + bias`` reads as a Linear without bias too: it is part of the one it is in.
+    inner = {n for node, (_i, _w, _b, nodes) in linears.items() for n in nodes if n is not node}
+    linears = {node: found for node, found in linears.items() if node not in inner}
     before: dict[Node, tuple] = {}  # a Linear -> (the Linear before it, activation, its nodes)
     for node, (inp, _w, _b, _nodes) in linears.items():
         inp, copies = _through_copies(inp)

@@ -92,7 +92,7 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         raise _NoMatch(f"the network's output {out.name} (shape {shape}) is not shaped like the "
                        f"sample {tuple(x0v.shape)}; the network ends there because {readers} "
                        "reading it is not an activation the reader knows followed by a Linear")
-    for p in (*loop.nets[0].weights, *loop.nets[0].biases):
+    for p in (*loop.nets[0].weights, *(b for b in loop.nets[0].biases if b is not None)):
         pv = _val(p)
         if pv is None or pv.dtype != torch.float32 or pv.device != x0v.device:
             raise _NoMatch(f"{p.name} is not a float32 tensor on the sample's device")

@@ -184,8 +184,8 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
     except _NoMatch:
         pass
     else:
-        bias = _val(bias)
-        return bias is not None and bias.dim() <= 1 and _uniform(inp, batch, memo)
+        bv = _val(bias)
+        return (bias is None or bv is not None and bv.dim() <= 1) and _uniform(inp, batch, memo)
     tags = getattr(node.target, "tags", ())
     if torch.Tag.pointwise in tags or _is(node, prims.convert_element_type.default, aten._to_copy.default,
                                              aten.to.dtype):

@@ -6,16 +6,33 @@ from torch import nn
 from .common import SinusoidalPosEmb, ddpm_buffers, extract, linear_beta_schedule
 
 
+class TimeColumn(nn.Module):
+    """The raw timestep as one float column."""
+
+    def forward(self, time):
+        return time.float()[:, None]
+
+
 class MLP(nn.Module):
-    def __init__(self, state_dim, action_dim, t_dim=16, hidden=256):
+    """``bias_free``: the Linears built with ``bias=False``, among "first" (mid_layer's first),
+    "mid" (all of mid_layer's), "final" and "time" (the time MLP's). ``time_embedding``: "mlp"
+    (the sinusoidal features through an MLP), "sinusoidal" (the features alone) or "column_mlp"
+    (the raw timestep column through the MLP)."""
+
+    def __init__(self, state_dim, action_dim, t_dim=16, hidden=256, bias_free=(), time_embedding="mlp"):
         super().__init__()
-        self.time_mlp = nn.Sequential(SinusoidalPosEmb(t_dim), nn.Linear(t_dim, t_dim * 2), nn.Mish(),
-                                      nn.Linear(t_dim * 2, t_dim))
+
+        def linear(a, b, *names):
+            return nn.Linear(a, b, bias=not set(names) & set(bias_free))
+
+        features, width = (TimeColumn(), 1) if time_embedding == "column_mlp" else (SinusoidalPosEmb(t_dim), t_dim)
+        self.time_mlp = features if time_embedding == "sinusoidal" else nn.Sequential(
+            features, linear(width, t_dim * 2, "time"), nn.Mish(), linear(t_dim * 2, t_dim, "time"))
         input_dim = state_dim + action_dim + t_dim
-        self.mid_layer = nn.Sequential(nn.Linear(input_dim, hidden), nn.Mish(),
-                                       nn.Linear(hidden, hidden), nn.Mish(),
-                                       nn.Linear(hidden, hidden), nn.Mish())
-        self.final_layer = nn.Linear(hidden, action_dim)
+        self.mid_layer = nn.Sequential(linear(input_dim, hidden, "first", "mid"), nn.Mish(),
+                                       linear(hidden, hidden, "mid"), nn.Mish(),
+                                       linear(hidden, hidden, "mid"), nn.Mish())
+        self.final_layer = linear(hidden, action_dim, "final")
 
     def forward(self, x, time, state):
         t = self.time_mlp(time)
@@ -26,12 +43,13 @@ class MLP(nn.Module):
 
 class Diffusion(nn.Module):
     """``forward(state, noise=None)``: ``noise`` (n_timesteps + 1, B, action_dim) replaces
-    the draws (the initial x first) so that a compiled run can be compared with eager."""
+    the draws (the initial x first) so that a compiled run can be compared with eager.
+    ``mlp``: :class:`MLP`'s options."""
 
-    def __init__(self, state_dim=17, action_dim=6, max_action=1.0, n_timesteps=5, hidden=256):
+    def __init__(self, state_dim=17, action_dim=6, max_action=1.0, n_timesteps=5, hidden=256, **mlp):
         super().__init__()
         self.state_dim, self.action_dim, self.max_action = state_dim, action_dim, max_action
-        self.model = MLP(state_dim, action_dim, hidden=hidden)
+        self.model = MLP(state_dim, action_dim, hidden=hidden, **mlp)
         self.n_timesteps = n_timesteps
         self.clip_denoised = True
         ddpm_buffers(self, linear_beta_schedule(n_timesteps))
@@ -65,9 +83,13 @@ class Diffusion(nn.Module):
         batch_size = shape[0]
         x = torch.randn(shape, device=state.device) if noise is None else noise[0]
         for i in reversed(range(0, self.n_timesteps)):
-            timesteps = torch.full((batch_size,), i, device=state.device, dtype=torch.long)
+            timesteps = self.make_timesteps(batch_size, i, state.device)
             x = self.p_sample(x, timesteps, state, None if noise is None else noise[self.n_timesteps - i])
         return x
+
+    @staticmethod
+    def make_timesteps(batch_size, i, device):
+        return torch.full((batch_size,), i, device=device, dtype=torch.long)
 
     def sample(self, state, noise=None):
         batch_size = state.shape[0]
@@ -89,12 +111,27 @@ class DiffusionVariants(Diffusion):
     - ``inloop_sqrt``: x0 from ``alphas_cumprod`` gathered per sample and square-rooted in the
       loop, ``(x - (1 - a).sqrt() * eps) / a.sqrt()``;
     - ``t_arg``: the per-sample ``t`` given by the caller (a start per row, stepped down by one
-      for ``steps`` steps: rows starting low reach t = 0, where the mask drops the noise)."""
+      for ``steps`` steps: rows starting low reach t = 0, where the mask drops the noise);
+    - ``time_spelling``: each step's timesteps as ``torch.full`` ("full"), IDQL's
+      ``array([time]).repeat(batch)`` ("repeat"), ConditionalUnet1D's ``tensor([t]).expand(B)``
+      ("expand") or a schedule's 0-d entry expanded, ``timestep_seq[i].expand(B)``
+      ("index_expand")."""
 
-    def __init__(self, predict_epsilon=True, mask="nonzero", inloop_sqrt=False, t_arg=False, steps=5, **kw):
+    def __init__(self, predict_epsilon=True, mask="nonzero", inloop_sqrt=False, t_arg=False, steps=5,
+                 time_spelling="full", **kw):
         super().__init__(**kw)
         self.predict_epsilon, self.mask, self.inloop_sqrt, self.t_arg = predict_epsilon, mask, inloop_sqrt, t_arg
-        self.steps = steps
+        self.steps, self.time_spelling = steps, time_spelling
+        self.register_buffer("timestep_seq", torch.arange(self.n_timesteps))
+
+    def make_timesteps(self, batch_size, i, device):
+        if self.time_spelling == "repeat":
+            return torch.tensor([i], device=device).repeat(batch_size)
+        if self.time_spelling == "expand":
+            return torch.tensor([i], dtype=torch.long, device=device).expand(batch_size)
+        if self.time_spelling == "index_expand":
+            return self.timestep_seq[i].expand(batch_size)
+        return super().make_timesteps(batch_size, i, device)
 
     def predict_start_from_noise(self, x_t, t, noise):
         if not self.predict_epsilon:
