@@ -8,6 +8,7 @@
 #     rule       the step rule's CUDA tests + bench_rule.py
 #     engine     the engine's and the kernels' CUDA tests, compute-sanitizer memcheck, bench_rule.py
 #     networks   the network programs' CUDA tests + bench_networks.py
+#     clusters   fp32_rule's CUDA tests (alone and in clusters) + sweep_rule.py
 #     sanitize   compute-sanitizer racecheck and synccheck of the engine's kernels
 #     portable   a build of compute_80 PTX alone (JIT-compiled by the driver): the
 #                portable path's CUDA tests, compute-sanitizer, bench_rule.py (alone in its call)
@@ -53,7 +54,7 @@ limited_pytest() {
   echo "pytest: exit $? ($(grep -c ' PASSED' "$log") passed, $(grep -c ' FAILED' "$log") failed, $(grep -c ' SKIPPED' "$log") skipped)"
   grep -E ' (FAILED|ERROR) ' "$log" | sed 's/.* \(FAILED\|ERROR\) /\1 /' | sort -u | head -40
 }
-engine_kernels="tiled16 tiled64 rule"
+engine_kernels="tiled16 tiled64 rule rule@2 rule@16"
 run_mode() {
   case "$1" in
   engine)
@@ -65,6 +66,10 @@ run_mode() {
     limited_pytest 240 "$out/tests_networks.log" tests/test_cuda_networks.py tests/test_network_modules.py \
       tests/test_networks.py
     python3 benchmarks/bench_networks.py --device cuda 2>&1 | tee "$out/bench_networks.log" ;;
+  clusters)
+    limited_pytest 240 "$out/tests_clusters.log" tests/test_cuda_networks.py tests/test_cuda_rule_kernel.py \
+      tests/test_networks.py
+    timeout 200 python3 benchmarks/sweep_rule.py ${SWEEP_ARGS:-} 2>&1 | tee "$out/sweep_rule.log" ;;
   sanitize)
     sanitize racecheck --kernels $engine_kernels
     sanitize synccheck --kernels $engine_kernels ;;
