@@ -1,11 +1,12 @@
 """The activations the op computes, written once, and the readers of a network's layers.
 
-:data:`VOCABULARY` names each activation as the op takes it (the table in
-csrc/op/checks.cpp holds the same names; a test compares the two), with its
-function and the ``nn.Module`` that computes it. :func:`mlp_layers` reads
-``Linear (activation Linear)*`` off an ``nn.Sequential`` for
-:func:`ddpm_ops.sample`, :class:`ddpm_ops.DiffusionSampler` and
-:func:`ddpm_ops.mlp_parameters` (the SiLU network of the time-column op).
+:data:`VOCABULARY` names each activation as the op takes it (the op's own
+list, DDPM_OPS_ACTIVATIONS in csrc/common/activation.h, holds the same names
+in the same order; a test compares the two through the op's message for an
+unknown name), with its function and the ``nn.Module`` that computes it.
+:func:`mlp_layers` reads ``Linear (activation Linear)*`` off an
+``nn.Sequential`` for :func:`ddpm_ops.sample`, :class:`ddpm_ops.DiffusionSampler`
+and :func:`ddpm_ops.mlp_parameters` (the SiLU network of the time-column op).
 :func:`read_network` reads any chain of Linear, activation, LayerNorm, Dropout
 and residual blocks (traced with torch.fx) into the op's network program
 (:class:`Program`); :func:`run_program` is that program in plain PyTorch.

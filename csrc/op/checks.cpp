@@ -3,11 +3,11 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <iterator>
 #include <sstream>
 
 namespace ddpm_ops {
@@ -342,16 +342,13 @@ namespace {
 
 // The activations by their names in the schema.
 std::optional<Activation> find_activation(const std::string& name) {
-  static const std::pair<const char*, Activation> known[] = {
-      {"silu", Activation::kSilu},       {"mish", Activation::kMish},
-      {"relu", Activation::kRelu},       {"gelu", Activation::kGelu},
-      {"gelu_tanh", Activation::kGeluTanh}, {"tanh", Activation::kTanh},
-      {"identity", Activation::kIdentity}};
-  const auto* hit = std::find_if(std::begin(known), std::end(known),
-                                 [&](const auto& k) { return name == k.first; });
-  if (hit == std::end(known)) return std::nullopt;
-  return hit->second;
+  const auto hit = std::find(kActivationNames.begin(), kActivationNames.end(), name);
+  if (hit == kActivationNames.end()) return std::nullopt;
+  return static_cast<Activation>(hit - kActivationNames.begin());
 }
+
+// "silu, mish, ...": the names find_activation knows, for the messages.
+std::string activation_names() { return c10::Join(", ", kActivationNames); }
 
 // "<prefix><decimal float>" -> the float, or nullopt.
 std::optional<double> parse_suffix_float(const std::string& text, const std::string& prefix) {
@@ -373,8 +370,8 @@ std::vector<Activation> parse_activations(const std::vector<std::string>& names,
   std::vector<Activation> parsed;
   for (size_t l = 0; l < names.size(); ++l) {
     const std::optional<Activation> hit = find_activation(names[l]);
-    TORCH_CHECK(hit.has_value(), "ddpm::fused_sample: ", name, "[", l, "] must be one of "
-                "silu, mish, relu, gelu, gelu_tanh, tanh, identity, got \"", names[l], "\"");
+    TORCH_CHECK(hit.has_value(), "ddpm::fused_sample: ", name, "[", l, "] must be one of ",
+                activation_names(), ", got \"", names[l], "\"");
     parsed.push_back(*hit);
   }
   return parsed;
@@ -440,8 +437,8 @@ NetworkProgram parse_network(const SampleRuleCall& call, const SampleRuleExtras&
       const bool affine = text.rfind("layer_norm_affine:", 0) == 0;
       const std::optional<double> eps =
           parse_suffix_float(text, affine ? "layer_norm_affine:" : "layer_norm:");
-      TORCH_CHECK(eps.has_value(), where, "must be \"linear\", an activation (silu, mish, relu, gelu, "
-                  "gelu_tanh, tanh, identity), \"layer_norm:<eps>\", \"layer_norm_affine:<eps>\", \"save\", "
+      TORCH_CHECK(eps.has_value(), where, "must be \"linear\", an activation (", activation_names(),
+                  "), \"layer_norm:<eps>\", \"layer_norm_affine:<eps>\", \"save\", "
                   "\"add\" or (first) \"input:<parts>\", got \"", text, "\"");
       TORCH_CHECK(std::isfinite(*eps) && *eps >= 0, where, "\"", text, "\": expected a finite eps >= 0, got ",
                   *eps);

@@ -28,7 +28,7 @@
 //                       "linear" instructions; the first also adds the bias
 //                       rows (time_bias[s], cond_bias, the time_* and cond_*
 //                       networks' outputs), as layer 0 does without a program.
-//     "silu", "mish", "relu", "gelu", "gelu_tanh", "tanh", "identity"
+//     an activation's name (DDPM_OPS_ACTIVATIONS in csrc/common/activation.h)
 //                       h = act(h).
 //     "layer_norm:<eps>"        h = (h - mean(h)) / sqrt(var(h) + eps), over
 //                               h's columns (biased variance), no affine part;
