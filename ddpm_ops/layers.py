@@ -121,7 +121,7 @@ def _keeps_forward(layer: nn.Module, cls: type) -> bool:
 # ---- Networks as programs: LayerNorm, residual blocks, Dropout.
 #
 # The op's ``network`` argument lists instructions run on one row ``h`` (the
-# schema's comment in csrc/ops.cpp is the reference): ``"linear"``, the
+# schema's comment in csrc/op/ops.cpp is the reference): ``"linear"``, the
 # activations of VOCABULARY, ``"layer_norm:<eps>"`` / ``"layer_norm_affine:<eps>"``,
 # ``"save"`` / ``"add"`` (a residual block), and first ``"input:<parts>"``.
 
@@ -227,12 +227,12 @@ def read_network(module: nn.Module, *, name: str = "mlp") -> Program:
     takes the previous one's output; a value used again later is a residual block's input,
     added (``+``) to the block's output. The layers: ``nn.Linear`` (with or without bias),
     the activations of :data:`VOCABULARY` as modules or as ``F.silu``, ``F.mish``,
-    ``F.relu``/``torch.relu``, ``torch.tanh``; ``nn.LayerNorm`` over the last dimension
-    (affine or not, any eps); ``nn.Dropout`` and ``F.dropout`` (the identity: the op samples
-    in inference mode), ``nn.Identity``. Residual blocks may nest. So the projects' networks
-    read as they are written: IDQL's LN-ResNet ``h + Linear(Mish(Linear(LayerNorm(Dropout(h)))))``,
-    its MLP with a LayerNorm over the whole input, CleanDiffuser's ``IDQLMlp`` layers,
-    DPPO's pre-activation residual MLP.
+    ``F.relu``/``torch.relu``, ``F.gelu`` (either ``approximate``), ``torch.tanh``/``F.tanh``;
+    ``nn.LayerNorm`` over the last dimension (affine or not, any eps); ``nn.Dropout`` and
+    ``F.dropout`` (the identity: the op samples in inference mode), ``nn.Identity``. Residual
+    blocks may nest. So the projects' networks read as they are written: IDQL's LN-ResNet
+    ``h + Linear(Mish(Linear(LayerNorm(Dropout(h)))))``, its MLP with a LayerNorm over the
+    whole input, CleanDiffuser's ``IDQLMlp`` layers, DPPO's pre-activation residual MLP.
 
     Args:
         module: takes the network's (concatenated) input, returns its output.
