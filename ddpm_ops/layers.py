@@ -1,11 +1,12 @@
 """The activations the op computes, written once, and the readers of a network's layers.
 
-:data:`VOCABULARY` names each activation as the op takes it (the table in
-csrc/op/checks.cpp holds the same names; a test compares the two), with its
-function and the ``nn.Module`` that computes it. :func:`mlp_layers` reads
-``Linear (activation Linear)*`` off an ``nn.Sequential`` for
-:func:`ddpm_ops.sample`, :class:`ddpm_ops.DiffusionSampler` and
-:func:`ddpm_ops.mlp_parameters` (the SiLU network of the time-column op).
+:data:`VOCABULARY` names each activation as the op takes it (the op's own
+list, DDPM_OPS_ACTIVATIONS in csrc/common/activation.h, holds the same names
+in the same order; a test compares the two through the op's message for an
+unknown name), with its function and the ``nn.Module`` that computes it.
+:func:`mlp_layers` reads ``Linear (activation Linear)*`` off an
+``nn.Sequential`` for :func:`ddpm_ops.sample`, :class:`ddpm_ops.DiffusionSampler`
+and :func:`ddpm_ops.mlp_parameters` (the SiLU network of the time-column op).
 :func:`read_network` reads any chain of Linear, activation, LayerNorm, Dropout
 and residual blocks (traced with torch.fx) into the op's network program
 (:class:`Program`); :func:`run_program` is that program in plain PyTorch.
@@ -120,7 +121,7 @@ def _keeps_forward(layer: nn.Module, cls: type) -> bool:
 # ---- Networks as programs: LayerNorm, residual blocks, Dropout.
 #
 # The op's ``network`` argument lists instructions run on one row ``h`` (the
-# schema's comment in csrc/ops.cpp is the reference): ``"linear"``, the
+# schema's comment in csrc/op/ops.cpp is the reference): ``"linear"``, the
 # activations of VOCABULARY, ``"layer_norm:<eps>"`` / ``"layer_norm_affine:<eps>"``,
 # ``"save"`` / ``"add"`` (a residual block), and first ``"input:<parts>"``.
 
@@ -226,12 +227,12 @@ def read_network(module: nn.Module, *, name: str = "mlp") -> Program:
     takes the previous one's output; a value used again later is a residual block's input,
     added (``+``) to the block's output. The layers: ``nn.Linear`` (with or without bias),
     the activations of :data:`VOCABULARY` as modules or as ``F.silu``, ``F.mish``,
-    ``F.relu``/``torch.relu``, ``torch.tanh``; ``nn.LayerNorm`` over the last dimension
-    (affine or not, any eps); ``nn.Dropout`` and ``F.dropout`` (the identity: the op samples
-    in inference mode), ``nn.Identity``. Residual blocks may nest. So the projects' networks
-    read as they are written: IDQL's LN-ResNet ``h + Linear(Mish(Linear(LayerNorm(Dropout(h)))))``,
-    its MLP with a LayerNorm over the whole input, CleanDiffuser's ``IDQLMlp`` layers,
-    DPPO's pre-activation residual MLP.
+    ``F.relu``/``torch.relu``, ``F.gelu`` (either ``approximate``), ``torch.tanh``/``F.tanh``;
+    ``nn.LayerNorm`` over the last dimension (affine or not, any eps); ``nn.Dropout`` and
+    ``F.dropout`` (the identity: the op samples in inference mode), ``nn.Identity``. Residual
+    blocks may nest. So the projects' networks read as they are written: IDQL's LN-ResNet
+    ``h + Linear(Mish(Linear(LayerNorm(Dropout(h)))))``, its MLP with a LayerNorm over the
+    whole input, CleanDiffuser's ``IDQLMlp`` layers, DPPO's pre-activation residual MLP.
 
     Args:
         module: takes the network's (concatenated) input, returns its output.

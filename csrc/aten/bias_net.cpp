@@ -8,17 +8,21 @@
 
 namespace ddpm_ops {
 
+namespace {
+
+// One overload per activation (visit_activation picks it).
+at::Tensor activate(const at::Tensor& h, ActivationTag<Activation::kSilu>) { return at::silu(h); }
+at::Tensor activate(const at::Tensor& h, ActivationTag<Activation::kMish>) { return at::mish(h); }
+at::Tensor activate(const at::Tensor& h, ActivationTag<Activation::kRelu>) { return at::relu(h); }
+at::Tensor activate(const at::Tensor& h, ActivationTag<Activation::kGelu>) { return at::gelu(h, "none"); }
+at::Tensor activate(const at::Tensor& h, ActivationTag<Activation::kGeluTanh>) { return at::gelu(h, "tanh"); }
+at::Tensor activate(const at::Tensor& h, ActivationTag<Activation::kTanh>) { return at::tanh(h); }
+at::Tensor activate(const at::Tensor& h, ActivationTag<Activation::kIdentity>) { return h; }
+
+}  // namespace
+
 at::Tensor activate(const at::Tensor& h, Activation act) {
-  switch (act) {
-    case Activation::kSilu: return at::silu(h);
-    case Activation::kMish: return at::mish(h);
-    case Activation::kRelu: return at::relu(h);
-    case Activation::kGelu: return at::gelu(h, "none");
-    case Activation::kGeluTanh: return at::gelu(h, "tanh");
-    case Activation::kTanh: return at::tanh(h);
-    case Activation::kIdentity: return h;
-  }
-  return h;
+  return visit_activation(act, [&](auto tag) { return activate(h, tag); });
 }
 
 std::optional<at::Tensor> with_bias_net(const std::optional<at::Tensor>& bias, const BiasNet& net) {

@@ -115,20 +115,18 @@ at::Tensor run_network(const NetworkProgram& program, const SampleRuleCall& call
 
 at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call, const SampleRuleExtras& extras) {
   check_sample_rule_args(call, extras);
-  const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
-               clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
-               cond_net, clip_bounds, post_clip_bounds, generator] = call;
-  const int64_t table_length = step_tables.size(1);
+  const at::Tensor& x = call.x;
+  const int64_t table_length = call.step_tables.size(1);
   // Off the CPU the default never synchronises: a row whose step indices leave
   // the tables reads clamped indices and ends as NaN, as the fused kernels do.
-  if (validate || x.is_cpu()) {
-    check_timesteps_in_range(t_start, num_steps, table_length);
-    if (clip_bounds.has_value()) check_bounds_ordered(*clip_bounds, "clip_bounds");
-    if (post_clip_bounds.has_value()) check_bounds_ordered(*post_clip_bounds, "post_clip_bounds");
+  if (call.validate || x.is_cpu()) {
+    check_timesteps_in_range(call.t_start, call.num_steps, table_length);
+    if (call.clip_bounds.has_value()) check_bounds_ordered(*call.clip_bounds, "clip_bounds");
+    if (call.post_clip_bounds.has_value()) check_bounds_ordered(*call.post_clip_bounds, "post_clip_bounds");
   }
   const NetworkProgram program = parse_network(call, extras);
-  const auto x0_range = parse_clip(clip, "clip");
-  const auto x_range = parse_clip(post_clip, "post_clip");
+  const auto x0_range = parse_clip(call.clip, "clip");
+  const auto x_range = parse_clip(call.post_clip, "post_clip");
   // Either clamp of the step: to two floats, or to per-column bounds broadcast over the batch.
   auto clamp_to = [](const at::Tensor& t, const std::optional<std::pair<float, float>>& range,
                      const std::optional<at::Tensor>& bounds) {
@@ -136,24 +134,24 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call, const SampleRul
     if (bounds) return at::clamp(t, (*bounds)[0], (*bounds)[1]);
     return t;
   };
-  const bool has_previous = step_tables.size(0) == kStepTablesWithPrevious;
+  const bool has_previous = call.step_tables.size(0) == kStepTablesWithPrevious;
 
   const std::optional<at::Tensor> seed = noise_seed_of(call);
   const std::optional<at::Tensor> z =
       seed.has_value()
-          ? std::optional<at::Tensor>(seeded_noise_of(*seed, num_steps, x.size(0), x.size(1), x.options()))
-          : noise;
-  const std::optional<at::Tensor> time_rows = with_bias_net(time_bias, time_net);
-  const std::optional<at::Tensor> cond_rows = with_bias_net(cond_bias, cond_net);
-  const at::Tensor t = t_start.to(at::kLong);
+          ? std::optional<at::Tensor>(seeded_noise_of(*seed, call.num_steps, x.size(0), x.size(1), x.options()))
+          : call.noise;
+  const std::optional<at::Tensor> time_rows = with_bias_net(call.time_bias, call.time_net);
+  const std::optional<at::Tensor> cond_rows = with_bias_net(call.cond_bias, call.cond_net);
+  const at::Tensor t = call.t_start.to(at::kLong);
   at::Tensor current = x.clone(at::MemoryFormat::Contiguous);
   at::Tensor x0_prev;  // the previous step's clamped x0; none before the first step
   std::vector<at::Tensor> chain{current};
-  for (int64_t k = 0; k < num_steps; ++k) {
+  for (int64_t k = 0; k < call.num_steps; ++k) {
     const at::Tensor s = (t - k).clamp(0, table_length - 1);
     const at::Tensor h = run_network(program, call, extras, current, s, time_rows, cond_rows);
-    const at::Tensor c = step_tables.index_select(1, s).unsqueeze(2);  // (6 or 7, batch, 1)
-    const at::Tensor x0 = clamp_to(c[kA] * current - c[kB] * h, x0_range, clip_bounds);
+    const at::Tensor c = call.step_tables.index_select(1, s).unsqueeze(2);  // (6 or 7, batch, 1)
+    const at::Tensor x0 = clamp_to(c[kA] * current - c[kB] * h, x0_range, call.clip_bounds);
     at::Tensor next = c[kC] * x0 + c[kD] * current + c[kE] * h;
     if (has_previous && k > 0) next = next + c[kP] * x0_prev;
     if (z.has_value()) {
@@ -161,13 +159,13 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call, const SampleRul
                                 ? (*z)[k].clamp(-*extras.noise_clip, *extras.noise_clip) : (*z)[k];
       next = next + c[kS] * zk;
     }
-    current = clamp_to(next, x_range, post_clip_bounds);
+    current = clamp_to(next, x_range, call.post_clip_bounds);
     if (has_previous) x0_prev = x0;
-    if (return_chain) chain.push_back(current);
+    if (call.return_chain) chain.push_back(current);
   }
-  at::Tensor out = return_chain ? at::stack(chain) : current;
-  if (num_steps > 0 && !x.is_cpu()) {
-    const at::Tensor in_range = (t - (num_steps - 1) >= 0) & (t < table_length);
+  at::Tensor out = call.return_chain ? at::stack(chain) : current;
+  if (call.num_steps > 0 && !x.is_cpu()) {
+    const at::Tensor in_range = (t - (call.num_steps - 1) >= 0) & (t < table_length);
     out = at::where(in_range.unsqueeze(1), out, at::full({}, NAN, out.options()));
   }
   return out;

@@ -498,25 +498,23 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
 at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call, const SampleRuleExtras& extras) {
   if (tuning().unfused) return fused_sample_rule_unfused(call, extras);
   check_sample_rule_args(call, extras);
-  const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
-               clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
-               cond_net, clip_bounds, post_clip_bounds, generator] = call;
-  check_timesteps_in_range(t_start, num_steps, step_tables.size(1));
-  if (clip_bounds.has_value()) check_bounds_ordered(*clip_bounds, "clip_bounds");
-  if (post_clip_bounds.has_value()) check_bounds_ordered(*post_clip_bounds, "post_clip_bounds");
+  const at::Tensor& x = call.x;
+  check_timesteps_in_range(call.t_start, call.num_steps, call.step_tables.size(1));
+  if (call.clip_bounds.has_value()) check_bounds_ordered(*call.clip_bounds, "clip_bounds");
+  if (call.post_clip_bounds.has_value()) check_bounds_ordered(*call.post_clip_bounds, "post_clip_bounds");
   const bool has_program = extras.network.has_value();
-  CpuProblem problem{x, t_start, std::vector<at::Tensor>(weights.begin(), weights.end()), biases,
+  CpuProblem problem{x, call.t_start, std::vector<at::Tensor>(call.weights.begin(), call.weights.end()), call.biases,
                      has_program ? std::vector<Activation>()
-                                 : parse_activations(activations, static_cast<int64_t>(weights.size())),
-                     return_chain};
-  const at::Tensor tables = step_tables.contiguous();
-  const at::Tensor time = with_bias_net(time_bias, time_net).value_or(at::Tensor());
-  const at::Tensor cond = with_bias_net(cond_bias, cond_net).value_or(at::Tensor());
-  const at::Tensor z = noise.has_value() ? noise->contiguous() : at::Tensor();
+                                 : parse_activations(call.activations, static_cast<int64_t>(call.weights.size())),
+                     call.return_chain};
+  const at::Tensor tables = call.step_tables.contiguous();
+  const at::Tensor time = with_bias_net(call.time_bias, call.time_net).value_or(at::Tensor());
+  const at::Tensor cond = with_bias_net(call.cond_bias, call.cond_net).value_or(at::Tensor());
+  const at::Tensor z = call.noise.has_value() ? call.noise->contiguous() : at::Tensor();
   const std::optional<at::Tensor> seed = noise_seed_of(call);
   const at::Tensor seeds = seed.has_value() ? seed->contiguous() : at::Tensor();
   MlpPlan plan;
-  plan.num_steps = num_steps;
+  plan.num_steps = call.num_steps;
   plan.time_bias = time.defined() ? time.data_ptr<float>() : nullptr;
   plan.cond_bias = cond.defined() ? cond.data_ptr<float>() : nullptr;
   // Rows by pointer: a tensor per row would cost a call at batch 1 more than its update.
@@ -534,8 +532,8 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call, const SampleRuleExt
     plan.noise_seeds = seeds.data_ptr<int64_t>();
     plan.seed_per_row = seed_per_row(seeds);
   }
-  const ClampBounds x0_bounds(clip, clip_bounds, "clip", x.size(1));
-  const ClampBounds x_bounds(post_clip, post_clip_bounds, "post_clip", x.size(1));
+  const ClampBounds x0_bounds(call.clip, call.clip_bounds, "clip", x.size(1));
+  const ClampBounds x_bounds(call.post_clip, call.post_clip_bounds, "post_clip", x.size(1));
   std::tie(plan.clip_lo, plan.clip_hi) = x0_bounds.lo_hi();
   std::tie(plan.post_lo, plan.post_hi) = x_bounds.lo_hi();
   if (extras.noise_clip.has_value()) plan.noise_clip = static_cast<float>(*extras.noise_clip);
@@ -556,7 +554,7 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call, const SampleRuleExt
         input_width += x.size(1);
         continue;
       }
-      const at::Tensor rows = (part == InputPart::kCond ? *cond_net.input : *time_net.input).contiguous();
+      const at::Tensor rows = (part == InputPart::kCond ? *call.cond_net.input : *call.time_net.input).contiguous();
       inputs.push_back(rows);
       input_width += rows.size(1);
       if (part == InputPart::kCond) {

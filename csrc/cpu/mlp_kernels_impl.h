@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "../common/seeded_noise.h"
 #include "mlp_kernels.h"
@@ -60,25 +59,19 @@ inline Vec mish(Vec v) {
   return v * p / (p + Vec(2.f));
 }
 
-template <Activation ACT>
-inline Vec activate(Vec v) {
-  if constexpr (ACT == Activation::kSilu) {
-    return silu(v);
-  } else if constexpr (ACT == Activation::kMish) {
-    return mish(v);
-  } else if constexpr (ACT == Activation::kRelu) {
-    return at::vec::clamp_min(v, Vec(0.f));
-  } else if constexpr (ACT == Activation::kGelu) {
-    return Vec(0.5f) * v * (Vec(1.f) + (v * Vec(static_cast<float>(M_SQRT1_2))).erf());
-  } else if constexpr (ACT == Activation::kGeluTanh) {
-    const Vec inner = Vec(0.7978845608028654f) * (v + Vec(0.044715f) * v * v * v);
-    return Vec(0.5f) * v * (Vec(1.f) + inner.tanh());
-  } else if constexpr (ACT == Activation::kTanh) {
-    return v.tanh();
-  } else {
-    return v;
-  }
+// One overload per activation (visit_activation picks it).
+inline Vec activate(Vec v, ActivationTag<Activation::kSilu>) { return silu(v); }
+inline Vec activate(Vec v, ActivationTag<Activation::kMish>) { return mish(v); }
+inline Vec activate(Vec v, ActivationTag<Activation::kRelu>) { return at::vec::clamp_min(v, Vec(0.f)); }
+inline Vec activate(Vec v, ActivationTag<Activation::kGelu>) {
+  return Vec(0.5f) * v * (Vec(1.f) + (v * Vec(static_cast<float>(M_SQRT1_2))).erf());
 }
+inline Vec activate(Vec v, ActivationTag<Activation::kGeluTanh>) {
+  const Vec inner = Vec(0.7978845608028654f) * (v + Vec(0.044715f) * v * v * v);
+  return Vec(0.5f) * v * (Vec(1.f) + inner.tanh());
+}
+inline Vec activate(Vec v, ActivationTag<Activation::kTanh>) { return v.tanh(); }
+inline Vec activate(Vec v, ActivationTag<Activation::kIdentity>) { return v; }
 
 // The activation over `vectors` stored vectors, in place. Kept out of line:
 // inlined into a register-blocked kernel, its constants are hoisted above
@@ -87,22 +80,8 @@ inline Vec activate(Vec v) {
 // net, one AVX-512 thread).
 template <Activation ACT>
 __attribute__((noinline)) void activate_span(float* p, int64_t vectors) {
-  for (int64_t n = 0; n < vectors; ++n) activate<ACT>(Vec::loadu(p + n * kV)).store(p + n * kV);
-}
-
-// Calls fn(std::integral_constant<Activation, act>{}): one instantiation per
-// activation, chosen once per layer rather than per element.
-template <typename Fn>
-inline void with_activation(Activation act, Fn&& fn) {
-  using A = Activation;
-  switch (act) {
-    case A::kSilu: return fn(std::integral_constant<A, A::kSilu>{});
-    case A::kMish: return fn(std::integral_constant<A, A::kMish>{});
-    case A::kRelu: return fn(std::integral_constant<A, A::kRelu>{});
-    case A::kGelu: return fn(std::integral_constant<A, A::kGelu>{});
-    case A::kGeluTanh: return fn(std::integral_constant<A, A::kGeluTanh>{});
-    case A::kTanh: return fn(std::integral_constant<A, A::kTanh>{});
-    case A::kIdentity: return fn(std::integral_constant<A, A::kIdentity>{});
+  for (int64_t n = 0; n < vectors; ++n) {
+    activate(Vec::loadu(p + n * kV), ActivationTag<ACT>{}).store(p + n * kV);
   }
 }
 
@@ -171,7 +150,7 @@ void layer(const float* in, int64_t ld_in, int64_t rows, int64_t in_f, const flo
            Activation act) {
   constexpr int64_t kPanelVectors = max_nb(kMaxRows);
   const int64_t nvec = out_pad / kV;
-  with_activation(act, [&](auto a) {
+  visit_activation(act, [&](auto a) {
     for (int64_t v0 = 0; v0 < nvec; v0 += kPanelVectors) {
       const int64_t panel = std::min(kPanelVectors, nvec - v0);
       for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
@@ -261,7 +240,7 @@ void dot_layer_row(const float* x, int64_t in_f, const float* w, int64_t ld_w, c
         acc[j] = a;
       }
     }
-    activate<ACT>(reduce_lanes(acc) + Vec::loadu(bias + j0, nj)).store(out + j0, nj);
+    activate(reduce_lanes(acc) + Vec::loadu(bias + j0, nj), ActivationTag<ACT>{}).store(out + j0, nj);
   }
 }
 
@@ -414,12 +393,12 @@ void step_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const f
 
 void bias_act(float* a, int64_t ld, int64_t rows, int64_t cols, const float* bias,
               int64_t bias_ld, Activation act) {
-  with_activation(act, [&](auto tag) {
+  visit_activation(act, [&](auto tag) {
     for (int64_t r = 0; r < rows; ++r) {
       float* ar = a + r * ld;
       const float* br = bias + r * bias_ld;
       for_vectors(cols, [&](int64_t j, int64_t n) {
-        store(activate<decltype(tag)::value>(load(ar + j, n) + load(br + j, n)), ar + j, n);
+        store(activate(load(ar + j, n) + load(br + j, n), tag), ar + j, n);
       });
     }
   });
@@ -491,12 +470,12 @@ void layer_norm_rows(const float* src, int64_t src_ld, float* dst, int64_t dst_l
 
 void activation_rows(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows,
                      int64_t width, Activation act) {
-  with_activation(act, [&](auto tag) {
+  visit_activation(act, [&](auto tag) {
     for (int64_t r = 0; r < rows; ++r) {
       const float* in = src + r * src_ld;
       float* out = dst + r * dst_ld;
       for_vectors(width, [&](int64_t j, int64_t m) {
-        store(activate<decltype(tag)::value>(load(in + j, m)), out + j, m);
+        store(activate(load(in + j, m), tag), out + j, m);
       });
     }
   });
@@ -561,7 +540,7 @@ void linear_rows(const MlpPlan& p, int64_t l, const float* in, int64_t in_ld, in
     });
   } else if (p.packed_w == nullptr) {
     const float* bias = own_rows ? row_bias : p.bias[l];
-    with_activation(act, [&](auto a) {
+    visit_activation(act, [&](auto a) {
       over_columns(p, l, kV, [&](int64_t j0, int64_t j1) {
         for (int64_t r = 0; r < rows; ++r) {
           dot_layer_row<decltype(a)::value>(in + r * in_ld, p.in_f[l], w + j0 * ld_w, ld_w,

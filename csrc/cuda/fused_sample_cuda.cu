@@ -354,13 +354,11 @@ void fill_batch(EngineArgs& a, const at::Tensor& x_c, const at::Tensor& t_c, int
 
 at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call, const SampleRuleExtras& extras) {
   check_sample_rule_args(call, extras);
-  const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias, clip,
-               post_clip, noise, return_chain, validate, precision, noise_seed, time_net, cond_net, clip_bounds,
-               post_clip_bounds, generator] = call;
+  const at::Tensor& x = call.x;
   c10::cuda::CUDAGuard guard(x.device());
-  const int64_t batch = x.size(0), dim = x.size(1), table_length = step_tables.size(1);
-  if (num_steps == 0 || batch == 0 ||
-      !fits_kernel_arguments(batch, static_cast<int64_t>(weights.size()), table_length, num_steps)) {
+  const int64_t batch = x.size(0), dim = x.size(1), table_length = call.step_tables.size(1);
+  if (call.num_steps == 0 || batch == 0 ||
+      !fits_kernel_arguments(batch, static_cast<int64_t>(call.weights.size()), table_length, call.num_steps)) {
     return fused_sample_rule_unfused(call, extras);
   }
   Operands ops;
@@ -374,66 +372,68 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call, const SampleRuleEx
     ops.problem.program_input = program.input_width;
   }
   ops.problem.general_step = true;
-  ops.problem.time_net = kernel_evaluates(time_net);
-  ops.problem.cond_net = kernel_evaluates(cond_net);
-  ops.problem.bias_net_hidden = std::max(widest_hidden_of(time_net), widest_hidden_of(cond_net));
-  ops.problem.previous_x0 = step_tables.size(0) == kStepTablesWithPrevious;
+  ops.problem.time_net = kernel_evaluates(call.time_net);
+  ops.problem.cond_net = kernel_evaluates(call.cond_net);
+  ops.problem.bias_net_hidden = std::max(widest_hidden_of(call.time_net), widest_hidden_of(call.cond_net));
+  ops.problem.previous_x0 = call.step_tables.size(0) == kStepTablesWithPrevious;
   // Layer 0 reads x's columns, or a program's concatenated input.
-  ops.layers(weights, biases, weights[0].size(1), /*strided_first=*/true, a.layers);
+  ops.layers(call.weights, call.biases, call.weights[0].size(1), /*strided_first=*/true, a.layers);
   a.num_layers = ops.problem.num_layers;
-  Planned p = plan_call(x, ops, parse_precision(precision), batch, num_steps);
+  Planned p = plan_call(x, ops, parse_precision(call.precision), batch, call.num_steps);
   if (!p.plan.error.empty()) return fused_sample_rule_unfused(call, extras);
-  if (validate) {
-    check_timesteps_in_range(t_start, num_steps, table_length);
-    if (clip_bounds.has_value()) check_bounds_ordered(*clip_bounds, "clip_bounds");
-    if (post_clip_bounds.has_value()) check_bounds_ordered(*post_clip_bounds, "post_clip_bounds");
+  if (call.validate) {
+    check_timesteps_in_range(call.t_start, call.num_steps, table_length);
+    if (call.clip_bounds.has_value()) check_bounds_ordered(*call.clip_bounds, "clip_bounds");
+    if (call.post_clip_bounds.has_value()) check_bounds_ordered(*call.post_clip_bounds, "post_clip_bounds");
   }
 
-  const at::Tensor x_c = x.contiguous(), t_c = t_start.contiguous(), tables = step_tables.contiguous();
+  const at::Tensor x_c = x.contiguous(), t_c = call.t_start.contiguous(), tables = call.step_tables.contiguous();
   if (!ops.problem.program) {
-    const std::vector<Activation> acts = parse_activations(activations, ops.problem.num_layers);
+    const std::vector<Activation> acts = parse_activations(call.activations, ops.problem.num_layers);
     for (int l = 0; l + 1 < ops.problem.num_layers; ++l) a.activations[l] = acts[l];
   }
-  fill_batch(a, x_c, t_c, table_length, num_steps);
+  fill_batch(a, x_c, t_c, table_length, call.num_steps);
   // The networks run in the kernel where the plan found them room, else
   // before it (ATen ops, added to the given rows).
   const bool in_kernel = p.plan.bias_window > 0;
   const std::optional<at::Tensor> no_input;
   const std::optional<std::vector<std::string>> no_activations;
   const BiasNet none{no_input, std::nullopt, std::nullopt, no_activations};
-  a.bias_rows.time_rows = ops.hold_if(with_bias_net(time_bias, in_kernel && ops.problem.time_net ? none : time_net));
-  a.bias_rows.cond_rows = ops.hold_if(with_bias_net(cond_bias, in_kernel && ops.problem.cond_net ? none : cond_net));
-  if (in_kernel && ops.problem.time_net) a.bias_rows.time_net = bias_net_args(time_net, ops);
-  if (in_kernel && ops.problem.cond_net) a.bias_rows.cond_net = bias_net_args(cond_net, ops);
+  const BiasNet& time_by_aten = in_kernel && ops.problem.time_net ? none : call.time_net;
+  const BiasNet& cond_by_aten = in_kernel && ops.problem.cond_net ? none : call.cond_net;
+  a.bias_rows.time_rows = ops.hold_if(with_bias_net(call.time_bias, time_by_aten));
+  a.bias_rows.cond_rows = ops.hold_if(with_bias_net(call.cond_bias, cond_by_aten));
+  if (in_kernel && ops.problem.time_net) a.bias_rows.time_net = bias_net_args(call.time_net, ops);
+  if (in_kernel && ops.problem.cond_net) a.bias_rows.cond_net = bias_net_args(call.cond_net, ops);
   a.bias_rows.window = std::max(p.plan.bias_window, 1);
   a.bias_rows.time_divisor = 1.f;
   for (int64_t q = 0; q < tables.size(0); ++q) a.step.tables[q] = tables.data_ptr<float>() + q * table_length;
-  if (const auto range = parse_clip(clip, "clip")) {
+  if (const auto range = parse_clip(call.clip, "clip")) {
     a.step.clip = true;
     std::tie(a.step.clip_lo, a.step.clip_hi) = *range;
   }
-  if (const auto range = parse_clip(post_clip, "post_clip")) {
+  if (const auto range = parse_clip(call.post_clip, "post_clip")) {
     a.step.post_clip = true;
     std::tie(a.step.post_lo, a.step.post_hi) = *range;
   }
-  a.step.clip_bounds = ops.hold_if(clip_bounds);
-  a.step.post_clip_bounds = ops.hold_if(post_clip_bounds);
-  a.step.noise = ops.hold_if(noise);
+  a.step.clip_bounds = ops.hold_if(call.clip_bounds);
+  a.step.post_clip_bounds = ops.hold_if(call.post_clip_bounds);
+  a.step.noise = ops.hold_if(call.noise);
   // A clip below float's range still clamps: to the least float, as 0 there means no clamp.
   a.step.noise_clip = extras.noise_clip.has_value()
                           ? std::max(static_cast<float>(*extras.noise_clip), std::numeric_limits<float>::denorm_min())
                           : 0.f;
-  if (noise_seed.has_value()) {
-    const at::Tensor& seeds = ops.keep.emplace_back(noise_seed->contiguous());
+  if (call.noise_seed.has_value()) {
+    const at::Tensor& seeds = ops.keep.emplace_back(call.noise_seed->contiguous());
     a.step.noise_seed = seeds.data_ptr<int64_t>();
     a.step.seed_per_row = seed_per_row(seeds);
-  } else if (generator.has_value() && generator->defined()) {
-    a.step.generator = generator_args(*generator, x.get_device());
+  } else if (call.generator.has_value() && call.generator->defined()) {
+    a.step.generator = generator_args(*call.generator, x.get_device());
   }
-  at::Tensor out = return_chain ? at::empty({num_steps + 1, batch, dim}, x.options())
-                                : at::empty({batch, dim}, x.options());
+  at::Tensor out = call.return_chain ? at::empty({call.num_steps + 1, batch, dim}, x.options())
+                                     : at::empty({batch, dim}, x.options());
   a.step.out = out.data_ptr<float>();
-  a.step.chain = return_chain;
+  a.step.chain = call.return_chain;
   p.ctx.problem = &ops.problem;
   launch_engine(p.plan, a, program, p.ctx);
   return out;

@@ -3,11 +3,11 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <iterator>
 #include <sstream>
 
 namespace ddpm_ops {
@@ -251,13 +251,11 @@ void check_program_shapes(const SampleRuleCall& call, const SampleRuleExtras& ex
 }  // namespace
 
 void check_sample_rule_args(const SampleRuleCall& call, const SampleRuleExtras& extras) {
-  const auto& [x, t_start, weights, biases, step_tables, num_steps, activations, time_bias, cond_bias,
-               clip, post_clip, noise, return_chain, validate, precision, noise_seed, time_net,
-               cond_net, clip_bounds, post_clip_bounds, generator] = call;
-  check_x_and_t_start(x, t_start);
+  const at::Tensor& x = call.x;
+  check_x_and_t_start(x, call.t_start);
   if (!extras.network.has_value()) {
-    check_linear_chain(x, weights, biases, {"", x.sym_size(1), " where in_features = dim (x alone)",
-                                            x.sym_size(1), "dim", /*last_has_bias=*/true});
+    check_linear_chain(x, call.weights, call.biases, {"", x.sym_size(1), " where in_features = dim (x alone)",
+                                                      x.sym_size(1), "dim", /*last_has_bias=*/true});
   }
   const NetworkProgram program = parse_network(call, extras);
   if (extras.noise_clip.has_value()) {
@@ -266,92 +264,89 @@ void check_sample_rule_args(const SampleRuleCall& call, const SampleRuleExtras& 
                 "[-noise_clip, noise_clip]), got ", *extras.noise_clip);
   }
 
-  TORCH_CHECK(step_tables.dim() == 2 &&
-                  (step_tables.sym_size(0) == kStepTables ||
-                   step_tables.sym_size(0) == kStepTablesWithPrevious) &&
-                  step_tables.sym_size(1) >= 1,
+  TORCH_CHECK(call.step_tables.dim() == 2 &&
+                  (call.step_tables.sym_size(0) == kStepTables ||
+                   call.step_tables.sym_size(0) == kStepTablesWithPrevious) &&
+                  call.step_tables.sym_size(1) >= 1,
               "ddpm::fused_sample: step_tables must have shape (6, steps) (the rows A, B, C, D, "
               "E, S of the step rule) or (7, steps) (and P, the previous step's x0 coefficient), "
-              "got shape ", shape_of(step_tables));
-  check_float32_on(step_tables, "step_tables", x);
-  const c10::SymInt& table_length = step_tables.sym_size(1);
-  TORCH_CHECK(num_steps >= 0, "ddpm::fused_sample: num_steps must be >= 0, got ", num_steps);
-  TORCH_CHECK(table_length >= num_steps, "ddpm::fused_sample: num_steps must be at most the "
-              "length of the step tables (", table_length, "), got ", num_steps);
+              "got shape ", shape_of(call.step_tables));
+  check_float32_on(call.step_tables, "step_tables", x);
+  const c10::SymInt& table_length = call.step_tables.sym_size(1);
+  TORCH_CHECK(call.num_steps >= 0, "ddpm::fused_sample: num_steps must be >= 0, got ", call.num_steps);
+  TORCH_CHECK(table_length >= call.num_steps, "ddpm::fused_sample: num_steps must be at most the "
+              "length of the step tables (", table_length, "), got ", call.num_steps);
 
-  TORCH_CHECK(weights[0].dim() == 2, "ddpm::fused_sample: weights[0] must have the nn.Linear layout "
-              "(out_features, in_features), got shape ", shape_of(weights[0]));
-  const c10::SymInt& hidden0 = weights[0].sym_size(0);
-  if (time_bias.has_value()) {
-    TORCH_CHECK(time_bias->dim() == 2 && time_bias->sym_size(0) == table_length &&
-                    time_bias->sym_size(1) == hidden0,
+  TORCH_CHECK(call.weights[0].dim() == 2, "ddpm::fused_sample: weights[0] must have the nn.Linear layout "
+              "(out_features, in_features), got shape ", shape_of(call.weights[0]));
+  const c10::SymInt& hidden0 = call.weights[0].sym_size(0);
+  if (call.time_bias.has_value()) {
+    TORCH_CHECK(call.time_bias->dim() == 2 && call.time_bias->sym_size(0) == table_length &&
+                    call.time_bias->sym_size(1) == hidden0,
                 "ddpm::fused_sample: time_bias must have shape (steps, out_features of "
                 "weights[0]) = (", table_length, ", ", hidden0, "), got shape ",
-                shape_of(*time_bias));
-    check_float32_on(*time_bias, "time_bias", x);
+                shape_of(*call.time_bias));
+    check_float32_on(*call.time_bias, "time_bias", x);
   }
-  if (cond_bias.has_value()) {
-    TORCH_CHECK(cond_bias->dim() == 2 && cond_bias->sym_size(0) == x.sym_size(0) &&
-                    cond_bias->sym_size(1) == hidden0,
+  if (call.cond_bias.has_value()) {
+    TORCH_CHECK(call.cond_bias->dim() == 2 && call.cond_bias->sym_size(0) == x.sym_size(0) &&
+                    call.cond_bias->sym_size(1) == hidden0,
                 "ddpm::fused_sample: cond_bias must have shape (batch, out_features of "
                 "weights[0]) = (", x.sym_size(0), ", ", hidden0, "), got shape ",
-                shape_of(*cond_bias));
-    check_float32_on(*cond_bias, "cond_bias", x);
+                shape_of(*call.cond_bias));
+    check_float32_on(*call.cond_bias, "cond_bias", x);
   }
-  check_bias_net(x, time_net, "time_", table_length, "steps", hidden0, program.reads(InputPart::kTime));
-  check_bias_net(x, cond_net, "cond_", x.sym_size(0), "batch", hidden0, program.reads(InputPart::kCond));
+  check_bias_net(x, call.time_net, "time_", table_length, "steps", hidden0, program.reads(InputPart::kTime));
+  check_bias_net(x, call.cond_net, "cond_", x.sym_size(0), "batch", hidden0, program.reads(InputPart::kCond));
   if (extras.network.has_value()) check_program_shapes(call, extras, program);
-  check_clamp(x, clip, clip_bounds, "clip", "clip_bounds");
-  check_clamp(x, post_clip, post_clip_bounds, "post_clip", "post_clip_bounds");
-  if (noise.has_value()) {
-    TORCH_CHECK(noise->dim() == 3 && noise->sym_size(0) == num_steps &&
-                    noise->sym_size(1) == x.sym_size(0) && noise->sym_size(2) == x.sym_size(1),
+  check_clamp(x, call.clip, call.clip_bounds, "clip", "clip_bounds");
+  check_clamp(x, call.post_clip, call.post_clip_bounds, "post_clip", "post_clip_bounds");
+  if (call.noise.has_value()) {
+    TORCH_CHECK(call.noise->dim() == 3 && call.noise->sym_size(0) == call.num_steps &&
+                    call.noise->sym_size(1) == x.sym_size(0) && call.noise->sym_size(2) == x.sym_size(1),
                 "ddpm::fused_sample: noise must have shape (num_steps, batch, dim) = (",
-                num_steps, ", ", x.sym_size(0), ", ", x.sym_size(1), "), got shape ",
-                shape_of(*noise));
-    check_float32_on(*noise, "noise", x);
+                call.num_steps, ", ", x.sym_size(0), ", ", x.sym_size(1), "), got shape ",
+                shape_of(*call.noise));
+    check_float32_on(*call.noise, "noise", x);
   }
-  if (noise_seed.has_value()) {
-    TORCH_CHECK(!noise.has_value(), "ddpm::fused_sample: noise and noise_seed: expected at most "
+  if (call.noise_seed.has_value()) {
+    TORCH_CHECK(!call.noise.has_value(), "ddpm::fused_sample: noise and noise_seed: expected at most "
                 "one of them (the noise, or a seed to draw it from), got both");
-    TORCH_CHECK(noise_seed->scalar_type() == at::kLong, "ddpm::fused_sample: noise_seed must be "
-                "int64, got ", noise_seed->scalar_type());
+    TORCH_CHECK(call.noise_seed->scalar_type() == at::kLong, "ddpm::fused_sample: noise_seed must be "
+                "int64, got ", call.noise_seed->scalar_type());
     // Read without a guard on the batch: a seed per row of a dynamic batch is
     // (batch,) symbolically, and a one-element seed has a concrete size.
-    const std::optional<int64_t> numel = noise_seed->sym_numel().maybe_as_int();
+    const std::optional<int64_t> numel = call.noise_seed->sym_numel().maybe_as_int();
     TORCH_CHECK((numel.has_value() && *numel == 1) ||
-                    (noise_seed->dim() == 1 && noise_seed->sym_size(0) == x.sym_size(0)),
+                    (call.noise_seed->dim() == 1 && call.noise_seed->sym_size(0) == x.sym_size(0)),
                 "ddpm::fused_sample: noise_seed must be one element (a seed for the batch) or have "
                 "shape (batch,) = (", x.sym_size(0), ",) (a seed per row), got shape ",
-                shape_of(*noise_seed));
-    TORCH_CHECK(noise_seed->device() == x.device(), "ddpm::fused_sample: noise_seed must be on "
-                "x's device (", x.device(), "), got ", noise_seed->device());
+                shape_of(*call.noise_seed));
+    TORCH_CHECK(call.noise_seed->device() == x.device(), "ddpm::fused_sample: noise_seed must be on "
+                "x's device (", x.device(), "), got ", call.noise_seed->device());
   }
-  if (generator.has_value() && generator->defined()) {
-    TORCH_CHECK(!noise.has_value() && !noise_seed.has_value(), "ddpm::fused_sample: generator: expected "
+  if (call.generator.has_value() && call.generator->defined()) {
+    TORCH_CHECK(!call.noise.has_value() && !call.noise_seed.has_value(), "ddpm::fused_sample: generator: expected "
                 "no noise and no noise_seed beside it (it is where the op draws its noise from), got ",
-                noise.has_value() ? "noise" : "noise_seed");
-    TORCH_CHECK(generator->device().type() == x.device().type(), "ddpm::fused_sample: generator must be "
+                call.noise.has_value() ? "noise" : "noise_seed");
+    TORCH_CHECK(call.generator->device().type() == x.device().type(), "ddpm::fused_sample: generator must be "
                 "a generator of x's device type (", x.device().type(), "), got one of ",
-                generator->device().type());
+                call.generator->device().type());
   }
-  parse_precision(precision);
+  parse_precision(call.precision);
 }
 
 namespace {
 
 // The activations by their names in the schema.
 std::optional<Activation> find_activation(const std::string& name) {
-  static const std::pair<const char*, Activation> known[] = {
-      {"silu", Activation::kSilu},       {"mish", Activation::kMish},
-      {"relu", Activation::kRelu},       {"gelu", Activation::kGelu},
-      {"gelu_tanh", Activation::kGeluTanh}, {"tanh", Activation::kTanh},
-      {"identity", Activation::kIdentity}};
-  const auto* hit = std::find_if(std::begin(known), std::end(known),
-                                 [&](const auto& k) { return name == k.first; });
-  if (hit == std::end(known)) return std::nullopt;
-  return hit->second;
+  const auto hit = std::find(kActivationNames.begin(), kActivationNames.end(), name);
+  if (hit == kActivationNames.end()) return std::nullopt;
+  return static_cast<Activation>(hit - kActivationNames.begin());
 }
+
+// "silu, mish, ...": the names find_activation knows, for the messages.
+std::string activation_names() { return c10::Join(", ", kActivationNames); }
 
 // "<prefix><decimal float>" -> the float, or nullopt.
 std::optional<double> parse_suffix_float(const std::string& text, const std::string& prefix) {
@@ -373,8 +368,8 @@ std::vector<Activation> parse_activations(const std::vector<std::string>& names,
   std::vector<Activation> parsed;
   for (size_t l = 0; l < names.size(); ++l) {
     const std::optional<Activation> hit = find_activation(names[l]);
-    TORCH_CHECK(hit.has_value(), "ddpm::fused_sample: ", name, "[", l, "] must be one of "
-                "silu, mish, relu, gelu, gelu_tanh, tanh, identity, got \"", names[l], "\"");
+    TORCH_CHECK(hit.has_value(), "ddpm::fused_sample: ", name, "[", l, "] must be one of ",
+                activation_names(), ", got \"", names[l], "\"");
     parsed.push_back(*hit);
   }
   return parsed;
@@ -440,8 +435,8 @@ NetworkProgram parse_network(const SampleRuleCall& call, const SampleRuleExtras&
       const bool affine = text.rfind("layer_norm_affine:", 0) == 0;
       const std::optional<double> eps =
           parse_suffix_float(text, affine ? "layer_norm_affine:" : "layer_norm:");
-      TORCH_CHECK(eps.has_value(), where, "must be \"linear\", an activation (silu, mish, relu, gelu, "
-                  "gelu_tanh, tanh, identity), \"layer_norm:<eps>\", \"layer_norm_affine:<eps>\", \"save\", "
+      TORCH_CHECK(eps.has_value(), where, "must be \"linear\", an activation (", activation_names(),
+                  "), \"layer_norm:<eps>\", \"layer_norm_affine:<eps>\", \"save\", "
                   "\"add\" or (first) \"input:<parts>\", got \"", text, "\"");
       TORCH_CHECK(std::isfinite(*eps) && *eps >= 0, where, "\"", text, "\": expected a finite eps >= 0, got ",
                   *eps);

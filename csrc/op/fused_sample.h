@@ -186,8 +186,9 @@ void check_timesteps_in_range(const at::Tensor& t_start, int64_t num_steps,
 enum class Precision { kFloat32, kTF32, kBFloat16 };
 Precision parse_precision(c10::string_view precision);
 
-// The kernels' signatures, as the schema in ops.cpp fixes them, written once:
-// every backend's kernel of an overload is declared with its type.
+// The time-column overload's signature, as the schema in ops.cpp fixes it,
+// written once: every backend's kernel of it is declared with this type (the
+// rule overload's kernels take a SampleRuleCall, through rule_kernel).
 using FusedSampleKernel = at::Tensor(const at::Tensor& x, const at::Tensor& t_start,
                                      at::TensorList weights, at::TensorList biases,
                                      const at::Tensor& sqrt_recip_alphas,
@@ -239,10 +240,6 @@ at::Tensor rule_kernel(const at::Tensor& x, const at::Tensor& t_start, at::Tenso
     return Kernel(call);
   }
 }
-
-// The signature's type, for typed calls of the dispatcher (ops.cpp).
-at::Tensor sample_rule_signature_of(const SampleRuleCall&);
-using FusedSampleRuleKernel = decltype(rule_kernel<&sample_rule_signature_of>);
 
 FusedSampleKernel fused_sample_cpu;
 FusedSampleKernel fused_sample_cuda;

@@ -28,7 +28,7 @@
 //                       "linear" instructions; the first also adds the bias
 //                       rows (time_bias[s], cond_bias, the time_* and cond_*
 //                       networks' outputs), as layer 0 does without a program.
-//     "silu", "mish", "relu", "gelu", "gelu_tanh", "tanh", "identity"
+//     an activation's name (DDPM_OPS_ACTIVATIONS in csrc/common/activation.h)
 //                       h = act(h).
 //     "layer_norm:<eps>"        h = (h - mean(h)) / sqrt(var(h) + eps), over
 //                               h's columns (biased variance), no affine part;
@@ -47,6 +47,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 namespace ddpm_ops {
@@ -67,14 +68,15 @@ void refuse_derivatives(const at::Tensor& t, const std::string& what) {
               "torch.autograd.forward_ad). Pass the primal tensor instead.");
 }
 
-void refuse_derivatives_of_each(at::TensorList list, const char* name) {
+// One argument of a call, named as the schema names it: a tensor, or each
+// tensor of a list (absent arguments and the others have no derivative).
+void refuse_derivatives_of(const c10::IValue& argument, const std::string& name) {
+  if (argument.isTensor()) return refuse_derivatives(argument.toTensor(), name);
+  if (!argument.isTensorList()) return;
+  const c10::List<at::Tensor> list = argument.toTensorList();
   for (size_t i = 0; i < list.size(); ++i) {
-    refuse_derivatives(list[i], std::string(name) + "[" + std::to_string(i) + "]");
+    refuse_derivatives(list.get(i), name + "[" + std::to_string(i) + "]");
   }
-}
-
-void refuse_derivatives_if_given(const std::optional<at::Tensor>& t, const char* name) {
-  if (t.has_value()) refuse_derivatives(*t, name);
 }
 
 at::Tensor fused_sample_meta(const at::Tensor& x, const at::Tensor& t_start,
@@ -88,27 +90,6 @@ at::Tensor fused_sample_meta(const at::Tensor& x, const at::Tensor& t_start,
   return at::empty_symint(x.sym_sizes(), x.options());
 }
 
-// There is no backward formula. Refusing here, at the call, is the only way to
-// never hand back a silently wrong (zero or missing) gradient.
-at::Tensor fused_sample_autograd(const at::Tensor& x, const at::Tensor& t_start,
-                                 at::TensorList weights, at::TensorList biases,
-                                 const at::Tensor& sqrt_recip_alphas,
-                                 const at::Tensor& coef_eps, int64_t num_steps,
-                                 int64_t total_timesteps, bool validate,
-                                 c10::string_view precision) {
-  refuse_derivatives(x, "x");
-  refuse_derivatives_of_each(weights, "weights");
-  refuse_derivatives_of_each(biases, "biases");
-  refuse_derivatives(sqrt_recip_alphas, "sqrt_recip_alphas");
-  refuse_derivatives(coef_eps, "coef_eps");
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("ddpm::fused_sample", "")
-                       .typed<FusedSampleKernel>();
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return op.call(x, t_start, weights, biases, sqrt_recip_alphas, coef_eps, num_steps,
-                 total_timesteps, validate, precision);
-}
-
 at::Tensor fused_sample_rule_meta(const SampleRuleCall& call, const SampleRuleExtras& extras) {
   check_sample_rule_args(call, extras);
   const at::Tensor& x = call.x;
@@ -118,36 +99,16 @@ at::Tensor fused_sample_rule_meta(const SampleRuleCall& call, const SampleRuleEx
   return at::empty_symint(x.sym_sizes(), x.options());
 }
 
-void refuse_derivatives_of_net(const BiasNet& net, const std::string& prefix) {
-  refuse_derivatives_if_given(net.input, (prefix + "input").c_str());
-  refuse_derivatives_of_each(net.weights.value_or(at::TensorList()), (prefix + "weights").c_str());
-  refuse_derivatives_of_each(net.biases.value_or(at::TensorList()), (prefix + "biases").c_str());
-}
-
-at::Tensor fused_sample_rule_autograd(const SampleRuleCall& c, const SampleRuleExtras& e) {
-  refuse_derivatives(c.x, "x");
-  refuse_derivatives_of_each(c.weights, "weights");
-  refuse_derivatives_of_each(c.biases, "biases");
-  refuse_derivatives(c.step_tables, "step_tables");
-  refuse_derivatives_if_given(c.time_bias, "time_bias");
-  refuse_derivatives_if_given(c.cond_bias, "cond_bias");
-  refuse_derivatives_if_given(c.noise, "noise");
-  refuse_derivatives_if_given(c.clip_bounds, "clip_bounds");
-  refuse_derivatives_if_given(c.post_clip_bounds, "post_clip_bounds");
-  refuse_derivatives_of_net(c.time_net, "time_");
-  refuse_derivatives_of_net(c.cond_net, "cond_");
-  refuse_derivatives_of_each(e.norm_weights.value_or(at::TensorList()), "norm_weights");
-  refuse_derivatives_of_each(e.norm_biases.value_or(at::TensorList()), "norm_biases");
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("ddpm::fused_sample", "rule")
-                       .typed<FusedSampleRuleKernel>();
+// The Autograd kernel of both overloads. There is no backward formula:
+// refusing here, at the call, is the only way to never hand back a silently
+// wrong (zero or missing) gradient. Boxed, so that every tensor argument of
+// the schema is checked without being listed again.
+void fused_sample_autograd(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::vector<c10::Argument>& parameters = op.schema().arguments();
+  const at::ArrayRef<c10::IValue> arguments = torch::jit::last(stack, parameters.size());
+  for (size_t i = 0; i < parameters.size(); ++i) refuse_derivatives_of(arguments[i], parameters[i].name());
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const BiasNet &t = c.time_net, &n = c.cond_net;
-  return op.call(c.x, c.t_start, c.weights, c.biases, c.step_tables, c.num_steps, c.activations,
-                 c.time_bias, c.cond_bias, c.clip, c.post_clip, c.noise, c.return_chain, c.validate,
-                 c.precision, c.noise_seed, t.input, t.weights, t.biases, t.activations, n.input,
-                 n.weights, n.biases, n.activations, c.clip_bounds, c.post_clip_bounds, c.generator,
-                 e.network, e.norm_weights, e.norm_biases, e.noise_clip);
+  op.callBoxed(stack);
 }
 
 }  // namespace
@@ -178,8 +139,8 @@ TORCH_LIBRARY_IMPL(ddpm, Meta, m) {
 }
 
 TORCH_LIBRARY_IMPL(ddpm, Autograd, m) {
-  m.impl("fused_sample", &fused_sample_autograd);
-  m.impl("fused_sample.rule", &rule_kernel<&fused_sample_rule_autograd>);
+  m.impl("fused_sample", torch::CppFunction::makeFromBoxedFunction<&fused_sample_autograd>());
+  m.impl("fused_sample.rule", torch::CppFunction::makeFromBoxedFunction<&fused_sample_autograd>());
 }
 
 }  // namespace ddpm_ops

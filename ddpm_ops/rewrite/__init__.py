@@ -12,10 +12,15 @@ pipeline, one concern each:
    MLP application), :mod:`.chain` (applications of one network, each reading
    the sample the previous one made: a loop);
 2. read the step: :mod:`.affine` (one step's update as an affine function of
-   the sample, the network's output and a noise draw), :mod:`.plan` (every
-   step of a loop proved, with one clamp of x0 and one of the result);
+   the sample, the network's output, a noise draw and the previous step's
+   x0), with :mod:`.coefficients` (its coefficients and the algebra that
+   proves them equal), :mod:`.plan` (every step of a loop proved, with one
+   clamp of x0 and one of the result);
 3. build the tables: :mod:`.timesteps` (step-only values as step 0's function
-   of its timestep), :mod:`.tables` (the ``(6, S)`` step tables);
+   of its timestep), :mod:`.tables` (the ``(6, S)`` step tables, ``(7, S)``
+   with the previous x0's), :mod:`.constants` (under ``torch.compile``, those
+   of the module's buffers and constants alone evaluated once, when the graph
+   is compiled);
 4. emit the call: :mod:`.emit` (the op's arguments, by keyword through
    :mod:`ddpm_ops.calls`), :mod:`.pipeline` (the driver: guards, replacement,
    dead code);

@@ -9,20 +9,26 @@
 namespace ddpm_ops {
 namespace cuda_kernels {
 
+// One overload per activation (visit_activation picks it).
+__device__ __forceinline__ float activate(float v, ActivationTag<Activation::kSilu>) { return silu(v); }
+__device__ __forceinline__ float activate(float v, ActivationTag<Activation::kMish>) {
+  return v * tanhf(v > 20.f ? v : log1pf(expf(v)));
+}
+__device__ __forceinline__ float activate(float v, ActivationTag<Activation::kRelu>) {
+  return v > 0.f ? v : (v == v ? 0.f : v);  // NaN stays NaN, as torch.relu
+}
+__device__ __forceinline__ float activate(float v, ActivationTag<Activation::kGelu>) {
+  return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+}
+__device__ __forceinline__ float activate(float v, ActivationTag<Activation::kGeluTanh>) {
+  const float inner = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+  return 0.5f * v * (1.f + tanhf(inner));
+}
+__device__ __forceinline__ float activate(float v, ActivationTag<Activation::kTanh>) { return tanhf(v); }
+__device__ __forceinline__ float activate(float v, ActivationTag<Activation::kIdentity>) { return v; }
+
 __device__ __forceinline__ float activate(float v, Activation act) {
-  switch (act) {
-    case Activation::kSilu: return silu(v);
-    case Activation::kMish: return v * tanhf(v > 20.f ? v : log1pf(expf(v)));
-    case Activation::kRelu: return v > 0.f ? v : (v == v ? 0.f : v);  // NaN stays NaN, as torch.relu
-    case Activation::kGelu: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
-    case Activation::kGeluTanh: {
-      const float inner = 0.79788456080286536f * (v + 0.044715f * v * v * v);
-      return 0.5f * v * (1.f + tanhf(inner));
-    }
-    case Activation::kTanh: return tanhf(v);
-    case Activation::kIdentity: return v;
-  }
-  return v;
+  return visit_activation(act, [v](auto tag) { return activate(v, tag); });
 }
 
 // The same, with SiLU and Mish from the hardware's approximate exp2 and

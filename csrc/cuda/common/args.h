@@ -12,7 +12,9 @@
 namespace ddpm_ops {
 namespace cuda_kernels {
 
-// The schema allows any depth; kernel arguments carry a fixed-size table.
+// The schema allows any depth; kernel arguments carry a fixed-size table
+// (fused_sample_cuda.cu runs a deeper rule call as the ATen loop and refuses
+// a deeper time-column call).
 constexpr int kMaxLayers = 32;
 
 struct LayerArgs {
@@ -20,11 +22,14 @@ struct LayerArgs {
   const float* bias;    // (out,)
   int in;
   int out;
-  int ld;  // the weight's row stride: `in`, or dim + 1 for the time-column overload's layer 0
+  int ld;  // the weight's row stride: `in`, or more where the weight is a view of wider rows
+           // (as fused_sample.rule's layer 0 over a Linear's x columns, or the time-column
+           // overload's layer 0, whose last column is the time column)
 };
 
 // The time-column overload's arguments, for the kernels that run it alone
-// (fp32_smem, tf32x3_tiled and the wgmma kernels).
+// (fp32_smem, bf16_wgmma, bf16x3_wgmma_m64, bf16x3_wgmma_swapab). Layer 0's
+// `in` is dim + 1: these kernels read [x, t / T] as its input.
 struct SampleArgs {
   LayerArgs layers[kMaxLayers];
   int num_layers;
@@ -54,13 +59,16 @@ struct BiasNetArgs {
 };
 
 // The prologue's arguments (common/prologue.cuh): what is added to layer 0's
-// output besides its bias, per (row, step index s, column c):
-//   time_rows[s][c] + time_column[c * time_column_ld] * s / time_divisor + cond_rows[row][c]
+// output besides its bias, per (row, step index t, column c), s being t
+// clamped into the tables:
+//   time_rows[s][c] + time_column[c * time_column_ld] * t / time_divisor + cond_rows[row][c]
 //   + time_net(time_net.input[s])[c] + cond_net(cond_net.input[row])[c]
 // each term absent where its pointer is null. The time-column overload is
 // the time_column term (layer 0's last weight column, t / T). The kernel
 // evaluates the networks into shared memory: the condition rows of its rows
-// once, the time rows of its rows for `window` steps at a time.
+// once, the time rows of its rows for `window` steps at a time. A network
+// the plan leaves no room for, or deeper than kMaxBiasNetLayers, is
+// evaluated before the launch and added to time_rows or cond_rows.
 struct BiasRowArgs {
   const float* time_rows;    // (table_length, out_0): time_bias
   const float* time_column;  // out_0 weights, stride time_column_ld
@@ -114,8 +122,8 @@ struct StepArgs {
 };
 
 // One call of the general step, as every engine kernel (fp32_resident,
-// fp32_rule) takes it: both overloads arrive here (the time-column overload
-// through the host's adapter, engine.cu).
+// tf32x3_tiled, fp32_rule) takes it: both overloads arrive here (the
+// time-column overload through the adapter in fused_sample_cuda.cu).
 struct EngineArgs {
   LayerArgs layers[kMaxLayers];
   Activation activations[kMaxLayers];  // after layer l < num_layers - 1

@@ -1,5 +1,7 @@
-// The per-row parts every kernel shares: a row's first timestep and its
-// range check, the DDPM coefficients of a step, and the activation.
+// The per-row parts the kernels share: a row's first timestep and its range
+// check (every kernel); the time-column overload's DDPM coefficients of a
+// step (the SampleArgs kernels); SiLU and Mish, exact and from the hardware's
+// approximations (the other activations are in activation.cuh).
 #pragma once
 
 #include "args.h"
@@ -10,7 +12,8 @@ namespace cuda_kernels {
 // Loads t_start[row], reporting whether every timestep t_start - k, k < steps,
 // indexes the tables. The returned start is clamped into [-1, table_length] so
 // that later int arithmetic cannot overflow; reads clamp again per step.
-// Args: SampleArgs, or the rule's RuleArgs (the same four fields).
+// Args: SampleArgs or EngineArgs (both have t_start, t_is_int64,
+// table_length and num_steps).
 template <typename Args>
 __device__ __forceinline__ int load_t_start(const Args& a, int row, bool* valid) {
   const long long t = a.t_is_int64 ? static_cast<const long long*>(a.t_start)[row]
@@ -89,9 +92,10 @@ __device__ __forceinline__ void load_row_pair(const SampleArgs& a, int first, in
   }
 }
 
-// Step k's coefficients of those rows: consumed after all layers, which hide
-// the load. (The kernels copy them into local arrays: read through pointers
-// into this struct, the bf16_wgmma kernel compiled to different code.)
+// Step k's coefficients of those rows, consumed after all layers, which hide
+// their load, and their t / T, layer 0's time input. (The kernels copy them
+// into local arrays: read through pointers into this struct, the bf16_wgmma
+// kernel compiled to different code.)
 struct StepCoefficients {
   float c1[2], c2[2], tn[2];
   __device__ __forceinline__ StepCoefficients(const SampleArgs& a, const int (&t)[2], int k) {
