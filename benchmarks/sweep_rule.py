@@ -1,7 +1,7 @@
 """Sweep: fp32_rule's shapes for network programs and plain chains on one GPU.
 
 For each shape and batch, the op's GPU time replayed from a CUDA graph (noise
-drawn from a generator in the kernel) in every cluster size named, forced with
+drawn in the kernel from the default generator) in every cluster size named, forced with
 DDPM_OPS_CUDA_CLUSTER_SIZE (1: blocks alone), next to the plan's own choice
 (`plan`), whose launch line follows. What the plan's cost model
 (csrc/plan/fp32_shapes.cpp: rule_step_ns's constants) is fitted to.
@@ -63,17 +63,17 @@ def on_cuda(problem):
 
 
 def graph_us(problem, replays=50, rounds=7):
-    """The call in one CUDA graph (noise from a generator), median GPU us per replay."""
-    generator = torch.Generator("cuda").manual_seed(0)
+    """The call in one CUDA graph (noise from the default generator, which each replay
+    advances), median GPU us per replay."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):
-            problem.call(generator=generator)
+            problem.call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        problem.call(generator=generator)
+        problem.call()
     for _ in range(3):
         graph.replay()
     times = []
@@ -95,7 +95,7 @@ def launch_line(problem):
     saved = os.dup(2)
     os.dup2(w, 2)
     try:
-        problem.call(generator=torch.Generator("cuda").manual_seed(0))
+        problem.call()
         torch.cuda.synchronize()
     finally:
         os.dup2(saved, 2)

@@ -502,13 +502,17 @@ namespace {
 
 // fp32_rule's cost of one step of one wave, in ns: the weights each CTA
 // streams from L2 (its share of every layer not kept on chip), its products
-// and, in a cluster, a barrier per Linear and per step (fitted to IDQL's
-// LN-ResNet on one block per row group, H200: 82 us a step at one row for
-// 1.57 M weight floats, 374 at eight rows; a cluster barrier with a
-// distributed shared-memory read takes 0.32 us).
-constexpr double kRuleL2NsPerKiloFloat = 52.0;
-constexpr double kRuleFmaNsPerKiloFloatRow = 23.0;
-constexpr double kRuleClusterBarrierNs = 400.0;
+// and, in a cluster, a barrier per Linear and per step. Fitted (least
+// squares of the relative error, median 17%) to benchmarks/sweep_rule.py on
+// an H200: IDQL's LN-ResNet and MLP, DPPO's residual MLP and the
+// Diffusion-QL chain at batch 1 to 1024 in clusters of 1 to 16. A cluster
+// holds at most kRuleClusterMaxRows rows: 8 and 16 lost to fewer rows in
+// every shape measured (IDQL batch 64: 558 us in clusters of 16 with 16
+// rows, 286 in clusters of 4 with 4), more than the model says.
+constexpr double kRuleL2NsPerKiloFloat = 30.7;
+constexpr double kRuleFmaNsPerKiloFloatRow = 15.9;
+constexpr double kRuleClusterBarrierNs = 2760.0;
+constexpr int kRuleClusterMaxRows = 4;
 
 // Keeps the largest shares of the layers' weights that fit `free_floats` of
 // shared memory from float `base` on (RuleWeights); returns the kilo-floats
@@ -597,7 +601,7 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan
   Shape best = forced > 1 ? Shape{} : shape(rows, 1, d.sm_count);
   for (int size = 2; d.hopper() && size <= kMaxClusterSize; ++size) {
     if (d.max_clusters[size] <= 0 || (forced > 0 && size != forced)) continue;
-    for (int r = 1; r <= cuda_kernels::kRuleMaxRows && fits(r); r *= 2) {
+    for (int r = 1; r <= kRuleClusterMaxRows && fits(r); r *= 2) {
       const Shape s = shape(r, size, d.max_clusters[size]);
       if (s.ns < best.ns) best = s;
     }
