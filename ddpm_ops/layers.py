@@ -5,22 +5,27 @@ list, DDPM_OPS_ACTIVATIONS in csrc/common/activation.h, holds the same names
 in the same order; a test compares the two through the op's message for an
 unknown name), with its function and the ``nn.Module`` that computes it.
 :func:`mlp_layers` reads ``Linear (activation Linear)*`` off an
-``nn.Sequential`` for :func:`ddpm_ops.sample`, :class:`ddpm_ops.DiffusionSampler`
-and :func:`ddpm_ops.mlp_parameters` (the SiLU network of the time-column op).
-:func:`read_network` reads any chain of Linear, activation, LayerNorm, Dropout
-and residual blocks (traced with torch.fx) into the op's network program
-(:class:`Program`); :func:`run_program` is that program in plain PyTorch.
+``nn.Sequential`` for callers of :func:`ddpm_ops.sample` and
+:func:`ddpm_ops.mlp_parameters` (the SiLU network of the time-column op).
+:func:`read_network` reads any network of Linears, activations, LayerNorms,
+Dropout and residual blocks, however its forward is written, into the op's
+network program (:class:`Program`): it traces the module with
+``torch.export`` and reads the graph with the torch.compile rewrite's reader,
+whose vocabulary is this one (each activation's ATen call is its function's).
+:func:`run_program` is a program in plain PyTorch.
 """
 from __future__ import annotations
 
 import functools
-import operator
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 
 @dataclass(frozen=True)
@@ -167,20 +172,60 @@ def run_program(network: Sequence[str], h: torch.Tensor, weights: Sequence[torch
     return h
 
 
+def plain_activations(instructions: Sequence[str]) -> tuple[str, ...] | None:
+    """The activation after each Linear but the last (``"identity"`` between two Linears) of a
+    network ``Linear (activation? Linear)*``, the op's plain form; None for any other program."""
+    if not instructions or instructions[0] != "linear" or instructions[-1] != "linear":
+        return None
+    names, pending = [], None
+    for instruction in instructions[1:]:
+        if instruction == "linear":
+            names.append(pending or "identity")
+            pending = None
+        elif instruction in ACTIVATIONS and pending is None:
+            pending = instruction
+        else:  # a LayerNorm, a residual block, two activations in a row
+            return None
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Where a tensor of a network lives: ``getattr(owner, name)``, a parameter, a buffer, a
+    tensor attribute, or a tensor that a parametrization of ``owner`` computes when read."""
+
+    owner: nn.Module
+    name: str
+
+    def read(self) -> torch.Tensor:
+        return getattr(self.owner, self.name)
+
+    def holder(self) -> dict | None:
+        """The dictionary that holds the tensor itself, for a call to read it without
+        ``nn.Module.__getattr__``; None for a parametrized tensor (computed when read)."""
+        owner = self.owner
+        if parametrize.is_parametrized(owner, self.name):
+            return None
+        return next((d for d in (owner._parameters, owner._buffers, owner.__dict__) if self.name in d), None)
+
+
 @dataclass(frozen=True)
 class Program:
-    """A network read once (:func:`read_network`): its instructions and the modules that hold
-    its parameters, read again at every call (:meth:`parameters`).
+    """A network read once (:func:`read_network`): its instructions and where its tensors live,
+    read again at every call (:meth:`parameters`).
 
     Attributes:
         instructions: the op's ``network`` (without an ``"input:"`` instruction).
-        linears: the ``nn.Linear`` modules, one per ``"linear"``, in order.
-        norms: the affine ``nn.LayerNorm`` modules, one per ``"layer_norm_affine"``.
+        weights, biases: one per ``"linear"``, in order; a bias None for a Linear without one.
+        norm_weights, norm_biases: one per ``"layer_norm_affine"``; a bias None for a LayerNorm
+            without one.
     """
 
     instructions: tuple[str, ...]
-    linears: tuple[nn.Module, ...]
-    norms: tuple[nn.Module, ...]
+    weights: tuple[TensorRef, ...]
+    biases: tuple[TensorRef | None, ...]
+    norm_weights: tuple[TensorRef, ...] = ()
+    norm_biases: tuple[TensorRef | None, ...] = ()
 
     @property
     def first_is_linear(self) -> bool:
@@ -188,27 +233,39 @@ class Program:
         and bias rows); else the op reads the whole input (an ``"input:"`` instruction)."""
         return self.instructions[0] == "linear"
 
+    @property
+    def activations(self) -> tuple[str, ...] | None:
+        """The op's plain form of the network (:func:`plain_activations`), or None."""
+        return plain_activations(self.instructions)
+
+    def linear_refs(self) -> tuple[TensorRef | None, ...]:
+        """Every Linear's weight and bias in turn."""
+        return _interleaved(self.weights, self.biases)
+
+    def norm_refs(self) -> tuple[TensorRef | None, ...]:
+        """Every affine LayerNorm's weight and bias in turn."""
+        return _interleaved(self.norm_weights, self.norm_biases)
+
     def parameters(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """``(weights, biases, norm_weights, norm_biases)`` as they are now; a Linear or a
         LayerNorm without a bias gets zeros."""
-        weights = [m.weight for m in self.linears]
-        biases = [bias_or_zeros(m.weight, m.bias) for m in self.linears]
-        norm_weights = [m.weight for m in self.norms]
-        norm_biases = [bias_or_zeros(m.weight, m.bias) for m in self.norms]
-        return weights, biases, norm_weights, norm_biases
+        weights = [ref.read() for ref in self.weights]
+        norm_weights = [ref.read() for ref in self.norm_weights]
+        return (weights, _biases(weights, self.biases), norm_weights, _biases(norm_weights, self.norm_biases))
+
+
+def _interleaved(weights, biases) -> tuple:
+    return tuple(ref for pair in zip(weights, biases) for ref in pair)
+
+
+def _biases(weights: Sequence[torch.Tensor], refs: Sequence[TensorRef | None]) -> list[torch.Tensor]:
+    return [bias_or_zeros(w, None if ref is None else ref.read()) for w, ref in zip(weights, refs)]
 
 
 def bias_or_zeros(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``bias``, or zeros of ``weight``'s output width for a Linear or LayerNorm built without
     one: the op takes a bias for every layer."""
     return bias if bias is not None else weight.new_zeros(weight.shape[0])
-
-
-_FUNCTION_ACTIVATIONS = {
-    F.silu: "silu", F.mish: "mish", F.relu: "relu", torch.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh",
-}
-_ADDS = (operator.add, operator.iadd, torch.add)
-_DROPOUTS = (F.dropout,)
 
 
 def refuse_hooks(module: nn.Module, name: str) -> None:
@@ -220,132 +277,127 @@ def refuse_hooks(module: nn.Module, name: str) -> None:
                              "may change what it computes")
 
 
-def read_network(module: nn.Module, *, name: str = "mlp") -> Program:
-    """Read ``module`` as a network program, once: a chain of layers and residual blocks.
+#: What the op computes, as :func:`read_network`'s refusals list it.
+_COMPUTED = ("Linears, the activations " + ", ".join(a.name for a in VOCABULARY if a.name != "identity")
+             + " (as modules or functions), LayerNorms over the last dimension, eval-mode Dropout and residual "
+             "blocks h + block(h)")
 
-    The module's ``forward`` is traced with ``torch.fx`` and read as one chain: every layer
-    takes the previous one's output; a value used again later is a residual block's input,
-    added (``+``) to the block's output. The layers: ``nn.Linear`` (with or without bias),
-    the activations of :data:`VOCABULARY` as modules or as ``F.silu``, ``F.mish``,
-    ``F.relu``/``torch.relu``, ``F.gelu`` (either ``approximate``), ``torch.tanh``/``F.tanh``;
-    ``nn.LayerNorm`` over the last dimension (affine or not, any eps); ``nn.Dropout`` and
-    ``F.dropout`` (the identity: the op samples in inference mode), ``nn.Identity``. Residual
-    blocks may nest. So the projects' networks read as they are written: IDQL's LN-ResNet
-    ``h + Linear(Mish(Linear(LayerNorm(Dropout(h)))))``, its MLP with a LayerNorm over the
-    whole input, CleanDiffuser's ``IDQLMlp`` layers, DPPO's pre-activation residual MLP.
+
+def read_network(module: nn.Module, width: int, *, name: str = "mlp") -> Program:
+    """Read ``module`` as a network program, once, with the rewrite's reader of traced graphs.
+
+    ``module`` is traced with ``torch.export`` on a ``(batch, width)`` input, in eval mode
+    (Dropout is the identity: the op samples in inference mode), and the traced graph is read
+    as the torch.compile rewrite reads a loop's network
+    (:func:`ddpm_ops.rewrite.network._read_whole_network`): a chain of layers and residual
+    blocks ``h + block(h)``, which may nest. So a network reads however its forward is
+    written: layers in an ``nn.Sequential`` or looped over in a ``ModuleList``, activations as
+    modules, functions or formulas (IDQL's Mish ``x * tanh(softplus(x))``), ``F.layer_norm``.
 
     Args:
         module: takes the network's (concatenated) input, returns its output.
+        width: the input's columns.
         name: what the messages call ``module``.
 
     Returns:
-        The :class:`Program`.
+        The :class:`Program`, its tensors named by the module that holds them.
 
     Raises:
-        ValueError: naming the module (by its path in ``module``) or the operation, and why:
-            a forward torch.fx cannot trace, a layer the op does not compute, a module with
-            forward hooks, a value used other than as a chain or a residual.
+        ValueError: a module with forward hooks; a forward that cannot be traced on a
+            ``(batch, width)`` input; or naming the node of the traced graph (its module and
+            line of source), and why: not a layer the op computes, a sum that is not a
+            residual block, a layer's weight computed in the forward.
     """
     refuse_hooks(module, name)
+    exported = _exported(module, width, name)
+    from .rewrite.network import _read_whole_network  # (the rewrite reads this module's vocabulary)
+    from .rewrite.nodes import _NoMatch
+    graph = exported.graph
+    inp = next(n for n in graph.nodes if n.op == "placeholder" and n.name in exported.graph_signature.user_inputs)
+    outputs = next(n for n in graph.nodes if n.op == "output").args[0]
+    if len(outputs) != 1:
+        raise ValueError(f"{name}: expected a forward returning one tensor, got {len(outputs)} outputs")
     try:
-        traced = torch.fx.symbolic_trace(module)
-    except Exception as error:  # noqa: BLE001 (any tracing failure means: cannot read it)
-        raise ValueError(f"{name}: {type(module).__name__}'s forward cannot be read as a chain of layers: "
-                         f"torch.fx cannot trace it ({type(error).__name__}: {error})") from None
-    modules = dict(traced.named_modules())
-    nodes = list(traced.graph.nodes)
-    inputs = [n for n in nodes if n.op == "placeholder"]
-    if len(inputs) != 1:
-        raise ValueError(f"{name}: {type(module).__name__}'s forward must take one input (the concatenated "
-                         f"input), got {len(inputs)}: {[n.name for n in inputs]}")
-    instructions: list[str] = []
-    linears: list[nn.Module] = []
-    norms: list[nn.Module] = []
-    saved: list = []
-    current = inputs[0]
+        net = _read_whole_network(outputs[0], inp)
+    except _NoMatch as why:
+        raise ValueError(f"{name}: {_where(why.node)}: {why}; the op computes {_COMPUTED}") from None
+    if "linear" not in net.program:
+        raise ValueError(f"{name}: {type(module).__name__} has no Linear: nothing for the op to compute")
+    refs = _tensor_refs(exported, module)
 
-    def where(node) -> str:
-        if node.op == "call_module":
-            return f"{node.target} ({type(modules[node.target]).__name__})"
-        return f"{node.op} {getattr(node.target, '__name__', node.target)} ({node.name})"
-
-    def refuse(node, why: str):
-        raise ValueError(f"{name}: {where(node)}: {why}")
-
-    def became_current(node):
-        nonlocal current
-        current = node
-        uses = len(node.users)
-        if uses > 2:
-            refuse(node, f"its output is used {uses} times; the op reads a chain of layers and residual blocks "
-                         "(a value used by the next layer and once more by a residual add)")
-        if uses == 2:
-            instructions.append("save")
-            saved.append(node)
-
-    became_current(current)
-    for node in nodes:
-        if node.op in ("placeholder",):
-            continue
-        if node.op == "output":
-            if node.args[0] is not current:
-                refuse(node, "the network's output is not the last layer's")
-            break
-        if node.op == "call_function" and node.target in _ADDS:
-            operands = [a for a in node.args if isinstance(a, torch.fx.Node)]
-            if len(operands) != 2 or node.kwargs or len(node.args) != 2:
-                refuse(node, "an addition the op reads only as a residual: h + (a saved earlier h)")
-            a, b = operands
-            other = b if a is current else a if b is current else None
-            if other is None or not saved or saved[-1] is not other:
-                refuse(node, "adds values other than the previous layer's output and a residual block's input")
-            saved.pop()
-            instructions.append("add")
-            became_current(node)
-            continue
-        operands = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)]
-        if node.op in ("call_module", "call_function") and operands != [current]:
-            refuse(node, "reads something other than the previous layer's output: not a chain of layers "
-                         "and residual blocks")
-        if node.op == "call_module":
-            layer = modules[node.target]
-            instruction = _module_instruction(layer)
-            if instruction is None:
-                refuse(node, "not a layer the op computes (nn.Linear, an activation of "
-                             f"{', '.join(a.module.__name__ for a in VOCABULARY)}, nn.LayerNorm over the last "
-                             "dimension, nn.Dropout, residual blocks)")
-            if instruction == "linear":
-                linears.append(layer)
-            elif instruction.startswith("layer_norm_affine"):
-                norms.append(layer)
-        elif node.op == "call_function" and node.target in _FUNCTION_ACTIVATIONS:
-            instruction = _FUNCTION_ACTIVATIONS[node.target]
-        elif node.op == "call_function" and node.target is F.gelu:
-            approximate = node.kwargs.get("approximate", "none")
-            instruction = "gelu" if approximate == "none" else "gelu_tanh" if approximate == "tanh" else None
-            if instruction is None:
-                refuse(node, f"GELU with approximate={approximate!r}")
-        elif node.op == "call_function" and node.target in _DROPOUTS:
-            instruction = "identity"
-        else:
-            refuse(node, "not an operation the op computes (a module of the vocabulary, F.silu, F.mish, F.relu, "
-                         "F.gelu, torch.tanh, F.dropout, or a residual +)")
-        if instruction != "identity":
-            instructions.append(instruction)
-        became_current(node)
-    if "linear" not in instructions:
-        raise ValueError(f"{name}: {type(module).__name__} has no nn.Linear: nothing for the op to compute")
-    return Program(tuple(instructions), tuple(linears), tuple(norms))
-
-
-def _module_instruction(layer: nn.Module) -> str | None:
-    """The instruction of one leaf module, ``"identity"`` for one that computes nothing, or None."""
-    if _keeps_forward(layer, nn.Linear):
-        return "linear"
-    if _keeps_forward(layer, nn.LayerNorm):
-        if len(layer.normalized_shape) != 1:
+    def ref(node):
+        if node is None:
             return None
-        return layer_norm_instruction(layer.eps, layer.weight is not None)
-    if isinstance(layer, nn.Dropout) and type(layer).forward is nn.Dropout.forward:
-        return "identity"
-    return next((a.name for a in VOCABULARY if a.computed_by(layer)), None)
+        if node not in refs:
+            raise ValueError(f"{name}: {_where(node)}: a layer's weight or bias is computed in the forward "
+                             f"({node.name}), not a parameter, buffer or parametrized tensor of "
+                             f"{type(module).__name__}")
+        return refs[node]
+
+    return Program(net.program, *(tuple(map(ref, nodes)) for nodes in (net.weights, net.biases, net.norm_weights,
+                                                                       net.norm_biases)))
+
+
+def _exported(module: nn.Module, width: int, name: str):
+    """``module`` traced by ``torch.export`` on a ``(2, width)`` input, every submodule in eval
+    mode for the trace and in its own mode again after."""
+    tensor = next((t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()), None)
+    if tensor is None:
+        raise ValueError(f"{name}: {type(module).__name__} has no parameters: nothing for the op to compute")
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        return torch.export.export(module, (torch.zeros(2, width, dtype=tensor.dtype, device=tensor.device),),
+                                   strict=False)
+    except Exception as error:  # noqa: BLE001 (any tracing failure means: cannot read it)
+        raise ValueError(f"{name}: {type(module).__name__}'s forward cannot be traced on a (batch, {width}) "
+                         f"input ({type(error).__name__}: {str(error).strip().splitlines()[0]})") from None
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+#: The fully qualified name of a parametrization's original tensor.
+_ORIGINAL = re.compile(r"(?:(?P<path>.*)\.)?parametrizations\.(?P<name>\w+)\.original\d*")
+
+
+def _tensor_refs(exported, module: nn.Module) -> dict:
+    """``{node: TensorRef}`` for every node of the exported graph that is a tensor of
+    ``module``: its parameters, buffers and tensor attributes (placeholders), and each tensor a
+    parametrization computes (the node computed from that parametrization's originals alone)."""
+    signature = exported.graph_signature
+    names = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,
+             **signature.inputs_to_lifted_tensor_constants}
+    refs, parametrized = {}, {}
+    for node in exported.graph.nodes:
+        if node.op == "placeholder" and node.name in names:
+            path, _, attribute = names[node.name].rpartition(".")
+            refs[node] = TensorRef(module.get_submodule(path), attribute)
+            original = _ORIGINAL.fullmatch(names[node.name])
+            parametrized[node] = None if original is None else (original["path"] or "", original["name"])
+        elif node.op == "call_function":
+            sources = {parametrized.get(n) for n in node.all_input_nodes}
+            parametrized[node] = sources.pop() if len(sources) == 1 else None
+            if parametrized[node] is not None:
+                refs[node] = TensorRef(module.get_submodule(parametrized[node][0]), parametrized[node][1])
+    return refs
+
+
+#: One frame of a node's ``stack_trace``.
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in \S+\n\s*(?P<code>[^\n]*)')
+
+
+def _where(node) -> str:
+    """The module whose forward made ``node`` (its path and class) and the innermost line of
+    source outside torch that made it, where the trace recorded them."""
+    stack = node.meta.get("nn_module_stack") or {}
+    path, cls = next(reversed(stack.values()), ("", None))
+    if cls is None:
+        where = node.name
+    else:  # the class as export records it: its qualified name
+        where = f"{path or 'the module'} ({getattr(cls, '__name__', str(cls).rsplit('.', 1)[-1])})"
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [f for f in _FRAME.finditer(node.meta.get("stack_trace") or "") if not f["file"].startswith(torch_dir)]
+    if frames:
+        where += f", {os.path.basename(frames[-1]['file'])}:{frames[-1]['line']} `{frames[-1]['code'].strip()}`"
+    return where

@@ -4,33 +4,37 @@ from operator import getitem, is_
 
 import torch
 from torch import nn
-from torch.nn.utils import parametrize
 
 from .calls import RULE, arg_slots
 from .conditioning import BiasNet, cond_bias, device_of, time_bias_from_module
-from .layers import VOCABULARY, Program, bias_or_zeros, mlp_layers, read_network, refuse_hooks
-
-ACTIVATION_NAMES = frozenset(a.name for a in VOCABULARY)
+from .layers import ACTIVATIONS, Program, bias_or_zeros, plain_activations, read_network, refuse_hooks
 from .ops import PRECISIONS, _as_int, _clamp_args, _default_generator, mlp_parameters, sample
 from .step_rules import StepRule
 
 
-def _activation_name(layer: nn.Module) -> str | None:
-    return next((a.name for a in VOCABULARY if a.computed_by(layer)), None)
-
-
 class _TimeNet:
     """A time embedding the op evaluates as its ``time_net``: the feature map's output at the
-    rule's timesteps, then ``linears`` (each followed by its activation in ``activations``),
-    then the first Linear's time columns. ``per_call``: whether the feature map holds tensors
-    (IDQL's learned Fourier features, a parameter; random features in a buffer, which a
-    checkpoint loads after the sampler is built): then it is evaluated at every call, else
-    its features are computed once. ``modules``: what a call checks for hooks."""
+    rule's timesteps, then ``program``'s Linears (each followed by its activation in
+    ``activations``), then the first Linear's time columns. ``per_call``: whether the feature
+    map holds tensors (IDQL's learned Fourier features, a parameter; random features in a
+    buffer, which a checkpoint loads after the sampler is built): then it is evaluated at
+    every call, else its features are computed once. ``modules``: what a call checks for
+    hooks."""
 
-    def __init__(self, features, linears=(), activations=(), modules=()):
+    def __init__(self, features, program: Program | None = None, activations=(), modules=()):
         self.features, self.per_call = features, not _stateless(features)
-        self.linears, self.activations = tuple(linears), tuple(activations)
+        self.program, self.activations = program, tuple(activations)
         self.modules = (*modules, *(features.modules() if self.per_call else ()))
+
+    def parameters(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The Linears' ``(weights, biases)`` as they are now (zeros for a missing bias)."""
+        if self.program is None:
+            return [], []
+        return self.program.parameters()[:2]
+
+    def refs(self) -> tuple:
+        """Where the Linears' weights and biases are, each weight then its bias."""
+        return () if self.program is None else self.program.linear_refs()
 
     def features_at(self, timesteps: torch.Tensor, device: torch.device) -> torch.Tensor:
         """The feature map's float32 output at ``timesteps``, computed where the map's own
@@ -43,8 +47,9 @@ class _TimeNet:
 def _time_net(time_embedding) -> _TimeNet | None:
     """``time_embedding`` read as a :class:`_TimeNet`: a parameter-free module (features alone,
     such as a sinusoidal map or the t/T column), or an ``nn.Sequential`` of a feature map with
-    no Linear followed by Linears and activations (as modules or functions, in modules of
-    their own such as IDQL's MLP: :func:`read_network`); None for any other form."""
+    no Linear followed by an MLP ``Linear (activation? Linear)* activation?`` however written
+    (as modules or functions, in modules of their own such as IDQL's MLP: :func:`read_network`,
+    on the width of its first Linear's input); None for any other form."""
     if _parameter_free(time_embedding):
         return _TimeNet(time_embedding)  # features alone
     if not isinstance(time_embedding, nn.Sequential):
@@ -54,30 +59,30 @@ def _time_net(time_embedding) -> _TimeNet | None:
     if not first:  # no Linear, or no feature map before the first one
         return None
     mlp = nn.Sequential(*layers[first:])
+    width = next(m for m in mlp.modules() if isinstance(m, nn.Linear)).in_features
     try:
-        program = read_network(mlp, name="time_embedding")
+        program = read_network(mlp, width, name="time_embedding")
     except ValueError:
         return None
-    activations = []
-    for instruction in program.instructions:
-        if instruction == "linear":
-            activations.append("identity")
-        elif instruction in ACTIVATION_NAMES and activations and activations[-1] == "identity":
-            activations[-1] = instruction
-        else:  # a LayerNorm, a residual block, two activations in a row
-            return None
-    return _TimeNet(nn.Sequential(*layers[:first]), program.linears, activations, mlp.modules())
-
-
-def _read_network(mlp: nn.Module) -> Program | None:
-    """None for ``Linear (act Linear)*`` (the op's plain network), else ``mlp`` read as a
-    network program (LayerNorm, residual blocks, Dropout: :func:`read_network`, whose
-    ValueError names the module it cannot read and why)."""
-    try:
-        mlp_layers(mlp)
+    instructions = program.instructions
+    last = instructions[-1] if instructions[-1] in ACTIVATIONS else "identity"  # before the time columns
+    activations = plain_activations(instructions if last == "identity" else instructions[:-1])
+    if activations is None:  # a LayerNorm, a residual block, two activations in a row
         return None
-    except ValueError:
-        return read_network(mlp, name="mlp")
+    return _TimeNet(nn.Sequential(*layers[:first]), program, (*activations, last), mlp.modules())
+
+
+def _read_mlp(mlp: nn.Module, layout: Sequence[tuple[str, int]]) -> Program:
+    """``mlp`` read as a network program on the layout's columns (:func:`read_network`, whose
+    ValueError names the node it cannot read and why)."""
+    width = sum(n for _, n in layout)
+    in_features = [m.in_features for m in mlp.modules() if isinstance(m, nn.Linear)]
+    # Checked before tracing, which would fail on any such network (its first layer a Linear,
+    # or a LayerNorm or activation before one), with fewer words.
+    if in_features and width not in in_features:
+        raise ValueError(f"layout: expected columns summing to the first Linear's in_features {in_features[0]}, "
+                         f"got {list(layout)}")
+    return read_network(mlp, width, name="mlp")
 
 
 class DiffusionSampler(nn.Module):
@@ -99,15 +104,19 @@ class DiffusionSampler(nn.Module):
     Any other time embedding is evaluated at every call into ``time_bias``.
 
     Args:
-        mlp: ``Linear (act Linear)*`` (see :func:`mlp_layers`), or any network
-            of Linear, activation, LayerNorm, Dropout and residual-block
-            modules as projects write them (IDQL's LN-ResNet and its MLP with a
-            LayerNorm over the whole input, CleanDiffuser's ``IDQLMlp`` layers,
-            DPPO's residual MLP: see :func:`ddpm_ops.layers.read_network`),
-            read once here, its parameters at every call; its output is what
-            the rule expects (epsilon, x0 or v). A network whose first layer
-            is not a Linear gets the time embedding's output and the condition
-            themselves (the op's ``"input:"`` instruction).
+        mlp: any network of Linears, activations, LayerNorms, Dropout and
+            residual blocks ``h + block(h)``, however its forward writes them
+            (an ``nn.Sequential``, layers looped over in a ``ModuleList``,
+            activations as modules, functions or formulas such as IDQL's Mish
+            ``x * tanh(softplus(x))``, ``F.layer_norm``): traced once here with
+            ``torch.export`` and read with the torch.compile rewrite's reader
+            (:func:`ddpm_ops.layers.read_network`; a node it cannot read is
+            named in the ValueError, with its module and why), read again
+            when ``mlp`` or one of its children is replaced; its parameters
+            are read at every call. Its output is what the rule expects
+            (epsilon, x0 or v). A network whose first layer is not a Linear
+            gets the time embedding's output and the condition themselves
+            (the op's ``"input:"`` instruction).
         rule: the :class:`~ddpm_ops.StepRule` of the sampler (DDPM, DDIM,
             flow-matching Euler, DPM-Solver++: see :mod:`ddpm_ops.step_rules`).
         timesteps: ``(len(rule),)``: the training timestep of each step index,
@@ -151,19 +160,11 @@ class DiffusionSampler(nn.Module):
                              f"{None if timesteps is None else len(timesteps)}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
-        # Read once: fail at construction, not at the first call.
-        self._program = _read_network(mlp)
-        # The network's hook dictionaries (registering a hook adds to one), so that a program
-        # call checks them without walking the modules.
-        self._program_hooks = () if self._program is None else tuple(
-            d for m in mlp.modules() for d in (m._forward_hooks, m._forward_pre_hooks))
-        first = mlp_layers(mlp)[0][0] if self._program is None else self._program.linears[0].weight
-        if sum(n for _, n in layout) != first.shape[1]:
-            raise ValueError(f"layout: expected columns summing to the first Linear's "
-                             f"in_features {first.shape[1]}, got {list(layout)}")
         self.mlp = mlp
-        self.rule = rule
         self.layout = tuple(layout)
+        self._network_key = None
+        self._network()  # read once: fail at construction, not at the first call
+        self.rule = rule
         self.time_embedding = time_embedding
         self.register_buffer("timesteps", None if timesteps is None else torch.as_tensor(timesteps))
         self.precision = precision
@@ -172,13 +173,29 @@ class DiffusionSampler(nn.Module):
         self._t_start_cache = (None, None)
         self._direct = None          # what an eager call reads, by structure (see _direct_plan)
 
+    def _network(self) -> Program:
+        """The network as read (:func:`_read_mlp`): read again where ``mlp`` or one of its
+        layers (children) has been replaced since, except while traced (a trace reads the
+        program read in eager)."""
+        if torch.compiler.is_compiling():
+            return self._program
+        mlp = self._modules["mlp"]
+        key = (mlp, tuple(mlp._modules.values()))
+        if key != self._network_key:
+            self._program = _read_mlp(mlp, self.layout)
+            # The modules' hook dictionaries (registering a hook adds to one): a call checks
+            # them without walking the modules.
+            self._program_hooks = tuple(d for m in mlp.modules() for d in (m._forward_hooks, m._forward_pre_hooks))
+            self._network_key = key
+        return self._program
+
     def _read_time_net(self) -> None:
         """Read the time embedding as the op's time net (``_time_net``, not a module attribute,
         so that the embedding's modules are not registered twice) and compute its features
         where they are fixed. ``_time_net`` None: the embedding is evaluated at every call into
         ``time_bias``, or (a network whose first layer is not a Linear) the op reads its output
         itself."""
-        first_is_linear = self._program is None or self._program.first_is_linear
+        first_is_linear = self._program.first_is_linear
         has_time = any(name == "time" for name, _ in self.layout)
         self._time_net = _time_net(self.time_embedding) if has_time and first_is_linear else None
         # Evaluated here also where it is evaluated again at every call:
@@ -243,43 +260,32 @@ class DiffusionSampler(nn.Module):
     # ------------------------------------------------------------------ the eager call, direct
 
     def _direct_plan(self, structure: tuple):
-        """What a direct call needs that depends on the modules' ``structure`` only (which Linear
-        is which, the activations, the op's argument slots), made again when a layer of the
-        network or the time MLP is replaced; or ``False`` when the form is not the direct
-        call's (a time embedding evaluated in Python)."""
+        """What a direct call needs that depends on the modules' ``structure`` only (where each
+        weight and bias is, the activations or the program, the op's argument slots), made
+        again when a layer of the network or the time MLP is replaced; or ``False`` when the
+        form is not the direct call's (a time embedding evaluated in Python)."""
+        program = self._network()
         # The time embedding, or a layer of it, may have been replaced: it is read again.
         self._read_time_net()
         time_net = self._time_net
         plan = False
-        program = self._program
-        # A network program (LayerNorm, residual blocks) whose input is not split into bias rows
-        # (an "input:" instruction) goes through sample() (its arguments read by
-        # Program.parameters()).
-        direct_form = program is None or program.first_is_linear
-        if direct_form and (self.time_embedding is None or time_net is not None):
-            children = _children(self.mlp)
-            if program is None:
-                modules = [self.mlp, *children]
-                activations = mlp_layers(self.mlp)[2]
-                linears = [m for m in (children or (self.mlp,)) if isinstance(m, nn.Linear)]
-                norms = []
-            else:  # the program's modules as read at construction; hooks anywhere in the network
-                modules = list(self.mlp.modules())
-                activations = []
-                linears, norms = list(program.linears), list(program.norms)
-            time_linears = []
+        # A network whose input is not split into bias rows (an "input:" instruction) goes
+        # through sample().
+        if program.first_is_linear and (self.time_embedding is None or time_net is not None):
+            modules = list(self.mlp.modules())  # hooks anywhere in the network
+            time_refs = ()
             template, slot = arg_slots(RULE)
-            template[slot["activations"]] = activations
+            activations = program.activations
+            template[slot["activations"]] = [] if activations is None else list(activations)
+            if activations is None:  # LayerNorms, residual blocks: the op's program
+                template[slot["network"]] = list(program.instructions)
             template[slot["precision"]] = self.precision
             if time_net is not None:
                 modules += time_net.modules
-                time_linears = list(time_net.linears)
+                time_refs = time_net.refs()
                 template[slot["time_activations"]] = list(time_net.activations)
-            if program is not None:
-                template[slot["network"]] = list(program.instructions)
-            plan = _DirectPlan(modules, linears, time_linears, norms, template, slot,
-                               [n for _, n in self.layout], [name for name, _ in self.layout],
-                               time_net)
+            plan = _DirectPlan(modules, program.linear_refs(), time_refs, program.norm_refs(), template, slot,
+                               [n for _, n in self.layout], [name for name, _ in self.layout], time_net)
         self._direct = (structure, plan)
         return plan
 
@@ -300,8 +306,8 @@ class DiffusionSampler(nn.Module):
         plan = direct[1] if direct is not None and direct[0] == structure else self._direct_plan(structure)
         if not plan or plan.has_cond != (cond is not None) or any(plan.hooks):
             return None  # the general path builds the call, names the mismatch, or refuses hooks
-        if plan.owners is None:  # a parametrized Linear: its weight is computed when read
-            params = tuple(getattr(m, name) for m in plan.linears_and_norms for name in ("weight", "bias"))
+        if plan.owners is None:  # a parametrized tensor: computed when read
+            params = tuple(None if ref is None else ref.read() for ref in plan.refs)
         else:
             try:
                 params = tuple(map(getitem, plan.owners, plan.keys))
@@ -349,10 +355,10 @@ class DiffusionSampler(nn.Module):
 
     def _prepare(self, plan, params, x) -> "_Prepared":
         """The op's argument list for the parameters ``params`` (the Linears' weights and biases
-        in turn, then the time MLP's, then the LayerNorms') and ``x``'s device, every per-call
-        slot at its default."""
-        n = 2 * len(plan.linears)
-        m = n + 2 * len(plan.time_linears)
+        in turn, then the time MLP's, then the LayerNorms'; a missing bias None) and ``x``'s
+        device, every per-call slot at its default."""
+        n = 2 * plan.linears
+        m = n + 2 * plan.time_linears
 
         def biases_of(start, stop=None):  # zeros, made here once, for a layer without bias
             return [bias_or_zeros(w, b) for w, b in zip(params[start:stop:2], params[start + 1:stop:2])]
@@ -395,26 +401,24 @@ class DiffusionSampler(nn.Module):
         if ("cond" in names) != (cond is not None):
             raise ValueError(f"cond: expected {'a tensor' if 'cond' in names else 'None'} for "
                              f"layout {names}, got {'None' if cond is None else 'a tensor'}")
-        if self._program is None:
-            weights, biases, activations = mlp_layers(self.mlp)
-            program = {}
-        else:
-            if any(self._program_hooks):  # registered since the program was read
-                refuse_hooks(self.mlp, "mlp")
-            weights, biases, norm_weights, norm_biases = self._program.parameters()
-            activations = "silu"
-            program = dict(network=list(self._program.instructions), norm_weights=norm_weights,
-                           norm_biases=norm_biases)
-            if not self._program.first_is_linear:
-                return self._sample_whole_input(x, cond, weights, biases, program, num_steps=num_steps,
-                                                noise=noise, generator=generator, return_chain=return_chain,
-                                                t_start=t_start)
+        network = self._network()
+        if any(self._program_hooks):  # registered since the network was read
+            refuse_hooks(self.mlp, "mlp")
+        weights, biases, norm_weights, norm_biases = network.parameters()
+        activations, program = network.activations, {}
+        if activations is None:  # LayerNorms, residual blocks: the op's program
+            activations = "silu"  # (sample()'s default: none given beside a program)
+            program = dict(network=list(network.instructions), norm_weights=norm_weights, norm_biases=norm_biases)
+        if not network.first_is_linear:
+            return self._sample_whole_input(x, cond, weights, biases, program, num_steps=num_steps,
+                                            noise=noise, generator=generator, return_chain=return_chain,
+                                            t_start=t_start)
         columns = dict(zip(names, weights[0].detach().split([n for _, n in self.layout], dim=1)))
         time = time_net = None
         if self._time_net is not None:
-            linears = self._time_net.linears
-            time_net = BiasNet(self._time_features(), [*(m.weight for m in linears), columns["time"]],
-                               [bias_or_zeros(m.weight, m.bias) for m in linears], list(self._time_net.activations))
+            time_weights, time_biases = self._time_net.parameters()
+            time_net = BiasNet(self._time_features(), [*time_weights, columns["time"]], time_biases,
+                               list(self._time_net.activations))
         elif self.time_embedding is not None:
             time = time_bias_from_module(self.time_embedding, columns["time"], self.timesteps)
         conditioning = cond_net = None
@@ -502,26 +506,31 @@ class _TimeColumn(nn.Module):
         return (t.to(torch.float32) / self.total_timesteps)[:, None]
 
 
+#: Where the direct call reads a missing bias (as None, for which zeros are made once).
+_ABSENT = {"": None}
+
+
 class _DirectPlan:
     """The structure a direct call reads its parameters through (see
-    :meth:`DiffusionSampler._direct_plan`), and the argument list it prepared last."""
+    :meth:`DiffusionSampler._direct_plan`), and the argument list it prepared last.
+    ``linear_refs``, ``time_refs``, ``norm_refs``: where the network's Linears', the time
+    MLP's and the network's LayerNorms' weights and biases are (:class:`TensorRef`, each
+    weight then its bias, None for a missing bias)."""
 
-    def __init__(self, modules, linears, time_linears, norms, template, slot, widths, names, time_net):
-        self.modules, self.linears, self.time_linears, self.norms = modules, linears, time_linears, norms
+    def __init__(self, modules, linear_refs, time_refs, norm_refs, template, slot, widths, names, time_net):
+        self.modules = modules
+        self.linears, self.time_linears, self.norms = len(linear_refs) // 2, len(time_refs) // 2, len(norm_refs) // 2
         self.template, self.slot, self.widths, self.names = template, slot, widths, names
         self.has_cond, self.time_net = "cond" in names, time_net is not None
         self.features_per_call = time_net is not None and time_net.per_call
         # Registering a hook adds to these dictionaries: one ``any`` over them sees it.
         self.hooks = tuple(d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks))
-        # The Linears' and LayerNorms' parameter dictionaries, read directly at a call (each
-        # weight, then its bias); None where a weight or bias is not a plain parameter
-        # (torch.nn.utils.parametrize computes it).
-        owners = (*linears, *time_linears, *norms)
-        plain = all("weight" in m._parameters and "bias" in m._parameters
-                    and not parametrize.is_parametrized(m) for m in owners)
-        self.linears_and_norms = owners
-        self.owners = tuple(m._parameters for m in owners for _ in range(2)) if plain else None
-        self.keys = ("weight", "bias") * len(owners)
+        # The dictionaries that hold the tensors, read directly at a call (no
+        # nn.Module.__getattr__); None where one is computed when read (torch.nn.utils.parametrize).
+        self.refs = (*linear_refs, *time_refs, *norm_refs)
+        holders = tuple(_ABSENT if ref is None else ref.holder() for ref in self.refs)
+        self.owners = None if any(h is None for h in holders) else holders
+        self.keys = tuple("" if ref is None else ref.name for ref in self.refs)
         self.per_call = tuple(slot[name] for name in ("x", "t_start", "num_steps", "return_chain", "cond_input",
                                                       "noise", "generator"))
         self.ready = None
@@ -548,6 +557,3 @@ def _stateless(module) -> bool:
     """An ``nn.Module`` without parameters or buffers: its output depends on its input alone."""
     return _parameter_free(module) and next(module.buffers(), None) is None
 
-
-def _children(module) -> tuple:
-    return tuple(module._modules.values()) if isinstance(module, nn.Sequential) else ()

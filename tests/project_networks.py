@@ -1,15 +1,22 @@
-"""The noise networks of IDQL, CleanDiffuser and DPPO, written here in PyTorch after each
-project's classes (IDQL's are Flax: jaxrl5's ``MLPResNet`` / ``MLPResNetBlock`` and ``MLP``
-with ``use_layer_norm``; CleanDiffuser's ``IDQLMlp`` and its ``ResidualBlock``; DPPO's
-``ResidualMLP`` with ``TwoLayerPreActivationResNetLinear`` and ``DiffusionMLP``), for the
+"""The noise networks of IDQL, CleanDiffuser, DPPO and ReinFlow, written here in PyTorch after
+each project's classes (IDQL's are Flax: jaxrl5's ``MLPResNet`` / ``MLPResNetBlock`` and ``MLP``
+with ``use_layer_norm``, and its ``mish`` function; CleanDiffuser's ``IDQLMlp`` and its
+``ResidualBlock``; DPPO's ``MLP`` and ``ResidualMLP`` with
+``TwoLayerPreActivationResNetLinear`` and ``DiffusionMLP``; ReinFlow's ``FlowMLP``), for the
 tests of the op's network programs and of ``DiffusionSampler``."""
 import math
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 # ---- IDQL (jaxrl5). Flax's LayerNorm has eps 1e-6; its activations are functions.
+
+
+def mish(x):
+    """IDQL's Mish (ddpm_iql_learner.py: ``x * jnp.tanh(nn.softplus(x))``), its networks' activation."""
+    return x * torch.tanh(F.softplus(x))
 
 
 class FourierFeatures(nn.Module):
@@ -28,7 +35,7 @@ class IDQLMLP(nn.Module):
     """jaxrl5's ``MLP``: an optional LayerNorm over the whole input, then Dense layers with the
     activation (and dropout) between them."""
 
-    def __init__(self, in_dim, hidden_dims, activations=F.mish, activate_final=False, use_layer_norm=False,
+    def __init__(self, in_dim, hidden_dims, activations=mish, activate_final=False, use_layer_norm=False,
                  dropout_rate=None):
         super().__init__()
         self.norm = nn.LayerNorm(in_dim, eps=1e-6) if use_layer_norm else None
@@ -76,7 +83,7 @@ class MLPResNet(nn.Module):
     """IDQL's LN-ResNet reverse encoder: Dense(hidden), the blocks, the activation, Dense(out)."""
 
     def __init__(self, num_blocks, in_dim, out_dim, dropout_rate=None, use_layer_norm=False, hidden_dim=256,
-                 activations=F.mish):
+                 activations=mish):
         super().__init__()
         self.dense_in = nn.Linear(in_dim, hidden_dim)
         self.blocks = nn.ModuleList(MLPResNetBlock(hidden_dim, activations, dropout_rate, use_layer_norm)
@@ -94,7 +101,7 @@ class MLPResNet(nn.Module):
 
 def idql_time_encoder(time_dim=64, hidden=128):
     """IDQL's time features: learned Fourier features, then its condition MLP (128, 128)."""
-    return nn.Sequential(FourierFeatures(time_dim), IDQLMLP(time_dim, (hidden, hidden), activations=F.mish))
+    return nn.Sequential(FourierFeatures(time_dim), IDQLMLP(time_dim, (hidden, hidden), activations=mish))
 
 
 # ---- CleanDiffuser (cleandiffuser/nn_diffusion/idqlmlp.py).
@@ -162,7 +169,41 @@ class IDQLMlp(nn.Module):
 
 # ---- DPPO (model/common/mlp.py, model/diffusion/mlp_diffusion.py).
 
-activation_dict = nn.ModuleDict({"ReLU": nn.ReLU(), "Mish": nn.Mish(), "Identity": nn.Identity()})
+activation_dict = nn.ModuleDict({"ReLU": nn.ReLU(), "ELU": nn.ELU(), "GELU": nn.GELU(), "Tanh": nn.Tanh(),
+                                 "Mish": nn.Mish(), "Identity": nn.Identity(), "Softplus": nn.Softplus()})
+
+
+class MLP(nn.Module):
+    """DPPO's MLP: per layer an ``nn.Sequential`` of ``linear_1`` (``norm_1``, ``dropout_1``) ``act_1``
+    in a ModuleList its forward loops over, an optional input appended at some layers."""
+
+    def __init__(self, dim_list, append_dim=0, append_layers=None, activation_type="Tanh",
+                 out_activation_type="Identity", use_layernorm=False, use_layernorm_final=False, dropout=0,
+                 use_drop_final=False):
+        super().__init__()
+        self.moduleList = nn.ModuleList()
+        self.append_layers = append_layers
+        num_layer = len(dim_list) - 1
+        for idx in range(num_layer):
+            i_dim = dim_list[idx]
+            o_dim = dim_list[idx + 1]
+            if append_dim > 0 and idx in append_layers:
+                i_dim += append_dim
+            layers = [("linear_1", nn.Linear(i_dim, o_dim))]
+            if use_layernorm and (idx < num_layer - 1 or use_layernorm_final):
+                layers.append(("norm_1", nn.LayerNorm(o_dim)))
+            if dropout > 0 and (idx < num_layer - 1 or use_drop_final):
+                layers.append(("dropout_1", nn.Dropout(dropout)))
+            act = activation_dict[activation_type] if idx != num_layer - 1 else activation_dict[out_activation_type]
+            layers.append(("act_1", act))
+            self.moduleList.append(nn.Sequential(OrderedDict(layers)))
+
+    def forward(self, x, append=None):
+        for layer_ind, m in enumerate(self.moduleList):
+            if append is not None and layer_ind in self.append_layers:
+                x = torch.cat((x, append), dim=-1)
+            x = m(x)
+        return x
 
 
 class TwoLayerPreActivationResNetLinear(nn.Module):
@@ -225,14 +266,15 @@ class DiffusionMLP(nn.Module):
     """DPPO's noise network: ``cat[x (chunk flattened), time MLP(sinusoidal(t)), state]`` into the MLP."""
 
     def __init__(self, action_dim, horizon_steps, cond_dim, time_dim=16, mlp_dims=(512, 512, 512),
-                 activation_type="Mish", residual_style=True):
+                 activation_type="Mish", residual_style=True, use_layernorm=False):
         super().__init__()
         output_dim = action_dim * horizon_steps
         self.time_embedding = nn.Sequential(SinusoidalPosEmb(time_dim), nn.Linear(time_dim, time_dim * 2), nn.Mish(),
                                             nn.Linear(time_dim * 2, time_dim))
         input_dim = time_dim + action_dim * horizon_steps + cond_dim
-        assert residual_style
-        self.mlp_mean = ResidualMLP([input_dim, *mlp_dims, output_dim], activation_type=activation_type)
+        model = ResidualMLP if residual_style else MLP
+        self.mlp_mean = model([input_dim, *mlp_dims, output_dim], activation_type=activation_type,
+                              use_layernorm=use_layernorm)
         self.time_dim = time_dim
 
     def forward(self, x, time, cond):
@@ -241,3 +283,32 @@ class DiffusionMLP(nn.Module):
         time_emb = self.time_embedding(time.view(B, 1)).view(B, self.time_dim)
         out = self.mlp_mean(torch.cat([x, time_emb, cond], dim=-1))
         return out.view(B, Ta, Da)
+
+
+# ---- ReinFlow (model/flow/mlp_flow.py): DPPO's networks as a velocity field.
+
+
+class FlowMLP(nn.Module):
+    """ReinFlow's velocity network: ``cat[action chunk (flattened), time MLP(sinusoidal(t)), obs]`` into
+    DPPO's MLP (or ResidualMLP), the observation history read from ``cond["state"]``."""
+
+    def __init__(self, horizon_steps, action_dim, cond_dim, time_dim=16, mlp_dims=(256, 256), activation_type="Mish",
+                 out_activation_type="Identity", use_layernorm=False, residual_style=False):
+        super().__init__()
+        self.time_dim, self.act_dim_total = time_dim, action_dim * horizon_steps
+        self.time_embedding = nn.Sequential(SinusoidalPosEmb(time_dim), nn.Linear(time_dim, time_dim * 2), nn.Mish(),
+                                            nn.Linear(time_dim * 2, time_dim))
+        model = ResidualMLP if residual_style else MLP
+        input_dim = time_dim + action_dim * horizon_steps + cond_dim
+        self.mlp_mean = model([input_dim, *mlp_dims, self.act_dim_total], activation_type=activation_type,
+                              out_activation_type=out_activation_type, use_layernorm=use_layernorm)
+
+    def forward(self, action, time, cond):
+        B, Ta, Da = action.shape
+        action = action.view(B, -1)
+        state = cond["state"].view(B, -1)
+        if isinstance(time, (int, float)):
+            time = torch.ones((B, 1), device=action.device) * time
+        time_emb = self.time_embedding(time.view(B, 1)).view(B, self.time_dim)
+        feature = torch.cat([action, time_emb, state], dim=-1)
+        return self.mlp_mean(feature).view(B, Ta, Da)

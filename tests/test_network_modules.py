@@ -117,7 +117,7 @@ def test_cleandiffuser_idql_mlp(batch, features):
     sampler = ddpm_ops.DiffusionSampler(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out), rule,
                                         torch.arange(10), layout=(("x", 6), ("time", 64)),
                                         time_embedding=nn.Sequential(model.map_noise, *model.time_mlp))
-    assert sampler._time_net is not None and sampler._time_net.linears  # the op runs the time MLP
+    assert sampler._time_net is not None and sampler._time_net.program.weights  # the op runs the time MLP
     assert sampler._time_net.per_call == (features != "positional")
     x, noise = torch.randn(batch, 6), torch.randn(10, batch, 6)
     with torch.no_grad():
@@ -138,7 +138,7 @@ def test_cleandiffuser_idql_mlp_with_a_condition_added_to_the_time_embedding():
     torch.manual_seed(7)
     model = IDQLMlp(6, emb_dim=64, hidden_dim=256, n_blocks=3).eval()
     rule = ddpm_ops.step_rules.ddpm(ddpm_ops.cosine_betas(10), clip=1.0)
-    program = ddpm_ops.layers.read_network(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out))
+    program = ddpm_ops.layers.read_network(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out), 6 + 64)
     weights, biases, norm_weights, norm_biases = program.parameters()
     w_x, (w_emb,) = ddpm_ops.split_first_linear(model.affine_in, (6, 64))
     condition, x, noise = torch.randn(20, 64), torch.randn(20, 6), torch.randn(10, 20, 6)
@@ -248,7 +248,7 @@ def test_learned_time_features_are_evaluated_at_every_call(path, monkeypatch):
     every call; on the direct call (kept argument list) and through ``sample`` alike."""
     reverse, time_encoder, rule, sampler = small_idql_sampler(6)
     time_net = sampler._time_net
-    assert time_net.per_call and len(time_net.linears) == 2 and time_net.activations == ("mish", "identity")
+    assert time_net.per_call and len(time_net.program.weights) == 2 and time_net.activations == ("mish", "identity")
     assert sampler.time_features is None  # nothing fixed is kept for learned features
     calls = []
     monkeypatch.setattr(ddpm_ops.modules, "time_bias_from_module", lambda *a, **k: calls.append(a))
@@ -328,19 +328,34 @@ class TwoPaths(nn.Module):
         return self.a(x) + self.b(x)
 
 
+class ScaledWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        return F.linear(x, 2 * self.weight, self.bias)
+
+
 @pytest.mark.parametrize("net, message", [
-    (nn.Sequential(nn.Linear(8, 8), nn.LeakyReLU(), nn.Linear(8, 8)), r"mlp: 1 \(LeakyReLU\): not a layer the op "
-                                                                      r"computes"),
-    (nn.Sequential(nn.Linear(8, 8), Scaled(), nn.Linear(8, 8)), r"mlp: call_function mul .*: not an operation the "
-                                                                r"op computes"),
-    (nn.Sequential(nn.Linear(8, 8), Branchy()), r"mlp: Sequential's forward cannot be read as a chain of layers: "
-                                                r"torch.fx cannot trace it"),
-    (nn.Sequential(nn.Linear(8, 8), TwoPaths()), r"mlp: 1.b \(Linear\): reads something other than the previous "
-                                                 r"layer's output"),
-    (nn.Sequential(nn.Linear(8, 8), nn.LayerNorm((2, 4)), nn.Linear(8, 8)), r"mlp: 1 \(LayerNorm\): not a layer"),
-    (nn.Sequential(nn.Linear(8, 8), ResidualBlock(8), nn.GRU(8, 8)), r"mlp: 2 \(GRU\): not a layer the op computes"),
+    (nn.Sequential(nn.Linear(8, 8), nn.LeakyReLU(), nn.Linear(8, 8)),
+     r"mlp: 1 \(LeakyReLU\): leaky_relu \(aten.leaky_relu.default\) is not a layer the op computes; the op computes "
+     r"Linears, the activations silu, mish"),
+    (nn.Sequential(nn.Linear(8, 8), Scaled(), nn.Linear(8, 8)),
+     r"mlp: 1 \(Scaled\), test_network_modules.py:\d+ `return x \+ 2 \* self.linear\(x\)`: mul \(aten.mul.Tensor\) is "
+     r"not a layer the op computes"),
+    (nn.Sequential(nn.Linear(8, 8), Branchy()), r"mlp: Sequential's forward cannot be traced on a \(batch, 8\) input"),
+    (nn.Sequential(nn.Linear(8, 8), TwoPaths()),
+     r"mlp: 1 \(TwoPaths\), test_network_modules.py:\d+ `return self.a\(x\) \+ self.b\(x\)`: add adds values the "
+     r"op adds only as a residual block"),
+    (nn.Sequential(nn.Linear(8, 8), nn.Unflatten(1, (2, 4)), nn.LayerNorm((2, 4)), nn.Flatten(), nn.Linear(8, 8)),
+     r"mlp: 3 \(Flatten\): \w+ \(aten.\w+.\w+\) is not a layer the op computes"),
+    (nn.Sequential(nn.Linear(8, 8), ScaledWeight()),
+     r"mlp: 1 \(ScaledWeight\), .*: a layer's weight or bias is computed in the forward \(mul\), not a parameter"),
+    (nn.Sequential(nn.Linear(8, 8), ResidualBlock(8), nn.GRU(8, 8)), r"mlp: expected a forward returning one tensor, "
+                                                                    r"got 2 outputs"),
 ])
-def test_networks_it_cannot_read_are_refused_naming_the_module(net, message):
+def test_networks_it_cannot_read_are_refused_naming_the_node(net, message):
     rule = ddpm_ops.step_rules.ddpm(ddpm_ops.cosine_betas(5))
     with pytest.raises(ValueError, match=message):
         ddpm_ops.DiffusionSampler(net, rule, layout=(("x", 8),))
@@ -349,25 +364,26 @@ def test_networks_it_cannot_read_are_refused_naming_the_module(net, message):
 def test_read_network_programs():
     """The programs the reader writes for each project's network."""
     read = ddpm_ops.layers.read_network
-    ln_resnet = read(MLPResNet(3, 30, 6, dropout_rate=0.1, use_layer_norm=True, hidden_dim=16))
+    ln_resnet = read(MLPResNet(3, 30, 6, dropout_rate=0.1, use_layer_norm=True, hidden_dim=16), 30)
     assert ln_resnet.instructions == ("linear", *("save", "layer_norm_affine:1e-06", "linear", "mish", "linear", "add")
                                       * 3, "mish", "linear")
-    assert len(ln_resnet.linears) == 8 and len(ln_resnet.norms) == 3
-    mlp = read(IDQLMLP(30, (16, 16, 6), use_layer_norm=True, dropout_rate=0.1))
+    assert len(ln_resnet.weights) == 8 and len(ln_resnet.norm_weights) == 3
+    mlp = read(IDQLMLP(30, (16, 16, 6), use_layer_norm=True, dropout_rate=0.1), 30)
     assert mlp.instructions == ("layer_norm_affine:1e-06", "linear", "mish", "linear", "mish", "linear")
     assert not mlp.first_is_linear
-    dppo = read(ResidualMLP([30, 64, 64, 64, 64, 64, 12], activation_type="ReLU", use_layernorm=True))
+    dppo = read(ResidualMLP([30, 64, 64, 64, 64, 64, 12], activation_type="ReLU", use_layernorm=True), 30)
     block = ("save", "layer_norm_affine:1e-06", "relu", "linear", "layer_norm_affine:1e-06", "relu", "linear", "add")
     assert dppo.instructions == ("linear", *block * 2, "linear")
     model = IDQLMlp(6, emb_dim=16, hidden_dim=32, n_blocks=2)
-    clean = read(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out))
+    clean = read(nn.Sequential(model.affine_in, model.ln_resnet, model.affine_out), 6 + 16)
     assert clean.instructions == ("linear", *("save", "layer_norm_affine:1e-05", "linear", "mish", "linear", "add")
                                   * 2, "mish", "linear")
     plain_norm = read(nn.Sequential(nn.LayerNorm(4, elementwise_affine=False, eps=1e-3), nn.Linear(4, 4, bias=False),
-                                    nn.GELU(approximate="tanh"), nn.Dropout(0.5), nn.Linear(4, 4)))
-    assert plain_norm.instructions == ("layer_norm:0.001", "linear", "gelu_tanh", "linear")
-    weights, biases, _, _ = plain_norm.parameters()
-    assert torch.equal(biases[0], torch.zeros(4))
+                                    nn.GELU(approximate="tanh"), nn.Dropout(0.5), nn.LayerNorm(4, bias=False),
+                                    nn.Linear(4, 4)), 4)
+    assert plain_norm.instructions == ("layer_norm:0.001", "linear", "gelu_tanh", "layer_norm_affine:1e-05", "linear")
+    weights, biases, norm_weights, norm_biases = plain_norm.parameters()
+    assert torch.equal(biases[0], torch.zeros(4)) and torch.equal(norm_biases[0], torch.zeros(4))
 
 
 def test_program_sampler_compiles_and_exports():

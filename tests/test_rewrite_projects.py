@@ -217,14 +217,15 @@ class PerSampleFirstStep(v1_variants.PosteriorSampler):
         return x
 
 
-@pytest.mark.parametrize("make", [LayerNormNet, lambda: LayerNormNet(bias=False), v1_variants.ResidualSampler,
-                                  lambda: v1_variants.ResidualSampler(use_layernorm=True)],
-                         ids=["layer_norm", "layer_norm_linears_without_bias", "dppo_residual",
-                              "dppo_residual_layer_norm"])
+@pytest.mark.parametrize("make", [LayerNormNet, lambda: LayerNormNet(bias=False),
+                                  lambda: LayerNormNet(norm=lambda width: nn.LayerNorm(width, bias=False)),
+                                  v1_variants.ResidualSampler, lambda: v1_variants.ResidualSampler(use_layernorm=True)],
+                         ids=["layer_norm", "layer_norm_linears_without_bias", "layer_norm_without_bias",
+                              "dppo_residual", "dppo_residual_layer_norm"])
 def test_network_program_fuses_with_the_float64_loops_numbers(make):
-    """A noise network with a LayerNorm between its Linears, or DPPO's residual MLP (pre-activation
-    blocks, with LayerNorms or not): read as the op's network program, one call, no matmul left,
-    eager's numbers and the float64 loop's."""
+    """A noise network with a LayerNorm between its Linears (with a weight and no bias too: zeros
+    for its bias), or DPPO's residual MLP (pre-activation blocks, with LayerNorms or not): read as
+    the op's network program, one call, no matmul left, eager's numbers and the float64 loop's."""
     torch.manual_seed(0)
     model = make().eval()
     x = torch.randn(8, model.dim)

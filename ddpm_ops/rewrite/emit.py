@@ -80,7 +80,8 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         # A network of LayerNorms or residual blocks goes as the op's program (only then: the
         # trailing arguments stay unwritten for the others).
         program = {} if net0.program is None else dict(
-            network=list(net0.program), norm_weights=list(net0.norm_weights), norm_biases=list(net0.norm_biases))
+            network=list(net0.program), norm_weights=list(net0.norm_weights),
+            norm_biases=_zeros_where_missing(em, net0.norm_weights, net0.norm_biases))
         args = op_args(RULE, x=x_in, t_start=t_start, weights=weights, biases=biases, step_tables=tables,
                        num_steps=K, activations=list(net0.activations), time_bias=time_bias,
                        cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise, noise_seed=noise_seed,
@@ -155,9 +156,10 @@ def _clamp_arg(em: _Emitter, clip, dim) -> tuple[list | None, Node | None]:
 
 
 def _zeros_where_missing(em: _Emitter, weights: list, biases: list) -> list:
-    """``biases`` (one per Linear of ``weights``, in order, ``None`` for a Linear without bias)
-    with zeros for each missing one: the op takes a bias per layer. Zeros of one width are one
-    tensor, which ``_fold_constants`` makes a graph constant: no kernel fills it per call."""
+    """``biases`` (one per Linear or LayerNorm of ``weights``, in order, ``None`` for a layer
+    without bias) with zeros for each missing one: the op takes a bias per layer. Zeros of one
+    width are one tensor, which ``_fold_constants`` makes a graph constant: no kernel fills it
+    per call."""
     zeros: dict = {}
     for w, b in zip(weights, biases):
         if b is None and _val(w).shape[0] not in zeros:

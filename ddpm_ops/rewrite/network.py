@@ -10,7 +10,10 @@ time_embed(t))``): the addends are the network's ``terms``, inputs of its
 first layer that it adds as they are. A network's ``key`` (its weight and bias nodes and activations) says
 when two applications are the same network. :func:`_net_ending_at` reads the
 one MLP that ends at a given node (a time embedding's, an observation
-encoder's), for the op's bias networks.
+encoder's), for the op's bias networks. :func:`_read_whole_network` reads a
+traced module's whole graph as one network program, for
+:class:`ddpm_ops.DiffusionSampler` (:func:`ddpm_ops.layers.read_network`):
+one reader, one vocabulary of layers, for both.
 """
 from __future__ import annotations
 
@@ -50,8 +53,8 @@ class _Net:
                 tuple(self.norm_weights), tuple(self.norm_biases))
 
 
-def _find_nets(graph: Graph) -> list[_Net]:
-    """Every MLP application in ``graph``, in graph order of their outputs."""
+def _linears(graph: Graph) -> dict[Node, tuple]:
+    """``{node: (input, weight, bias, nodes)}`` for every Linear of ``graph`` (:func:`._linear`)."""
     linears = {}
     for node in graph.nodes:
         if _is(node, *_LINEAR_TARGETS):
@@ -61,7 +64,12 @@ def _find_nets(graph: Graph) -> list[_Net]:
                 pass
     # The mm of ``mm + bias`` reads as a Linear without bias too: it is part of the one it is in.
     inner = {n for node, (_i, _w, _b, nodes) in linears.items() for n in nodes if n is not node}
-    linears = {node: found for node, found in linears.items() if node not in inner}
+    return {node: found for node, found in linears.items() if node not in inner}
+
+
+def _find_nets(graph: Graph) -> list[_Net]:
+    """Every MLP application in ``graph``, in graph order of their outputs."""
+    linears = _linears(graph)
     before: dict[Node, tuple] = {}  # a Linear -> (the Linear before it, activation, its nodes)
     for node, (inp, _w, _b, _nodes) in linears.items():
         inp, copies = _through_copies(inp)
@@ -221,7 +229,8 @@ def _with_programs(nets: list[_Net], linears: dict) -> list[_Net]:
 def _layer_norm(node) -> tuple[Node, float, Node | None, Node | None, set]:
     """``(z, eps, weight, bias, nodes)`` for a LayerNorm of ``z`` over its last dimension as
     inductor decomposes it (``var_mean`` with ``correction=0``, ``(z - mean) * rsqrt(var +
-    eps)``, then ``* weight + bias`` where affine); else raise ``_NoMatch``."""
+    eps)``, then ``* weight + bias`` where affine, ``* weight`` alone for
+    ``nn.LayerNorm(bias=False)``, whose ``bias`` is None); else raise ``_NoMatch``."""
     nodes, weight, bias = set(), None, None
     n = node
     if _is(n, operator.getitem) and n.args[1] == 0 and _is(n.args[0], aten.native_layer_norm.default):
@@ -234,8 +243,8 @@ def _layer_norm(node) -> tuple[Node, float, Node | None, Node | None, set]:
         eps = n.args[4] if len(n.args) > 4 else n.kwargs.get("eps", 1e-5)
         zv = _val(z)
         if zv is None or zv.dim() != 2 or len(shape) != 1 or not _known_eq(shape[0], zv.shape[1]) \
-                or (weight is None) != (bias is None) or not isinstance(eps, float):
-            raise _NoMatch(f"{n.name} is not a LayerNorm over the last dimension with a weight and a bias "
+                or (weight is None and bias is not None) or not isinstance(eps, float):
+            raise _NoMatch(f"{n.name} is not a LayerNorm over the last dimension with a weight (and a bias) "
                            "or neither")
         return z, eps, weight, bias, nodes | {n}
     if _is(n, aten.add.Tensor) and _no_kwargs(n, {"alpha": 1}) and _is(n.args[0], aten.mul.Tensor) \
@@ -248,6 +257,10 @@ def _layer_norm(node) -> tuple[Node, float, Node | None, Node | None, set]:
             n, weight = n.args[0], n.args[1]
         else:
             raise _NoMatch("an affine LayerNorm without its weight")
+    elif _is(n, aten.mul.Tensor) and _is(n.args[0], aten.mul.Tensor) and _is(n.args[0].args[0], aten.sub.Tensor) \
+            and isinstance(n.args[1], Node) and _val(n.args[1]) is not None and _val(n.args[1]).dim() == 1:
+        nodes.add(n)  # a weight without a bias
+        n, weight = n.args[0], n.args[1]
     if not (_is(n, aten.mul.Tensor) and _is(n.args[0], aten.sub.Tensor) and _is(n.args[1], aten.rsqrt.default)):
         raise _NoMatch(f"{getattr(node, 'name', node)} is not a LayerNorm")
     sub, rsqrt = n.args
@@ -263,14 +276,15 @@ def _layer_norm(node) -> tuple[Node, float, Node | None, Node | None, set]:
     if not (_is(vm, aten.var_mean.correction) and vm.args[0] is z and zv is not None and zv.dim() == 2
             and list(vm.args[1]) in ([1], [-1]) and vm.kwargs == {"correction": 0, "keepdim": True}):
         raise _NoMatch("not a LayerNorm's var_mean over the last dimension")
-    if weight is not None and (weight is bias or _val(weight).shape != _val(bias).shape):
+    if weight is not None and bias is not None and (weight is bias or _val(weight).shape != _val(bias).shape):
         raise _NoMatch("a LayerNorm's weight and bias differ in shape")
     nodes.update({n, sub, rsqrt, add, var, mean, vm})
     return z, add.args[1], weight, bias, nodes
 
 
 class _Program:
-    """A network read backwards from its last Linear (see :func:`_read_program`)."""
+    """A network read backwards from its last Linear (see :func:`_read_program` and
+    :func:`_read_whole_network`)."""
 
     def __init__(self, linears: dict):
         self.linears = linears
@@ -280,6 +294,7 @@ class _Program:
         self.norm_weights: list = []
         self.norm_biases: list = []
         self.nodes: set = set()
+        self._why: _NoMatch | None = None  # why the last sum tried as a residual block is none
 
     def layer(self, n: Node):
         """``(instruction, input, nodes, params)`` of the layer that makes ``n``, or ``None``."""
@@ -304,18 +319,18 @@ class _Program:
         return name, z, set(nodes), None
 
     def walk(self, n: Node, stop: Node | None) -> Node:
-        """Read the layers back from ``n`` to ``stop`` (where given) or to the first Linear's
-        input, which it returns; residual sums are blocks."""
+        """Read the layers back from ``n`` to ``stop`` (where given: else a node that is no
+        layer raises ``_NoMatch`` naming it) or to the first Linear's input, which it returns;
+        residual sums are blocks."""
         while n is not stop:
-            if _is(n, aten.add.Tensor) and _no_kwargs(n, {"alpha": 1}) and all(isinstance(a, Node) for a in n.args[:2]) \
-                    and n not in self.linears and self._residual(n):
-                continue_at = self._skip
-                n = continue_at
+            if self._is_sum(n) and _no_kwargs(n, {"alpha": 1}) and all(isinstance(a, Node) for a in n.args[:2]) \
+                    and self._residual(n):
+                n = self._skip
                 continue
             found = self.layer(n)
             if found is None:
                 if stop is not None:
-                    raise _NoMatch(f"{n.name} is not a layer the op computes")
+                    raise self._unread(n)
                 if not self.instructions or self.instructions[-1] != "linear":
                     raise _NoMatch("the network's first layer is not a Linear")
                 return n
@@ -333,6 +348,18 @@ class _Program:
     def _is_sum(self, n) -> bool:
         return _is(n, aten.add.Tensor) and n not in self.linears
 
+    def _unread(self, n: Node) -> _NoMatch:
+        """Why the reading stops at ``n``: not a layer; or a sum that is no residual block, for
+        the reason its block does not read where the block was read up to a node of its own
+        (not past its start to the network's input)."""
+        if not self._is_sum(n):
+            return _NoMatch(f"{n.name} ({n.target}) is not a layer the op computes", n)
+        why = self._why
+        if why is not None and why.node is not None and why.node.op != "placeholder":
+            return why
+        return _NoMatch(f"{n.name} adds values the op adds only as a residual block, h + block(h) with block a "
+                        "chain of its layers reading h", n)
+
     def _push(self, instruction, nodes, params) -> None:
         self.instructions.append(instruction)
         self.nodes.update(nodes)
@@ -345,26 +372,29 @@ class _Program:
 
     def _residual(self, n: Node) -> bool:
         """Whether ``n = skip + block(skip)``: read the block (into the instructions, between
-        "add" and "save", backwards) and leave ``skip`` in ``self._skip``."""
+        "add" and "save", backwards) and leave ``skip`` in ``self._skip``; else leave why the
+        block does not read in ``self._why``. The block reads the skip, so it is the addend
+        later in the graph."""
+        self._why = None
         out = _val(n)
-        for block, skip in (n.args[:2], n.args[1::-1]):
-            if _val(block) is None or _val(skip) is None or _val(block).shape != out.shape \
-                    or _val(skip).shape != out.shape:
-                continue
-            saved = (list(self.instructions), list(self.weights), list(self.biases), list(self.norm_weights),
-                     list(self.norm_biases), set(self.nodes))
-            self.instructions.append("add")
-            try:
-                self.walk(block, skip)
-            except _NoMatch:
-                (self.instructions, self.weights, self.biases, self.norm_weights, self.norm_biases,
-                 self.nodes) = saved
-                continue
-            self.instructions.append("save")
-            self.nodes.add(n)
-            self._skip = skip
-            return True
-        return False
+        skip, block = sorted(n.args[:2])
+        if _val(block) is None or _val(skip) is None or _val(block).shape != out.shape \
+                or _val(skip).shape != out.shape:
+            return False
+        saved = (list(self.instructions), list(self.weights), list(self.biases), list(self.norm_weights),
+                 list(self.norm_biases), set(self.nodes))
+        self.instructions.append("add")
+        try:
+            self.walk(block, skip)
+        except _NoMatch as why:
+            (self.instructions, self.weights, self.biases, self.norm_weights, self.norm_biases,
+             self.nodes) = saved
+            self._why = why
+            return False
+        self.instructions.append("save")
+        self.nodes.add(n)
+        self._skip = skip
+        return True
 
 
 def _read_program(out: Node, linears: dict) -> _Net | None:
@@ -378,3 +408,16 @@ def _read_program(out: Node, linears: dict) -> _Net | None:
     return _Net(out=out, inp=inp, weights=program.weights, biases=program.biases, activations=[],
                 nodes=program.nodes, program=instructions, norm_weights=program.norm_weights,
                 norm_biases=program.norm_biases)
+
+
+def _read_whole_network(out: Node, inp: Node) -> _Net:
+    """The network that makes ``out`` from ``inp`` (a traced module's output and input) as a
+    program, every node between them read as a layer or a residual block: a chain of Linears
+    and activations too ("linear" first, where it is), and a network whose first layer is a
+    LayerNorm or an activation. Raises ``_NoMatch`` naming the first node, read back from the
+    output, that is neither."""
+    program = _Program(_linears(out.graph))
+    program.walk(out, inp)
+    return _Net(out=out, inp=inp, weights=program.weights, biases=program.biases, activations=[],
+                nodes=program.nodes, program=tuple(reversed(program.instructions)),
+                norm_weights=program.norm_weights, norm_biases=program.norm_biases)

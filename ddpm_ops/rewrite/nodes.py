@@ -31,7 +31,12 @@ _ASSERT_METADATA = _op_or_none("_assert_tensor_metadata", "default")
 
 
 class _NoMatch(Exception):
-    """Raised inside the rewrite with the reason a candidate was left alone."""
+    """Raised inside the rewrite with the reason a candidate was left alone; ``node``, where
+    given, is the node the reason is about (a reader of a whole network names it to the user)."""
+
+    def __init__(self, reason: str, node: Node | None = None):
+        super().__init__(reason)
+        self.node = node
 
 
 def _is(node: Any, *targets) -> bool:
