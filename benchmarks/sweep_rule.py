@@ -4,7 +4,7 @@ For each shape and batch, the op's GPU time replayed from a CUDA graph (noise
 drawn in the kernel from the default generator) in every cluster size named, forced with
 DDPM_OPS_CUDA_CLUSTER_SIZE (1: blocks alone), next to the plan's own choice
 (`plan`), whose launch line follows. What the plan's cost model
-(csrc/plan/fp32_shapes.cpp: rule_step_ns's constants) is fitted to.
+(csrc/plan/fp32_shapes.cpp: the kRule* constants) is fitted to.
 
 Shapes (random weights of the projects' widths):
   idql      IDQL's LN-ResNet: Linear(6, 256), 3 blocks of LN, 256 -> 1024 ->

@@ -608,7 +608,7 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan
   }
   plan->kernel = Kernel::kFp32Rule;
   plan->rows = best.rows;
-  plan->threads = cuda_kernels::rule_threads(best.rows, best.cluster > 1);
+  plan->threads = cuda_kernels::rule_threads(best.rows);
   plan->cluster_size = best.cluster > 1 ? best.cluster : 0;
   plan->co_resident = best.cluster > 1 ? d.max_clusters[best.cluster] : 0;
   plan->grid = plan->tiles = ceil_div(p.batch, best.rows);

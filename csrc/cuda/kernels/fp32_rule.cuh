@@ -148,7 +148,7 @@ __device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const flo
   constexpr int VC = rule_columns(R);
   constexpr int V = R * VC;
   constexpr int kReplicas = 32 / V;
-  constexpr int kThreads = rule_threads(R, kCluster);
+  constexpr int kThreads = rule_threads(R);
   constexpr int kWarps = kThreads / 32;
   static_assert(V >= 2 && V <= 32 && (V & (V - 1)) == 0, "a warp's sums are a power of two, at most 32");
   const LayerArgs& layer = a.layers[l];
@@ -226,10 +226,10 @@ __device__ __forceinline__ float warp_sum(float v) {
 // E[h^2] - mean^2 loses the variance of rows far from zero mean), biased
 // variance, then the affine part. In place (dst == src) is safe: a lane
 // writes only the columns it read.
-template <int R, bool kCluster>
+template <int R>
 __device__ __forceinline__ void rule_layer_norm(const float* src, int src_ld, float* dst, int dst_ld, int n, float eps,
                                                 const float* gamma, const float* beta) {
-  constexpr int kWarps = rule_threads(R, kCluster) / 32;
+  constexpr int kWarps = rule_threads(R) / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int r = warp; r < R; r += kWarps) {
     const float* in = src + r * src_ld;
@@ -259,7 +259,7 @@ template <int R, bool kCluster, typename OnChip>
 __device__ const float* rule_program(const EngineArgs& a, const ProgramArgs& prog, const float* xs, int dim_ld,
                                      float* buffers, int width, const RuleRows<R>& rr, const BiasNetRows& nets, int k,
                                      int row0, const RuleCluster& cluster, OnChip on_chip) {
-  constexpr int kThreads = rule_threads(R, kCluster);
+  constexpr int kThreads = rule_threads(R);
   const auto buffer = [&](int b) { return b == kProgramX ? const_cast<float*>(xs) : buffers + b * R * width; };
   const auto ld = [&](int b) { return b == kProgramX ? dim_ld : width; };
   const float* out = xs;
@@ -302,7 +302,7 @@ __device__ const float* rule_program(const EngineArgs& a, const ProgramArgs& pro
         }
         break;
       case ProgramOpArgs::kLayerNorm:
-        rule_layer_norm<R, kCluster>(src, src_ld, dst, width, n, op.eps, op.index >= 0 ? prog.norm_weights[op.index] : nullptr,
+        rule_layer_norm<R>(src, src_ld, dst, width, n, op.eps, op.index >= 0 ? prog.norm_weights[op.index] : nullptr,
                            op.index >= 0 ? prog.norm_biases[op.index] : nullptr);
         break;
       case ProgramOpArgs::kAdd: {
@@ -330,10 +330,10 @@ __device__ const float* rule_program(const EngineArgs& a, const ProgramArgs& pro
 // program runs the code it ran before programs existed. kCluster: the rows
 // are run by a cluster of CTAs (launched as such; the Hopper build only).
 template <int R, bool kProgram, bool kCluster>
-__global__ void __launch_bounds__(rule_threads(R, kCluster))
+__global__ void __launch_bounds__(rule_threads(R))
     fp32_rule_kernel(const __grid_constant__ EngineArgs a, const __grid_constant__ ProgramArgs prog,
                      const __grid_constant__ RuleWeights kept) {
-  constexpr int kThreads = rule_threads(R, kCluster);
+  constexpr int kThreads = rule_threads(R);
   extern __shared__ __align__(16) float smem[];
   int widest = kProgram ? max(a.dim, prog.input_width) : a.dim;
   for (int l = 0; l < a.num_layers; ++l) widest = max(widest, a.layers[l].out);
@@ -347,16 +347,13 @@ __global__ void __launch_bounds__(rule_threads(R, kCluster))
   float* const xs = rr.scratch + rule_scratch_floats(R);  // (R, dim_ld): the samples
   float* const x0_prev = xs + R * dim_ld;                  // (R, dim_ld)
   float* const buffers[2] = {x0_prev + R * dim_ld, x0_prev + R * dim_ld + R * width};
+  BiasNetRows nets(a.bias_rows, buffers[1] + (kProgram ? 1 + prog.saved_buffers : 1) * R * width, R,
+                   a.layers[0].out, 0);
   RuleCluster cluster;
   if constexpr (kCluster) {
     cluster.rank = cluster_rank();
     cluster.size = cluster_size();
   }
-  // The bias networks' rows of this CTA's columns of layer 0 (the plan
-  // reserves room for all of them).
-  const int2 first_columns = cluster.columns<R>(a.layers[0].out);
-  BiasNetRows nets(a.bias_rows, buffers[1] + (kProgram ? 1 + prog.saved_buffers : 1) * R * width, R,
-                   first_columns.y - first_columns.x, first_columns.x);
   // The CTAs of a cluster hold the same samples; each stores its share of them.
   const auto stores = [&](int i) { return !kCluster || i % cluster.size == cluster.rank; };
 
@@ -372,29 +369,17 @@ __global__ void __launch_bounds__(rule_threads(R, kCluster))
     xs[r * dim_ld + j] = r < rows ? a.x[static_cast<size_t>(row0 + r) * a.dim + j] : 0.f;
     x0_prev[r * dim_ld + j] = 0.f;
   }
-  // This CTA's share of each layer kept on chip: copied once, by cp.async so
-  // that every thread has its copies in flight at once (a load and a store
-  // per element waited for each load: some 40 L2 latencies in a row).
+  // This CTA's share of each layer kept on chip: copied once.
   for (int l = 0; l < a.num_layers; ++l) {
     if (kept.offset[l] == 0) continue;
     const LayerArgs& layer = a.layers[l];
     const int2 columns = cluster.columns<R>(layer.out);
-    const int ld = round_up4(layer.in), rows_kept = columns.y - columns.x;
-    const float* const from = layer.weight + static_cast<size_t>(columns.x) * layer.ld;
-    if (layer.in % 4 == 0 && layer.ld % 4 == 0 && reinterpret_cast<uintptr_t>(from) % 16 == 0) {
-      for (int i = threadIdx.x; i < rows_kept * ld / 4; i += kThreads) {
-        const int c = i / (ld / 4), q = 4 * (i - c * (ld / 4));
-        cp_async16(smem + kept.offset[l] + c * ld + q, from + static_cast<size_t>(c) * layer.ld + q, true);
-      }
-    } else {
-      for (int i = threadIdx.x; i < rows_kept * layer.in; i += kThreads) {
-        const int c = i / layer.in, q = i - c * layer.in;
-        cp_async4(smem + kept.offset[l] + c * ld + q, from + static_cast<size_t>(c) * layer.ld + q, true);
-      }
+    const int ld = round_up4(layer.in), n = (columns.y - columns.x) * layer.in;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const int c = i / layer.in, q = i - c * layer.in;
+      smem[kept.offset[l] + c * ld + q] = __ldg(layer.weight + static_cast<size_t>(columns.x + c) * layer.ld + q);
     }
   }
-  cp_async_commit();
-  cp_async_wait<0>();
   const auto on_chip = [&](int l) { return kept.offset[l] != 0 ? smem + kept.offset[l] : nullptr; };
   // In a cluster also: every CTA has started before any stores into it.
   rule_barrier<kCluster>();

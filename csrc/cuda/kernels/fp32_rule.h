@@ -17,13 +17,9 @@ constexpr int kRuleMaxRows = 16;
 // block's rows at once (rows * columns sums, reduced across its lanes), so
 // that many weight rows are in flight; the columns shrink as the rows grow to
 // keep the sums and the weights' float4s in registers at the block size
-// `rule_threads(rows, cluster)`: alone 32 warps for one or two rows, whose
-// layers then have the most columns in flight per block, 16 for more.
-// In a cluster 16 warps: a CTA's share of a layer keeps them busy (split
-// over warps where narrow), and 32 warps held 64 registers a thread, whose
-// spills went to local memory through the L1 that every cluster barrier
-// invalidates.
-DDPM_HD constexpr int rule_threads(int rows, bool cluster) { return rows <= 2 && !cluster ? 1024 : 512; }
+// `rule_threads(rows)`: 32 warps for one or two rows, whose layers then have
+// the most columns in flight per block, 16 for more.
+DDPM_HD constexpr int rule_threads(int rows) { return rows <= 2 ? 1024 : 512; }
 DDPM_HD constexpr int rule_columns(int rows) { return rows == 1 ? 8 : (rows <= 8 ? 4 : 2); }
 
 // The output columns each CTA of a cluster of `cluster` computes in a layer
@@ -60,9 +56,7 @@ DDPM_HD inline int rule_row_header_floats(int rows) {
 }
 // The partial sums of a layer whose columns' inner dimension is split over
 // warps (rule_layer): every warp's sums.
-DDPM_HD constexpr int rule_scratch_floats(int rows) {
-  return rule_threads(rows, false) / 32 * rows * rule_columns(rows);  // the more warps
-}
+DDPM_HD constexpr int rule_scratch_floats(int rows) { return rule_threads(rows) / 32 * rows * rule_columns(rows); }
 DDPM_HD inline size_t rule_smem_bytes(int rows, int dim_ld, int width, int bias_floats = 0, int saved_buffers = 0) {
   return sizeof(float) * (rule_row_header_floats(rows) + rule_scratch_floats(rows) + static_cast<size_t>(bias_floats) +
                           static_cast<size_t>(rows) * (2 * static_cast<size_t>(dim_ld) +
