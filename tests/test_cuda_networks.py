@@ -139,6 +139,17 @@ def assert_ran_in(lines, size):
     assert ("cluster size" not in lines[0]) if size == 1 else (f"cluster size {size} " in lines[0]), lines
 
 
+def exact_in_clusters(monkeypatch, capfd, problem, expected, size):
+    """The call in clusters of ``size``: one fp32_rule launch of that shape, every element
+    written, within 1e-5 of float64."""
+    forced_cluster(monkeypatch, capfd, size)
+    out = poisoned(problem)
+    torch.cuda.synchronize()
+    assert_ran_in(rule_log(capfd), size)
+    assert not torch.isnan(out).any()
+    assert relative_error(out, expected) <= TOLERANCE
+
+
 CLUSTER_SIZES = [1, 2, 3, 4, 8, 16]
 
 
@@ -156,12 +167,7 @@ def test_every_instruction_in_clusters_of_every_size(logged, monkeypatch, capfd,
                                    num_steps=5, return_chain=batch % 2 == 0)
     expected = problem.reference64()
     _to(problem, "cuda")
-    forced_cluster(monkeypatch, capfd, size)
-    out = poisoned(problem)
-    torch.cuda.synchronize()
-    assert_ran_in(rule_log(capfd), size)
-    assert not torch.isnan(out).any()
-    assert relative_error(out, expected) <= TOLERANCE
+    exact_in_clusters(monkeypatch, capfd, problem, expected, size)
 
 
 @pytest.mark.parametrize("size", CLUSTER_SIZES)
@@ -171,12 +177,7 @@ def test_project_programs_in_clusters_of_every_size(logged, monkeypatch, capfd, 
     """IDQL's and DPPO's programs (1024- and 512-wide layers streamed from L2 in shares, an input
     LayerNorm over cat[a, s, time]) in clusters of every size, noise given and drawn from a seed."""
     problem, expected = on_cuda(shape, batch)
-    forced_cluster(monkeypatch, capfd, size)
-    out = poisoned(problem)
-    torch.cuda.synchronize()
-    assert_ran_in(rule_log(capfd), size)
-    assert not torch.isnan(out).any()
-    assert relative_error(out, expected) <= TOLERANCE
+    exact_in_clusters(monkeypatch, capfd, problem, expected, size)
     seed = torch.tensor([1234567], device="cuda")
     noise = problem.kwargs.pop("noise")
     drawn = call_op(problem, noise_seed=seed)
@@ -202,12 +203,7 @@ def test_a_plain_chain_in_clusters_of_every_size(monkeypatch, capfd, size, batch
     wide = torch.randn(256, 30, device="cuda")
     wide[:, 3:9] = problem.kwargs["weights"][0]
     problem.kwargs["weights"][0] = wide[:, 3:9]  # a view: row stride 30, offset 3
-    forced_cluster(monkeypatch, capfd, size)
-    out = poisoned(problem)
-    torch.cuda.synchronize()
-    assert_ran_in(rule_log(capfd), size)
-    assert not torch.isnan(out).any()
-    assert relative_error(out, expected) <= TOLERANCE
+    exact_in_clusters(monkeypatch, capfd, problem, expected, size)
 
 
 # Programs fp32_rule cannot hold: an input of 60004 columns (two buffers of it pass the shared
