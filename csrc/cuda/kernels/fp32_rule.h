@@ -44,15 +44,16 @@ struct RuleWeights {
 
 // A block's shared memory, all of it dynamic (prepare_kernel lets a kernel
 // ask for the device's whole opt-in size, which leaves no room for static
-// arrays): per row its first step index, its step index now, whether it is
+// arrays): a cluster's two mbarriers (kRuleBarrierFloats); per row its first step index, its step index now, whether it is
 // valid and its coefficients, rounded up to float4s; rule_layer's partial
 // sums (rule_scratch_floats); then the samples and the
 // previous x0 (rows, dim_ld each), two activation buffers (rows, width), a
 // network program's `saved_buffers` more (its residual stack) and the bias
 // networks' rows (bias_net_floats); then the weights kept on chip
 // (RuleWeights).
+constexpr int kRuleBarrierFloats = 4;
 DDPM_HD inline int rule_row_header_floats(int rows) {
-  return round_up4(static_cast<int>(3 + kStepTablesWithPrevious) * rows);
+  return kRuleBarrierFloats + round_up4(static_cast<int>(3 + kStepTablesWithPrevious) * rows);
 }
 // The partial sums of a layer whose columns' inner dimension is split over
 // warps (rule_layer): every warp's sums.
@@ -74,12 +75,13 @@ DDPM_HD inline size_t rule_smem_bytes(int rows, int dim_ld, int width, int bias_
 //
 // In a cluster (fp32_rule_kernel's kCluster) every CTA holds every buffer and
 // computes every instruction but a Linear, whose output columns are split
-// over the CTAs and stored into all of them, a cluster barrier after it. A
-// partner past that barrier may then store the next Linear's columns into
-// this CTA while it still runs the instructions in between: `fence` marks a
-// Linear whose destination one of those instructions touches, which then
-// waits for the whole cluster before its stores (compile_program avoids it
-// where the buffers allow).
+// over the CTAs and stored into all of them. A partner holding all of a
+// Linear's columns may then store the next Linear's into this CTA while it
+// still runs the instructions in between (for a step's first Linear: the
+// previous step's after its last Linear, and its update, which reads e):
+// `fence` marks a Linear whose destination one of those instructions
+// touches, which then waits for the whole cluster before its stores
+// (compile_program avoids it where the buffers allow).
 constexpr int kMaxProgramOps = 64;
 constexpr int kMaxProgramNorms = 32;
 constexpr int kProgramX = -1;
