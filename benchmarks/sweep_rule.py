@@ -13,6 +13,10 @@ Shapes (random weights of the projects' widths):
             Linear of 256; the same sampler
   dppo      DPPO's residual MLP of 512 (Mish), action chunk 4 x 3, obs 11 as
             condition rows, 20 cosine DDPM steps, std floor, noise clip
+  reinflow  ReinFlow's FlowMLP: DPPO's residual MLP of 512 with ReLU, action
+            chunk 4 x 3, time and obs as bias rows, 4 Euler steps clipped
+  fql       FQL's vector field: cat[a 6, s 17, t] into 4 GELU (tanh) Linear of
+            512, 10 Euler steps, clipped at the end
   dql       the Diffusion-QL policy's chain: 3 Mish Linear of 256, time and
             condition rows, 5 steps (fp32_rule forced: DDPM_OPS_CUDA_KERNEL=rule)
 
@@ -40,6 +44,12 @@ SHAPES = {
                                                    in_width=6 + 17 + 128, time_rows=128, cond_rows=17),
     "dppo": lambda batch: make_program_problem(batch, 12, dppo_program("mish"), [512, 512, 512, 12],
                                                dppo_rule("ddpm"), time_rows=True, cond_rows=True),
+    "reinflow": lambda batch: make_program_problem(batch, 12, dppo_program("relu"), [512, 512, 512, 12],
+                                                   ddpm_ops.step_rules.flow_euler(torch.linspace(0, 1, 5), clip=1.0),
+                                                   time_rows=True, cond_rows=True),
+    "fql": lambda batch: make_program_problem(batch, 6, ["input:x,cond,time", *["linear", "gelu_tanh"] * 4, "linear"],
+                                              [512] * 4 + [6], ddpm_ops.step_rules.flow_euler(torch.linspace(0, 1, 11)),
+                                              in_width=6 + 17 + 1, time_rows=1, cond_rows=17),
     "dql": lambda batch: chain(make_program_problem(batch, 6, ["linear", "mish"] * 3 + ["linear"],
                                                     [256, 256, 256, 6], dppo_rule("ddpm", noise_clip=1e9),
                                                     num_steps=5, time_rows=True, cond_rows=True)),
