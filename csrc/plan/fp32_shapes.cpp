@@ -104,7 +104,7 @@ size_t plan_tiled_layout(const Problem& a, int mt, int cs, bool try_partial, boo
   }
   const int nets = window == 0 ? 0
                                : shapes::bias_net_floats(rows, plan->cta_cols[0], window, a.time_net,
-                                                               a.cond_net, a.bias_net_hidden);
+                                                         a.cond_net, a.bias_net_hidden);
   plan->bias_net_offset = nets > 0 ? end : -1;
   return static_cast<size_t>(end + nets) * sizeof(float);
 }
@@ -492,7 +492,7 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
   const int at = shapes::resident_bias_floats_at(best.opw, best.rows);
   plan->bias_window = bias_window(a, [&](int w) {
     return sizeof(float) * (at + shapes::bias_net_floats(best.rows, 8 * best.opw, w, a.time_net, a.cond_net,
-                                                               a.bias_net_hidden)) <=
+                                                         a.bias_net_hidden)) <=
            static_cast<size_t>(d.max_smem);
   });
   return true;

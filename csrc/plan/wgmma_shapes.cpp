@@ -126,8 +126,7 @@ bool bf16x3_wgmma_m64_shape(const Problem& a, const Device& d, const Overrides& 
   if (shape.own == 0) return false;
   const bool two = shape.cs > 1 && shapes::Bf16x3Layout{shape.own, shape.cs, a.num_layers, 2}.bytes() <= d.max_smem;
   const shapes::Bf16x3Layout layout{shape.own, shape.cs, a.num_layers, two ? 2 : 1};
-  bf16x3_plan(Kernel::kBf16x3WgmmaM64, shape, shapes::kWgmmaRows, layout, shapes::kBf16x3Threads, a, d,
-              plan);
+  bf16x3_plan(Kernel::kBf16x3WgmmaM64, shape, shapes::kWgmmaRows, layout, shapes::kBf16x3Threads, a, d, plan);
   plan->buffers = layout.buffers;
   return true;
 }
