@@ -353,7 +353,7 @@ def rule_columns(rows):
 
 
 def rule_smem(rows, dim, width, saved):
-    """fp32_rule's shared memory (fp32_rule.h: rule_smem_bytes) without bias networks: a
+    """fp32_rule's shared memory (csrc/plan/shapes/fp32_rule.h: rule_smem_bytes) without bias networks: a
     cluster's two mbarriers, the row header, the warps' partial sums, the samples and the previous x0, two activation buffers and
     `saved` more."""
     header = 4 + -(-10 * rows // 4) * 4

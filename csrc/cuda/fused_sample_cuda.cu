@@ -30,7 +30,6 @@ namespace ddpm_ops {
 namespace {
 
 using cuda_kernels::EngineArgs;
-using cuda_kernels::kMaxLayers;
 using cuda_kernels::ProgramArgs;
 using cuda_kernels::ProgramOpArgs;
 

@@ -5,6 +5,7 @@
 
 #include "../plan/plan.h"
 #include "common/args.h"
+#include "kernels/fp32_rule.h"
 
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>

@@ -1,7 +1,8 @@
 // The shapes of the kernels on CUDA cores and mma.sync: fp32_resident,
 // fp32_smem and tf32x3_tiled, and the rule between the last two.
-#include "../cuda/kernels/fp32_resident.h"
-#include "shapes.h"
+#include "candidates.h"
+#include "shapes/bias_net.h"
+#include "shapes/fp32_resident.h"
 
 #include <algorithm>
 #include <limits>
@@ -12,8 +13,7 @@ namespace plan {
 namespace detail {
 namespace {
 
-using cuda_kernels::round_up4;
-using cuda_kernels::slice_size;
+using shapes::slice_size;
 
 // Up to this many rows per cluster, fp32_smem computes the last layer whole
 // on every CTA (no exchange) when it fits; beyond, its compute outweighs one
@@ -38,10 +38,10 @@ constexpr int kResidentManySteps = 8;
 // tma_chunks, and the bias networks' rows of `window` steps (none for 0).
 // Returns the shared memory the plan needs.
 size_t plan_tiled_layout(const Problem& a, int mt, int cs, bool try_partial, bool tma_chunks, int window,
-                         cuda_kernels::TilePlan* plan) {
-  using cuda_kernels::kTileKChunk;
-  using cuda_kernels::kTileMaxWarpTiles;
-  using cuda_kernels::kTileWarps;
+                         shapes::TilePlan* plan) {
+  using shapes::kTileKChunk;
+  using shapes::kTileMaxWarpTiles;
+  using shapes::kTileWarps;
   const int L = a.num_layers;
   const int rows = 16 * mt;
   int act_width = round_up(std::max(a.dim + 1, widest_hidden(a)), kTileKChunk);
@@ -76,12 +76,12 @@ size_t plan_tiled_layout(const Problem& a, int mt, int cs, bool try_partial, boo
     const int warp_cols = kTileWarps * 8;
     const int passes = (plan->cta_cols[l] + warp_cols * kTileMaxWarpTiles - 1) / (warp_cols * kTileMaxWarpTiles);
     plan->warp_tiles[l] = (plan->cta_cols[l] + passes * warp_cols - 1) / (passes * warp_cols);
-    widest_pass = std::max(widest_pass, cuda_kernels::tile_pass_cols(*plan, l));
+    widest_pass = std::max(widest_pass, shapes::tile_pass_cols(*plan, l));
   }
   // Narrow passes leave room for more chunks in flight.
-  plan->slot_floats = widest_pass * cuda_kernels::kTileStageLd;
-  plan->slots = cuda_kernels::kTileMaxSlots;  // a power of two (the ring's index wraps by a mask)
-  while (plan->slots * plan->slot_floats > cuda_kernels::kTileStageFloats) plan->slots /= 2;
+  plan->slot_floats = widest_pass * shapes::kTileStageLd;
+  plan->slots = shapes::kTileMaxSlots;  // a power of two (the ring's index wraps by a mask)
+  while (plan->slots * plan->slot_floats > shapes::kTileStageFloats) plan->slots /= 2;
   const int ld = act_width + 4;
   plan->act_ld = ld;
   plan->act_offset[0] = 0;
@@ -89,22 +89,22 @@ size_t plan_tiled_layout(const Problem& a, int mt, int cs, bool try_partial, boo
   plan->x_offset = 2 * rows * ld;
   // 16-byte aligned for cp.async 16
   plan->stage_offset = round_up(plan->x_offset + rows * a.dim, 4);
-  plan->t_offset = plan->stage_offset + cuda_kernels::kTileStageFloats +
-                   static_cast<int>(cuda_kernels::kTileSwizzleBytes / sizeof(float));
+  plan->t_offset = plan->stage_offset + shapes::kTileStageFloats +
+                   static_cast<int>(shapes::kTileSwizzleBytes / sizeof(float));
   plan->valid_offset = plan->t_offset + rows;
   plan->coef_offset = plan->valid_offset + rows;
   const int coef_end = plan->coef_offset + kStepTablesWithPrevious * rows;
   plan->x0_prev_offset = a.previous_x0 ? coef_end : -1;
   plan->barrier_offset = round_up(coef_end + (a.previous_x0 ? rows * a.dim : 0), 4);
-  int end = plan->barrier_offset + 2 * (2 + cuda_kernels::kTileMaxSlots);  // 8-byte mbarriers
+  int end = plan->barrier_offset + 2 * (2 + shapes::kTileMaxSlots);  // 8-byte mbarriers
   if (partial) {
     plan->partial_offset = end;  // 16-byte aligned for the stores
     plan->partial_ld = partial_ld;
     end += static_cast<int>(partial_floats);
   }
   const int nets = window == 0 ? 0
-                               : cuda_kernels::bias_net_floats(rows, plan->cta_cols[0], window, a.time_net,
-                                                               a.cond_net, a.bias_net_hidden);
+                               : shapes::bias_net_floats(rows, plan->cta_cols[0], window, a.time_net,
+                                                         a.cond_net, a.bias_net_hidden);
   plan->bias_net_offset = nets > 0 ? end : -1;
   return static_cast<size_t>(end + nets) * sizeof(float);
 }
@@ -112,7 +112,7 @@ size_t plan_tiled_layout(const Problem& a, int mt, int cs, bool try_partial, boo
 // plan_tiled_layout, with the partial last layer only where it fits in
 // max_smem.
 size_t plan_tiled(const Problem& a, int mt, int cs, const Device& d, const Overrides& o, int window,
-                  cuda_kernels::TilePlan* plan) {
+                  shapes::TilePlan* plan) {
   // TMA is 5-12% faster than cp.async at every tile height (H200,
   // BENCHMARKS.md): fewer instructions per chunk, none on the compute warps.
   // Below 9.0 there is none, whatever the driver's encoder.
@@ -191,17 +191,17 @@ int smem_cluster_size(const Problem& a, const Device& d, const Overrides& o) {
 // every warp at most one tile, or the widest: a warp's tiles run one after
 // the other, each a dependent chain of loads, products and shuffles, so one
 // tile per warp is the shortest layer.
-cuda_kernels::LayerWork make_work(int cols, int rows, int vr) {
-  cuda_kernels::LayerWork w = {};
+shapes::LayerWork make_work(int cols, int rows, int vr) {
+  shapes::LayerWork w = {};
   w.cols = cols;
   const int row_tiles = (rows + vr - 1) / vr;
-  const int widest_log2 = cuda_kernels::smem_widest_vc_log2(vr);
+  const int widest_log2 = shapes::smem_widest_vc_log2(vr);
   int vc_log2 = 1;
   auto tiles_c = [&](int log2) { return std::max(1, (cols + (1 << log2) - 1) >> log2); };
-  while (vc_log2 < widest_log2 && row_tiles * tiles_c(vc_log2) > cuda_kernels::kSmemWarps) ++vc_log2;
+  while (vc_log2 < widest_log2 && row_tiles * tiles_c(vc_log2) > shapes::kSmemWarps) ++vc_log2;
   w.vc_log2 = vc_log2;
   w.tiles_c = tiles_c(vc_log2);
-  w.tiles_c_magic = cuda_kernels::magic_divisor(w.tiles_c);
+  w.tiles_c_magic = shapes::magic_divisor(w.tiles_c);
   w.ntiles = row_tiles * w.tiles_c;
   return w;
 }
@@ -212,7 +212,7 @@ cuda_kernels::LayerWork make_work(int cols, int rows, int vr) {
 // activations do not fit.
 int smem_rows(const Problem& a, int max_clusters, size_t weight_floats, size_t per_row, size_t budget) {
   const int64_t per_cluster = ceil_div(a.batch, max_clusters);
-  int rows = static_cast<int>(std::min<int64_t>(per_cluster, cuda_kernels::kSmemMaxRows));
+  int rows = static_cast<int>(std::min<int64_t>(per_cluster, shapes::kSmemMaxRows));
   if (8 * per_row + weight_floats <= budget) {
     while (rows > 8 && rows * per_row + weight_floats > budget) rows /= 2;
   }
@@ -225,7 +225,7 @@ Plan fp32_smem_plan(const Problem& a, const Device& d, const Overrides& o) {
   plan.kernel = Kernel::kFp32Smem;
   const int cs = smem_cluster_size(a, d, o);
   const int L = a.num_layers;
-  cuda_kernels::SmemPlan& p = plan.smem_plan;
+  shapes::SmemPlan& p = plan.smem_plan;
   p.cluster_size = cs;
   p.in0_ld = round_up4(a.dim + 1);
   p.hidden_ld = round_up4(widest_hidden(a));
@@ -260,7 +260,7 @@ Plan fp32_smem_plan(const Problem& a, const Device& d, const Overrides& o) {
   p.coef_offset = take(2 * rows);
   p.t_offset = take(rows);
   p.valid_offset = take(rows);
-  p.barrier_offset = take(2 * cuda_kernels::kExchangeBuffers);
+  p.barrier_offset = take(2 * shapes::kExchangeBuffers);
   if (static_cast<size_t>(offset) > budget) {
     plan.error = too_wide;
     return plan;
@@ -292,7 +292,7 @@ Plan fp32_smem_plan(const Problem& a, const Device& d, const Overrides& o) {
     }
     p.work[l] = make_work(s, rows, vr);
   }
-  plan.threads = cuda_kernels::kSmemThreads;
+  plan.threads = shapes::kSmemThreads;
   plan.cluster_size = cs;
   plan.co_resident = d.max_clusters[cs];
   plan.rows = rows;
@@ -308,11 +308,11 @@ Plan tiled_plan(const Problem& a, const Device& d, const Overrides& o, int mt, i
   Plan plan;
   plan.kernel = Kernel::kTf32x3Tiled;
   plan.bias_window = bias_window(a, [&](int w) {
-    cuda_kernels::TilePlan tile;
+    shapes::TilePlan tile;
     return plan_tiled(a, mt, cs, d, o, w, &tile) <= static_cast<size_t>(d.max_smem);
   });
   plan.smem = static_cast<int>(plan_tiled(a, mt, cs, d, o, plan.bias_window, &plan.tile_plan));
-  plan.threads = cuda_kernels::kTileThreads;
+  plan.threads = shapes::kTileThreads;
   // Where clusters do not launch (below 9.0), a tile is one CTA of a plain launch.
   plan.cluster_size = d.hopper() && d.max_clusters[1] > 0 ? cs : 0;
   plan.co_resident = d.max_clusters[cs];
@@ -353,7 +353,7 @@ struct TiledShape {
 TiledShape tiled_shape_by_rule(const Problem& a, const Device& d, const Overrides& o, bool smem_runs_it,
                                bool any_batch) {
   auto fits = [&](int mt) {
-    cuda_kernels::TilePlan plan;
+    shapes::TilePlan plan;
     return plan_tiled(a, mt, 1, d, o, 0, &plan) <= static_cast<size_t>(d.max_smem);
   };
   auto tiles = [&](int mt) { return ceil_div(a.batch, 16 * mt); };
@@ -377,7 +377,7 @@ TiledShape tiled_shape_by_rule(const Problem& a, const Device& d, const Override
 // DDPM_OPS_CUDA_KERNEL=tiled16|32|64: that tile height, where it fits.
 int forced_tile_height(const Problem& a, const Device& d, const Overrides& o) {
   if (!(o.names_kernel && o.kernel == Kernel::kTf32x3Tiled)) return 0;
-  cuda_kernels::TilePlan plan;
+  shapes::TilePlan plan;
   const int mt = o.tiled_rows / 16;
   return plan_tiled(a, mt, 1, d, o, 0, &plan) <= static_cast<size_t>(d.max_smem) ? mt : 0;
 }
@@ -436,18 +436,18 @@ bool tf32x3_tiled_shape(const Problem& a, const Device& d, const Overrides& o, b
 // the float4 weight loads): 17.3 in clusters of 4 (1 x 4), 20.1 in clusters
 // of 8 (2 x 2).
 bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, Plan* plan) {
-  using cuda_kernels::kResidentWarps;
+  using shapes::kResidentWarps;
   struct Shape {
     int opw = 0, rows = 0, cs = 0;
   };
   const int L = a.num_layers;
-  if (!d.hopper() || L < 2 || L > cuda_kernels::kResidentMaxLayers || a.dim > cuda_kernels::kResidentMaxDim)
+  if (!d.hopper() || L < 2 || L > shapes::kResidentMaxLayers || a.dim > shapes::kResidentMaxDim)
     return false;
   const int H = a.layers[0].out;
   for (int l = 1; l + 1 < L; ++l) {
     if (a.layers[l].out != H) return false;
   }
-  if (H > cuda_kernels::kResidentMaxHidden) return false;
+  if (H > shapes::kResidentMaxHidden) return false;
   for (int l = 1; l < L; ++l) {
     if (!a.layers[l].aligned) return false;
   }
@@ -455,8 +455,8 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
     const int cs = H / (kResidentWarps * opw);
     if (H % (kResidentWarps * opw) != 0 || cs > kMaxClusterSize || d.max_clusters[cs] == 0) return Shape{};
     for (int rows : {1, 2, 4, 8}) {
-      const size_t buffers = sizeof(float) * cuda_kernels::resident_bias_floats_at(opw, rows);
-      if (cuda_kernels::resident_fits(opw, rows, L) && buffers <= static_cast<size_t>(d.max_smem) &&
+      const size_t buffers = sizeof(float) * shapes::resident_bias_floats_at(opw, rows);
+      if (shapes::resident_fits(opw, rows, L) && buffers <= static_cast<size_t>(d.max_smem) &&
           ceil_div(a.batch, rows) <= d.max_clusters[cs])
         return Shape{opw, rows, cs};
     }
@@ -486,13 +486,13 @@ bool fp32_resident_shape(const Problem& a, const Device& d, const Overrides& o, 
   plan->co_resident = d.max_clusters[best.cs];
   plan->tiles = ceil_div(a.batch, best.rows);
   plan->grid = plan->tiles;
-  plan->threads = cuda_kernels::kResidentThreads;
+  plan->threads = shapes::kResidentThreads;
   // All of the shared memory: one CTA per multiprocessor (fp32_resident.cuh).
   plan->smem = d.max_smem;
-  const int at = cuda_kernels::resident_bias_floats_at(best.opw, best.rows);
+  const int at = shapes::resident_bias_floats_at(best.opw, best.rows);
   plan->bias_window = bias_window(a, [&](int w) {
-    return sizeof(float) * (at + cuda_kernels::bias_net_floats(best.rows, 8 * best.opw, w, a.time_net, a.cond_net,
-                                                               a.bias_net_hidden)) <=
+    return sizeof(float) * (at + shapes::bias_net_floats(best.rows, 8 * best.opw, w, a.time_net, a.cond_net,
+                                                         a.bias_net_hidden)) <=
            static_cast<size_t>(d.max_smem);
   });
   return true;
@@ -518,12 +518,12 @@ constexpr int kRuleClusterMaxRows = 4;
 // shared memory from float `base` on (RuleWeights); returns the kilo-floats
 // a CTA still streams from L2 per step, and the total in *all.
 double keep_weights_on_chip(const Problem& p, int rows, int cluster, int base, int64_t free_floats,
-                            cuda_kernels::RuleWeights* kept, double* all) {
+                            shapes::RuleWeights* kept, double* all) {
   *kept = {};
   int order[kMaxLayers];
   for (int l = 0; l < p.num_layers; ++l) order[l] = l;
   const auto share = [&](int l) {
-    return cuda_kernels::rule_weight_share_floats(p.layers[l].out, p.layers[l].in, cluster, rows);
+    return shapes::rule_weight_share_floats(p.layers[l].out, p.layers[l].in, cluster, rows);
   };
   std::sort(order, order + p.num_layers, [&](int a, int b) { return share(a) > share(b); });
   double streamed = 0.0;
@@ -552,9 +552,9 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan
   // The shared memory of a block of `rows` rows with the bias networks' rows
   // of `window` steps, and the largest window that fits (bias_window).
   const auto bytes = [&](int rows, int window) {
-    return cuda_kernels::rule_smem_bytes(
+    return shapes::rule_smem_bytes(
         rows, dim_ld, width,
-        window == 0 ? 0 : cuda_kernels::bias_net_floats(rows, h0, window, p.time_net, p.cond_net, p.bias_net_hidden),
+        window == 0 ? 0 : shapes::bias_net_floats(rows, h0, window, p.time_net, p.cond_net, p.bias_net_hidden),
         p.program_saved);
   };
   const auto window_of = [&](int rows) {
@@ -569,7 +569,7 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan
   // its shared memory has room for kept on chip.
   struct Shape {
     int rows = 0, cluster = 1;
-    cuda_kernels::RuleWeights kept = {};
+    shapes::RuleWeights kept = {};
     double ns = std::numeric_limits<double>::infinity();
   };
   const auto shape = [&](int rows, int cluster, int64_t co_resident) {
@@ -590,7 +590,7 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan
   // reuses each weight it loads for more rows), then halved until the block
   // fits.
   int rows = 1;
-  while (rows < cuda_kernels::kRuleMaxRows && static_cast<int64_t>(rows) * d.sm_count < p.batch) rows *= 2;
+  while (rows < shapes::kRuleMaxRows && static_cast<int64_t>(rows) * d.sm_count < p.batch) rows *= 2;
   while (rows >= 1 && !fits(rows)) rows /= 2;
   if (rows < 1) return false;
   // On Hopper a cluster may run each row group instead, its CTAs splitting
@@ -608,7 +608,7 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan
   }
   plan->kernel = Kernel::kFp32Rule;
   plan->rows = best.rows;
-  plan->threads = cuda_kernels::rule_threads(best.rows);
+  plan->threads = shapes::rule_threads(best.rows);
   plan->cluster_size = best.cluster > 1 ? best.cluster : 0;
   plan->co_resident = best.cluster > 1 ? d.max_clusters[best.cluster] : 0;
   plan->grid = plan->tiles = ceil_div(p.batch, best.rows);
@@ -617,7 +617,7 @@ bool fp32_rule_shape(const Problem& p, const Device& d, const Overrides& o, Plan
   int64_t kept_floats = 0;
   for (int l = 0; l < p.num_layers; ++l) {
     if (best.kept.offset[l] != 0) {
-      kept_floats += cuda_kernels::rule_weight_share_floats(p.layers[l].out, p.layers[l].in, best.cluster, best.rows);
+      kept_floats += shapes::rule_weight_share_floats(p.layers[l].out, p.layers[l].in, best.cluster, best.rows);
     }
   }
   plan->smem = static_cast<int>(kept_floats > 0 ? sizeof(float) * (kept_base(best.rows) + kept_floats)

@@ -1,10 +1,10 @@
 // choose_plan: the ordered table of candidate kernels, each with the shape it
-// would run the call in (shapes.h) and the condition under which the rule
+// would run the call in (candidates.h) and the condition under which the rule
 // takes it; the overrides; the plan's description.
 #include "plan.h"
 
-#include "../cuda/kernels/bf16_wgmma.h"
-#include "shapes.h"
+#include "candidates.h"
+#include "shapes/bf16_wgmma.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -265,7 +265,7 @@ std::string describe(const Plan& plan, const Problem& problem) {
       return line + format("cluster size %d (%d co-resident), %d rows x %lld clusters, %d outputs per warp",
                            plan.cluster_size, plan.co_resident, plan.rows, tiles, plan.opw);
     case Kernel::kFp32Smem: {
-      const cuda_kernels::SmemPlan& p = plan.smem_plan;
+      const shapes::SmemPlan& p = plan.smem_plan;
       const bool replicated = p.last_weight_offset >= 0;
       line += format("cluster size %d (%d co-resident), %d rows x %lld clusters, last layer %s, %zu bytes shared "
                      "memory, weights on chip:",
@@ -276,7 +276,7 @@ std::string describe(const Plan& plan, const Problem& problem) {
       return line;
     }
     case Kernel::kTf32x3Tiled: {
-      const cuda_kernels::TilePlan& p = plan.tile_plan;
+      const shapes::TilePlan& p = plan.tile_plan;
       line += format("%d rows x %lld tiles, cluster size %d, last layer %s, %d chunks in flight, %s, %zu bytes "
                      "shared memory, weight chunks by:",
                      plan.rows, tiles, plan.cluster_size,
@@ -288,7 +288,7 @@ std::string describe(const Plan& plan, const Problem& problem) {
     case Kernel::kBf16Wgmma:
       return line + format("%d rows x %lld tiles on %lld CTAs of %d warpgroups, hidden width %d, %d bytes shared "
                            "memory",
-                           plan.rows, tiles, grid, cuda_kernels::kBf16Warpgroups, plan.hidden, plan.smem);
+                           plan.rows, tiles, grid, shapes::kBf16Warpgroups, plan.hidden, plan.smem);
     case Kernel::kBf16x3WgmmaM64:
       return line + format("%d rows x %lld tiles on %lld clusters of %d, hidden width %d, %d columns per CTA, %d "
                            "bytes shared memory, %d exchange buffers",

@@ -5,9 +5,10 @@
 // plan_op.cpp, and ddpm_ops/cuda_plan.py expose it).
 #pragma once
 
-#include "../cuda/kernels/fp32_rule.h"
-#include "../cuda/kernels/fp32_smem.h"
-#include "../cuda/kernels/tf32x3_tiled.h"
+#include "../common/sizes.h"
+#include "shapes/fp32_rule.h"
+#include "shapes/fp32_smem.h"
+#include "shapes/tf32x3_tiled.h"
 
 #include <cstdint>
 #include <functional>
@@ -16,13 +17,12 @@
 namespace ddpm_ops {
 namespace plan {
 
-using cuda_kernels::kMaxLayers;
-
 constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
 
 enum class Precision { kFloat32, kTF32, kBFloat16 };
 
-// The kernels, each in csrc/cuda/kernels/<name>.cuh (kernel_name()). The
+// The kernels, each in csrc/cuda/kernels/<name>.cuh (kernel_name()), their
+// shapes in shapes/. The
 // engine's (fp32_resident, tf32x3_tiled, fp32_rule) run the general step of
 // both overloads; the others the time-column overload alone.
 enum class Kernel {
@@ -139,9 +139,9 @@ struct Plan {
   int bias_window = 0;
   int num_layers = 0;
   // The kernel arguments computed on the host.
-  cuda_kernels::SmemPlan smem_plan = {};
-  cuda_kernels::TilePlan tile_plan = {};
-  cuda_kernels::RuleWeights rule_weights = {};  // fp32_rule: the layers kept on chip
+  shapes::SmemPlan smem_plan = {};
+  shapes::TilePlan tile_plan = {};
+  shapes::RuleWeights rule_weights = {};  // fp32_rule: the layers kept on chip
 };
 
 Plan choose_plan(const Problem& problem, const Device& device, const Overrides& overrides);

@@ -46,7 +46,7 @@ std::string cuda_plan(int64_t batch, int64_t dim, std::vector<int64_t> hidden, i
   TORCH_CHECK(batch <= INT32_MAX && dim < INT32_MAX && num_steps <= INT32_MAX,
               "ddpm::cuda_plan: batch, dim + 1 and num_steps must fit in int32, got ", batch, ", ", dim, " + 1 and ",
               num_steps);
-  TORCH_CHECK(p.num_layers <= plan::kMaxLayers, "ddpm::cuda_plan: at most ", plan::kMaxLayers, " layers");
+  TORCH_CHECK(p.num_layers <= kMaxLayers, "ddpm::cuda_plan: at most ", kMaxLayers, " layers");
   TORCH_CHECK(aligned.empty() || static_cast<int>(aligned.size()) == p.num_layers,
               "ddpm::cuda_plan: aligned needs one flag per layer (", p.num_layers, "), got ", aligned.size());
   int in = p.program_input > 0 ? p.program_input : general_step ? p.dim : p.dim + 1;

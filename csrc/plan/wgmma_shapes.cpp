@@ -1,15 +1,15 @@
 // The shapes of the wgmma kernels (sm_90a): bf16_wgmma, bf16x3_wgmma_m64 and
 // bf16x3_wgmma_swapab.
-#include "../cuda/kernels/bf16_wgmma.h"
-#include "../cuda/kernels/bf16x3_wgmma_swapab.h"
-#include "shapes.h"
+#include "candidates.h"
+#include "shapes/bf16_wgmma.h"
+#include "shapes/bf16x3_wgmma_swapab.h"
 
 namespace ddpm_ops {
 namespace plan {
 namespace detail {
 namespace {
 
-using cuda_kernels::kWgmmaDimPad;
+using shapes::kWgmmaDimPad;
 
 // A bf16x3_wgmma_m64 step takes about the time of own + kM64StepColumns
 // columns' work (the exchange and the layers' latencies take the rest). H200,
@@ -77,7 +77,7 @@ void bf16x3_plan(Kernel kernel, OwnCs shape, int rows, const Layout& layout, int
   plan->tiles = ceil_div(a.batch, rows);
   plan->grid = std::min<int64_t>(d.max_clusters[shape.cs], plan->tiles);
   plan->threads = threads;
-  plan->smem = cuda_kernels::wgmma_request(layout, d.max_smem);
+  plan->smem = shapes::wgmma_request(layout, d.max_smem);
 }
 
 }  // namespace
@@ -86,19 +86,19 @@ void bf16x3_plan(Kernel kernel, OwnCs shape, int rows, const Layout& layout, int
 // layer, dim <= 64, hidden widths <= 256 and the bf16 net within shared
 // memory (bf16_wgmma.cuh).
 bool bf16_wgmma_shape(const Problem& a, const Device& d, Plan* plan) {
-  using cuda_kernels::kWgmmaCols;
+  using shapes::kWgmmaCols;
   if (!in_wgmma_envelope(a, d)) return false;
   const int h = round_up(widest_hidden(a), kWgmmaCols);
-  const cuda_kernels::Bf16WgmmaLayout layout{h, a.num_layers};
+  const shapes::Bf16WgmmaLayout layout{h, a.num_layers};
   if (h > 4 * kWgmmaCols || layout.bytes() > d.max_smem) return false;
   plan->kernel = Kernel::kBf16Wgmma;
   plan->hidden = h;
-  plan->rows = cuda_kernels::kWgmmaRows;
-  plan->tiles = ceil_div(a.batch, cuda_kernels::kWgmmaRows);
+  plan->rows = shapes::kWgmmaRows;
+  plan->tiles = ceil_div(a.batch, shapes::kWgmmaRows);
   plan->grid = std::min<int64_t>(d.sm_count, plan->tiles);
   plan->cluster_size = 0;
-  plan->threads = cuda_kernels::kBf16Threads;
-  plan->smem = cuda_kernels::wgmma_request(layout, d.max_smem);
+  plan->threads = shapes::kBf16Threads;
+  plan->smem = shapes::wgmma_request(layout, d.max_smem);
   return true;
 }
 
@@ -113,9 +113,9 @@ bool bf16_wgmma_shape(const Problem& a, const Device& d, Plan* plan) {
 bool bf16x3_wgmma_m64_shape(const Problem& a, const Device& d, const Overrides& o, Plan* plan) {
   if (!in_wgmma_envelope(a, d)) return false;
   const int widest = widest_hidden(a);
-  const int64_t tiles = ceil_div(a.batch, cuda_kernels::kWgmmaRows);
+  const int64_t tiles = ceil_div(a.batch, shapes::kWgmmaRows);
   auto fits = [&](int own, int cs, int) {
-    const cuda_kernels::Bf16x3Layout layout{own, cs, a.num_layers};
+    const shapes::Bf16x3Layout layout{own, cs, a.num_layers};
     return layout.hidden() >= widest && layout.bytes() <= d.max_smem;
   };
   auto cost = [&](int own, int cs, int) { return ceil_div(tiles, d.max_clusters[cs]) * (own + kM64StepColumns); };
@@ -124,10 +124,9 @@ bool bf16x3_wgmma_m64_shape(const Problem& a, const Device& d, const Overrides& 
   OwnCs shape = forced_cs != 0 ? least_cost_shape(d, {0}, forced_cs, 0, &rows, fits, cost) : OwnCs{0, 0};
   if (shape.own == 0) shape = least_cost_shape(d, {0}, 0, 0, &rows, fits, cost);
   if (shape.own == 0) return false;
-  const bool two = shape.cs > 1 && cuda_kernels::Bf16x3Layout{shape.own, shape.cs, a.num_layers, 2}.bytes() <= d.max_smem;
-  const cuda_kernels::Bf16x3Layout layout{shape.own, shape.cs, a.num_layers, two ? 2 : 1};
-  bf16x3_plan(Kernel::kBf16x3WgmmaM64, shape, cuda_kernels::kWgmmaRows, layout, cuda_kernels::kBf16x3Threads, a, d,
-              plan);
+  const bool two = shape.cs > 1 && shapes::Bf16x3Layout{shape.own, shape.cs, a.num_layers, 2}.bytes() <= d.max_smem;
+  const shapes::Bf16x3Layout layout{shape.own, shape.cs, a.num_layers, two ? 2 : 1};
+  bf16x3_plan(Kernel::kBf16x3WgmmaM64, shape, shapes::kWgmmaRows, layout, shapes::kBf16x3Threads, a, d, plan);
   plan->buffers = layout.buffers;
   return true;
 }
@@ -147,8 +146,8 @@ bool bf16x3_wgmma_swapab_shape(const Problem& a, const Device& d, const Override
   auto waves = [&](int cs, int rows) { return ceil_div(ceil_div(a.batch, rows), d.max_clusters[cs]); };
   bool any_waves = true;
   auto fits = [&](int own, int cs, int rows) {
-    const cuda_kernels::SwapabLayout layout{own, cs, a.num_layers, rows};
-    return layout.hidden() >= widest && layout.bytes() + cuda_kernels::kWgmmaAlign <= d.max_smem &&
+    const shapes::SwapabLayout layout{own, cs, a.num_layers, rows};
+    return layout.hidden() >= widest && layout.bytes() + shapes::kWgmmaAlign <= d.max_smem &&
            (any_waves || waves(cs, rows) == 1);
   };
   auto cost = [&](int own, int cs, int rows) { return waves(cs, rows) * swapab_step_cost(own, cs, rows); };
@@ -160,8 +159,8 @@ bool bf16x3_wgmma_swapab_shape(const Problem& a, const Device& d, const Override
   any_waves = false;
   if (shape.own == 0) shape = least_cost_shape(d, {8, 16, 24, 32}, 0, 0, &rows, fits, cost);
   if (shape.own == 0) return false;
-  const cuda_kernels::SwapabLayout layout{shape.own, shape.cs, a.num_layers, rows};
-  bf16x3_plan(Kernel::kBf16x3WgmmaSwapab, shape, rows, layout, cuda_kernels::kSwapabThreads, a, d, plan);
+  const shapes::SwapabLayout layout{shape.own, shape.cs, a.num_layers, rows};
+  bf16x3_plan(Kernel::kBf16x3WgmmaSwapab, shape, rows, layout, shapes::kSwapabThreads, a, d, plan);
   return true;
 }
 

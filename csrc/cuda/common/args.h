@@ -1,21 +1,15 @@
 // What every kernel of ddpm::fused_sample takes (the net, the tables and the
-// batch as raw pointers) and the helpers that host and device share. Plain
-// C++: the launch plan (csrc/plan), built without CUDA too, includes it.
+// batch as raw pointers), filled on the host (fused_sample_cuda.cu).
 #pragma once
 
 #include <cstdint>
 
 #include "../../common/activation.h"
-#include "../../common/host_device.h"
+#include "../../common/sizes.h"
 #include "../../common/step_tables.h"
 
 namespace ddpm_ops {
 namespace cuda_kernels {
-
-// The schema allows any depth; kernel arguments carry a fixed-size table
-// (fused_sample_cuda.cu runs a deeper rule call as the ATen loop and refuses
-// a deeper time-column call).
-constexpr int kMaxLayers = 32;
 
 struct LayerArgs {
   const float* weight;  // (out, in) with row stride ld, global memory
@@ -80,15 +74,6 @@ struct BiasRowArgs {
   int window;  // steps of time rows evaluated at once (plan::Plan::bias_window)
 };
 
-// The shared memory (floats) of the bias networks' rows in a block of `rows`
-// rows whose layer 0 columns are `cols` wide: the condition rows, `window`
-// steps of time rows, and the networks' hidden layers (two buffers).
-DDPM_HD inline int bias_net_floats(int rows, int cols, int window, bool time_net, bool cond_net, int widest_hidden) {
-  if (!time_net && !cond_net) return 0;
-  const int evaluated = rows * (time_net ? window : 1);
-  return (cond_net ? rows * cols : 0) + (time_net ? rows * window * cols : 0) + 2 * evaluated * widest_hidden;
-}
-
 // A CUDA generator's Philox state for one call (at::PhiloxCudaState's
 // fields): under CUDA-graph capture the seed and the offset are read from
 // device memory, so that each replay draws anew, as torch's own random ops do.
@@ -138,8 +123,6 @@ struct EngineArgs {
   BiasRowArgs bias_rows;
   StepArgs step;
 };
-
-DDPM_HD constexpr int round_up4(int v) { return (v + 3) & ~3; }
 
 }  // namespace cuda_kernels
 }  // namespace ddpm_ops

@@ -2,12 +2,23 @@
 // the staging of a CTA's share of the net, shared by both bf16x3 kernels.
 #pragma once
 
-#include "bf16x3.h"
+#include "../../plan/shapes/bf16x3.h"
 #include "rows.cuh"
 #include "wgmma.cuh"
 
 namespace ddpm_ops {
 namespace cuda_kernels {
+
+// The bf16x3 kernels' layout, which the plan owns (csrc/plan/shapes/bf16x3.h).
+using shapes::Bf16x3Layout;
+using shapes::kBf16x3Threads;
+
+// Whether a cluster of kCs reduce-scatters eps (the columns each CTA sums:
+// kEpsBlock, 8 accumulators of a thread) rather than sending every partner
+// its whole partial sum.
+template <int kCs>
+constexpr bool kScatterEps = kCs == 4;
+constexpr int kEpsBlock = 16;
 
 // bf16 of the column pair (lo, hi), and bf16 of what that leaves of it: the
 // big and small planes.

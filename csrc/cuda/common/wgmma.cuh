@@ -3,12 +3,15 @@
 #pragma once
 
 #include "ptx.cuh"
-#include "wgmma.h"
+#include "../../plan/shapes/wgmma.h"
 
 #include <cuda_bf16.h>
 
 namespace ddpm_ops {
 namespace cuda_kernels {
+
+// The wgmma kernels' geometry, which the plan owns (csrc/plan/shapes/wgmma.h).
+using shapes::kWgmmaAlign;
 
 // The dynamic shared memory from its first kWgmmaAlign boundary (the swizzle
 // of the tiles in it repeats every 1024 bytes); traps where the launch left no

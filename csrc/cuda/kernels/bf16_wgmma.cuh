@@ -27,10 +27,18 @@
 
 #include "../common/rows.cuh"
 #include "../common/wgmma.cuh"
-#include "bf16_wgmma.h"
+#include "../../plan/shapes/bf16_wgmma.h"
 
 namespace ddpm_ops {
 namespace cuda_kernels {
+
+// The shape the plan chooses for this kernel (csrc/plan/shapes/bf16_wgmma.h).
+using shapes::Bf16WgmmaLayout;
+using shapes::kBf16Threads;
+using shapes::kBf16Warpgroups;
+using shapes::kWgmmaCols;
+using shapes::kWgmmaDimPad;
+using shapes::kWgmmaRows;
 
 // Issues acc[j] += in (kDepth / 16 k-blocks of A fragments) times columns
 // [64 j, 64 (j + 1)) of the layer whose weights start at `weights` (`rows`

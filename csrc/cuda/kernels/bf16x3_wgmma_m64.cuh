@@ -59,6 +59,13 @@
 namespace ddpm_ops {
 namespace cuda_kernels {
 
+// The shape the plan chooses for this kernel (csrc/plan/shapes/bf16x3.h, wgmma.h).
+using shapes::Bf16x3Layout;
+using shapes::kBf16x3Threads;
+using shapes::kWgmmaCols;
+using shapes::kWgmmaDimPad;
+using shapes::kWgmmaRows;
+
 namespace cg = cooperative_groups;
 
 // acc[j * kKChains + kb % kKChains] += (big, small) fragments kb in [kKb0, kKb1)

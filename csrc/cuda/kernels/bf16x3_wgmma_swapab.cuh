@@ -32,12 +32,18 @@
 #pragma once
 
 #include "../common/bf16x3.cuh"
-#include "bf16x3_wgmma_swapab.h"
+#include "../../plan/shapes/bf16x3_wgmma_swapab.h"
 
 #include <cooperative_groups.h>
 
 namespace ddpm_ops {
 namespace cuda_kernels {
+
+// The shape the plan chooses for this kernel (csrc/plan/shapes/bf16x3_wgmma_swapab.h).
+using shapes::Bf16x3Layout;
+using shapes::SwapabLayout;
+using shapes::kSwapabThreads;
+using shapes::kWgmmaDimPad;
 
 namespace cg = cooperative_groups;
 

@@ -12,7 +12,7 @@ using ResidentKernel = void (*)(cuda_kernels::EngineArgs);
 // (the plan offers no other).
 template <int kOpw, int kRows, int kLayers>
 ResidentKernel kernel_if_it_fits() {
-  if constexpr (cuda_kernels::resident_fits(kOpw, kRows, kLayers)) {
+  if constexpr (shapes::resident_fits(kOpw, kRows, kLayers)) {
     return cuda_kernels::fp32_resident_kernel<kOpw, kRows, kLayers>;
   } else {
     return nullptr;

@@ -46,12 +46,23 @@
 #include "../common/rows.cuh"
 #include "../common/epilogue.cuh"
 #include "../common/warp_reduce.cuh"
-#include "fp32_resident.h"
+#include "../../plan/shapes/fp32_resident.h"
 
 #include <cooperative_groups.h>
 
 namespace ddpm_ops {
 namespace cuda_kernels {
+
+// The shape the plan chooses for this kernel (csrc/plan/shapes/fp32_resident.h).
+using shapes::ResidentBuffers;
+using shapes::kHiddenPerLane;
+using shapes::kInputPerLane;
+using shapes::kResidentMaxDim;
+using shapes::kResidentMaxHidden;
+using shapes::kResidentMaxLayers;
+using shapes::kResidentThreads;
+using shapes::resident_bias_floats_at;
+using shapes::resident_fits;
 
 namespace cg = cooperative_groups;
 

@@ -10,11 +10,11 @@ namespace ddpm_ops {
 using cuda_kernels::EngineArgs;
 using cuda_kernels::fp32_rule_kernel;
 using cuda_kernels::ProgramArgs;
-using cuda_kernels::RuleWeights;
+using shapes::RuleWeights;
 
 void launch_fp32_rule(const plan::Plan& plan, const EngineArgs& a, const ProgramArgs& program,
                       const LaunchContext& ctx) {
-  static_assert(cuda_kernels::kRuleMaxRows == 16, "an instantiation per power of two up to kRuleMaxRows");
+  static_assert(shapes::kRuleMaxRows == 16, "an instantiation per power of two up to kRuleMaxRows");
   const auto pick = [&](auto program_tag, auto cluster_tag) -> void (*)(EngineArgs, ProgramArgs, RuleWeights) {
     constexpr bool kProgram = decltype(program_tag)::value, kCluster = decltype(cluster_tag)::value;
     return plan.rows == 1   ? fp32_rule_kernel<1, kProgram, kCluster>

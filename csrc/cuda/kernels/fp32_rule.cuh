@@ -40,10 +40,20 @@
 #include "../common/rows.cuh"
 #include "../common/epilogue.cuh"
 #include "../common/warp_reduce.cuh"
+#include "../../plan/shapes/fp32_rule.h"
 #include "fp32_rule.h"
 
 namespace ddpm_ops {
 namespace cuda_kernels {
+
+// The shape the plan chooses for this kernel (csrc/plan/shapes/fp32_rule.h).
+using shapes::RuleWeights;
+using shapes::kRuleBarrierFloats;
+using shapes::rule_column_share;
+using shapes::rule_columns;
+using shapes::rule_row_header_floats;
+using shapes::rule_scratch_floats;
+using shapes::rule_threads;
 
 // This CTA's place in its cluster (one CTA of one: no cluster) and the
 // exchange of the Linears' columns. Two mbarriers alternate over the

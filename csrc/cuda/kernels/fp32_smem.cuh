@@ -15,12 +15,22 @@
 #include "../common/ptx.cuh"
 #include "../common/rows.cuh"
 #include "../common/warp_reduce.cuh"
-#include "fp32_smem.h"
+#include "../../plan/shapes/fp32_smem.h"
 
 #include <cooperative_groups.h>
 
 namespace ddpm_ops {
 namespace cuda_kernels {
+
+// The shape the plan chooses for this kernel (csrc/plan/shapes/fp32_smem.h).
+using shapes::LayerWork;
+using shapes::SmemPlan;
+using shapes::kEps0;
+using shapes::kExchangeBuffers;
+using shapes::kHidden0;
+using shapes::kSmemThreads;
+using shapes::kSmemWarps;
+using shapes::smem_widest_vc_log2;
 
 namespace cg = cooperative_groups;
 

@@ -10,7 +10,7 @@ namespace {
 
 using cuda_kernels::EngineArgs;
 using cuda_kernels::TileMaps;
-using cuda_kernels::TilePlan;
+using shapes::TilePlan;
 
 // The driver's tensor-map encoder, through the runtime (no link against
 // libcuda); null where the driver lacks it.
@@ -38,8 +38,7 @@ void make_tile_maps(const EngineArgs& a, TilePlan* plan, TileMaps* maps) {
     const cuda_kernels::LayerArgs& la = a.layers[l];
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(la.in), static_cast<cuuint64_t>(la.out)};
     const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(la.ld) * sizeof(float)};
-    const cuuint32_t box[2] = {cuda_kernels::kTileKChunk,
-                               static_cast<cuuint32_t>(cuda_kernels::tile_pass_cols(*plan, l))};
+    const cuuint32_t box[2] = {shapes::kTileKChunk, static_cast<cuuint32_t>(shapes::tile_pass_cols(*plan, l))};
     const cuuint32_t element_strides[2] = {1, 1};
     const CUresult result = tensor_map_encoder()(
         &maps->weight[l], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(la.weight), dims, row_bytes,

@@ -25,10 +25,23 @@
 #include "../common/ptx.cuh"
 #include "../common/rows.cuh"
 #include "../common/epilogue.cuh"
-#include "tf32x3_tiled.h"
+#include "../../plan/shapes/tf32x3_tiled.h"
 
 namespace ddpm_ops {
 namespace cuda_kernels {
+
+// The shape the plan chooses for this kernel (csrc/plan/shapes/tf32x3_tiled.h).
+using shapes::TilePlan;
+using shapes::kTileKChunk;
+using shapes::kTileMaxSlots;
+using shapes::kTileMaxWarpTiles;
+using shapes::kTileStageLd;
+using shapes::kTileSwizzleBytes;
+using shapes::kTileThreads;
+using shapes::kTileWarps;
+using shapes::stage_index;
+using shapes::tile_pass_cols;
+using shapes::tile_passes;
 
 // (TilePlan::tma): the weight matrix as a 2-D tensor (in, out), boxes of
 // kTileKChunk x the layer's pass width, zero-filled outside the matrix,

@@ -1,11 +1,10 @@
-// The host-visible part of the bf16_wgmma kernel: its block and its
-// shared-memory layout. Plain C++.
+// The bf16_wgmma kernel's block and its shared-memory layout.
 #pragma once
 
-#include "../common/wgmma.h"
+#include "wgmma.h"
 
 namespace ddpm_ops {
-namespace cuda_kernels {
+namespace shapes {
 
 constexpr int kBf16Warpgroups = 2;
 constexpr int kBf16Threads = 128 * kBf16Warpgroups;
@@ -35,5 +34,5 @@ struct Bf16WgmmaLayout {
   DDPM_HD constexpr int bytes() const { return time_weight_offset() + 2 * h; }
 };
 
-}  // namespace cuda_kernels
+}  // namespace shapes
 }  // namespace ddpm_ops

@@ -1,11 +1,10 @@
-// The host-visible part of the bf16x3_wgmma_swapab kernel: its block and
-// its shared-memory layout. Plain C++.
+// The bf16x3_wgmma_swapab kernel's block and its shared-memory layout.
 #pragma once
 
-#include "../common/bf16x3.h"
+#include "bf16x3.h"
 
 namespace ddpm_ops {
-namespace cuda_kernels {
+namespace shapes {
 
 constexpr int kSwapabThreads = 128;  // one warpgroup
 static_assert(kSwapabThreads == kBf16x3Threads, "the bf16x3_wgmma_m64 kernel's staging (stage_bf16x3_net) serves both");
@@ -52,5 +51,5 @@ struct SwapabLayout {
   DDPM_HD constexpr int bytes() const { return barrier_offset() + 8 * (act_buffers() + eps_buffers()); }
 };
 
-}  // namespace cuda_kernels
+}  // namespace shapes
 }  // namespace ddpm_ops

@@ -1,20 +1,13 @@
 // The layout of a CTA's share of the net in the bf16x3 kernels
-// (bf16x3_wgmma_m64, bf16x3_wgmma_swapab): plain C++, read by the plan too.
+// (bf16x3_wgmma_m64, bf16x3_wgmma_swapab).
 #pragma once
 
 #include "wgmma.h"
 
 namespace ddpm_ops {
-namespace cuda_kernels {
+namespace shapes {
 
 constexpr int kBf16x3Threads = 128;  // one warpgroup: the weights leave no room for a second tile's exchange
-
-// Whether a cluster of kCs reduce-scatters eps (the columns each CTA sums:
-// kEpsBlock, 8 accumulators of a thread) rather than sending every partner
-// its whole partial sum.
-template <int kCs>
-constexpr bool kScatterEps = kCs == 4;
-constexpr int kEpsBlock = 16;
 
 // Where everything sits in the (1024-byte aligned) shared memory of a CTA
 // keeping kOwn columns of each hidden layer in a cluster of cs; host and
@@ -58,5 +51,5 @@ struct Bf16x3Layout {
   DDPM_HD constexpr int bytes() const { return barrier_offset() + 8 * buffers * (kBf16x3Threads / 32); }
 };
 
-}  // namespace cuda_kernels
+}  // namespace shapes
 }  // namespace ddpm_ops

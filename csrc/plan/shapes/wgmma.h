@@ -1,11 +1,11 @@
 // The wgmma kernels' shared geometry (bf16_wgmma, bf16x3_wgmma_m64,
-// bf16x3_wgmma_swapab); plain C++, read by the plan too.
+// bf16x3_wgmma_swapab).
 #pragma once
 
-#include "args.h"
+#include "../../common/host_device.h"
 
 namespace ddpm_ops {
-namespace cuda_kernels {
+namespace shapes {
 
 constexpr int kWgmmaRows = 64;  // rows of one warpgroup's tile (wgmma's M)
 constexpr int kWgmmaDimPad = 64;  // layer 0's K and the last layer's N
@@ -20,5 +20,5 @@ DDPM_HD constexpr int wgmma_request(const Layout& lay, int max_smem) {
   return lay.bytes() + kWgmmaAlign < max_smem ? lay.bytes() + kWgmmaAlign : max_smem;
 }
 
-}  // namespace cuda_kernels
+}  // namespace shapes
 }  // namespace ddpm_ops

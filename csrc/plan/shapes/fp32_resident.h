@@ -1,13 +1,15 @@
-// The host-visible part of the fp32_resident kernel: its envelope and the
-// register budget that decides which instantiations exist. Plain C++.
+// The fp32_resident kernel's envelope, the register budget that decides
+// which instantiations exist, and its shared memory.
 #pragma once
 
-#include "../common/args.h"
+#include "../../common/host_device.h"
+#include "../../common/sizes.h"
+#include "../../common/step_tables.h"
 
-#include <cstddef>
+#include <cstdint>
 
 namespace ddpm_ops {
-namespace cuda_kernels {
+namespace shapes {
 
 constexpr int kResidentThreads = 256;
 constexpr int kResidentWarps = kResidentThreads / 32;
@@ -57,5 +59,5 @@ DDPM_HD constexpr int resident_bias_floats_at(int opw, int rows) {
                    4 * 2);
 }
 
-}  // namespace cuda_kernels
+}  // namespace shapes
 }  // namespace ddpm_ops

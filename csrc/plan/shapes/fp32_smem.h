@@ -1,11 +1,14 @@
-// The host-visible part of the fp32_smem kernel: its constants and the plan
-// (work split and shared-memory layout) the host computes for it. Plain C++.
+// The fp32_smem kernel's constants and the plan (work split and
+// shared-memory layout) the host computes for it.
 #pragma once
 
-#include "../common/args.h"
+#include "../../common/host_device.h"
+#include "../../common/sizes.h"
+
+#include <cstdint>
 
 namespace ddpm_ops {
-namespace cuda_kernels {
+namespace shapes {
 
 constexpr int kSmemThreads = 256;
 constexpr int kSmemWarps = kSmemThreads / 32;
@@ -69,5 +72,5 @@ DDPM_HD inline int slice_size(int out, int cluster_size) {
   return round_up4((out + cluster_size - 1) / cluster_size);
 }
 
-}  // namespace cuda_kernels
+}  // namespace shapes
 }  // namespace ddpm_ops

@@ -1,12 +1,12 @@
-// The host-visible part of the tf32x3_tiled kernel: its constants and the
-// plan (column shares, weight stream and shared-memory layout) the host
-// computes for it. Plain C++.
+// The tf32x3_tiled kernel's constants and the plan (column shares, weight
+// stream and shared-memory layout) the host computes for it.
 #pragma once
 
-#include "../common/args.h"
+#include "../../common/host_device.h"
+#include "../../common/sizes.h"
 
 namespace ddpm_ops {
-namespace cuda_kernels {
+namespace shapes {
 
 constexpr int kTileThreads = 256;          // 8 warps
 constexpr int kTileWarps = kTileThreads / 32;
@@ -72,5 +72,5 @@ DDPM_HD inline int tile_passes(const TilePlan& p, int layer) {
   return (p.cta_cols[layer] + tile_pass_cols(p, layer) - 1) / tile_pass_cols(p, layer);
 }
 
-}  // namespace cuda_kernels
+}  // namespace shapes
 }  // namespace ddpm_ops
