@@ -22,9 +22,9 @@ constexpr int kMaxClusterSize = 16;  // non-portable beyond 8
 enum class Precision { kFloat32, kTF32, kBFloat16 };
 
 // The kernels, each in csrc/cuda/kernels/<name>.cuh (kernel_name()), their
-// shapes in shapes/. The
-// engine's (fp32_resident, tf32x3_tiled, fp32_rule) run the general step of
-// both overloads; the others the time-column overload alone.
+// shapes in shapes/. The engine's (fp32_resident, tf32x3_tiled, fp32_rule)
+// run the general step of both overloads; the others the time-column
+// overload alone.
 enum class Kernel {
   kFp32Resident,
   kFp32Smem,
