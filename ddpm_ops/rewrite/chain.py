@@ -5,9 +5,11 @@ for every node, the latest application of the network whose output it
 depends on (-1 for nodes independent of every step's sample: the step-only
 and loop-invariant ones). For applications ``N_0 .. N_{K-1}`` of one network,
 step ``k`` reads ``x_k``, the piece of ``N_k``'s input that depends on
-``N_{k-1}`` (the same position of a ``cat`` in every step); its update is
-every node that depends on ``x_k`` or ``e_k`` up to ``x_{k+1}``, the piece
-``N_{k+1}`` reads. The last step ends at a node every later use of the step
+``N_{k-1}`` (the same position of a ``cat`` in every step), or the sample
+that piece is read from (an action chunk flattened, in its order or
+another, a sample scaled by a number per step: :func:`_feed`); its update
+is every node that depends on ``x_k`` or ``e_k`` up to ``x_{k+1}``, the
+sample ``N_{k+1}`` reads. The last step ends at a node every later use of the step
 goes through (:func:`_step_ends` lists them; :mod:`.plan` chooses). An
 application chained to no other is a loop of one step where it reads a time
 input beside its sample (:func:`_lone_x_pos`). A step that alone cannot be
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import Graph, Node
 
+from .affine import _row_wise
 from .network import _Net
 from .nodes import _ASSERT_METADATA, _NoMatch, _is, _known_eq, _no_kwargs, _shape_eq, _val, aten
 from .tables import _batched, _uniform
@@ -42,13 +45,16 @@ class _Loop:
     # piece -> the earlier piece whose columns of the first Linear it is read through (a sum's
     # loop-invariant addend: :func:`_split_sums`)
     shared: dict = field(default_factory=dict)
+    feeds: dict = field(default_factory=dict, repr=False)  # step -> its _Feed, once read
 
     def x(self, k: int) -> Node:
         return self.pieces[k][self.x_pos]
 
     def feed(self, k: int) -> _Feed:
         """How step ``k``'s network reads its sample (:func:`_feed`)."""
-        return _feed(self.x(k))
+        if k not in self.feeds:
+            self.feeds[k] = _feed(self.x(k))
+        return self.feeds[k]
 
     def sample(self, k: int) -> Node:
         """Step ``k``'s sample as the update reads it: ``x(k)``, or what ``x(k)`` is read from (an
@@ -111,13 +117,14 @@ def _feed(piece: Node | None) -> _Feed:
     plain = _Feed(piece)
     if not isinstance(piece, Node) or read_elsewhere(piece):
         return plain
-    path, node, fallback = [], piece, None
+    path, node, layout_only, fallback = [], piece, True, None
     while (below := _fed_from(node)) is not None:
         path.append(node)
+        layout_only = layout_only and _is(node, *_LAYOUT)
         node = below
         if read_elsewhere(node):
             break
-        if all(_is(n, *_LAYOUT) for n in path):
+        if layout_only:
             fallback = (node, len(path))
     else:
         if fallback is None:
@@ -127,17 +134,19 @@ def _feed(piece: Node | None) -> _Feed:
     order = _row_order(node, path)
     if order is None:
         return plain
-    factors = tuple((n.args[1] if n.args[0] is (path[i - 1] if i else node) else n.args[0], _is(n, aten.div.Tensor),
-                     tuple(_val(n).shape)) for i, n in enumerate(path) if not _is(n, *_LAYOUT))
-    return _Feed(node, tuple(path), None if order == list(range(len(order))) else tuple(order), factors)
+    factors = []
+    for i, n in enumerate(path):
+        if not _is(n, *_LAYOUT):
+            scaled = path[i - 1] if i else node
+            factors.append((n.args[1] if n.args[0] is scaled else n.args[0], _is(n, aten.div.Tensor),
+                            tuple(_val(n).shape)))
+    return _Feed(node, tuple(path), None if order == list(range(len(order))) else tuple(order), tuple(factors))
 
 
 def _fed_from(node: Node) -> Node | None:
     """The value ``node`` lays out again (a layout op keeping the rows, see :func:`_row_order`)
     or scales by a factor that is one number per sample (``mul`` by it, ``div`` by it); else
     ``None``."""
-    from .affine import _row_wise  # (affine reads coefficients of the update: imported when needed)
-
     if _is(node, *_LAYOUT):
         return node.args[0] if isinstance(node.args[0], Node) else None
     if not _is(node, aten.mul.Tensor, aten.div.Tensor) or node.kwargs or len(node.args) != 2:
@@ -193,7 +202,7 @@ def _in_sample_order(out: Node, order: tuple, shape) -> list | None:
     while work:
         path = work.pop()
         for u in (path[-1] if path else out).users:
-            if not _is(u, *_LAYOUT) or u in path:
+            if not _is(u, *_LAYOUT):
                 continue
             rows = _row_order(out, [*path, u])
             if rows is None:

@@ -10,7 +10,9 @@ Each step of a loop (:mod:`.chain`) is proved to be
 share, or none where each such ``v`` is finite at compile time: :func:`_zero_term`)
 with coefficients and pieces that depend on the step only, or on nothing
 that changes over the loop, every step with one clamp of x0 and one of its
-result. :func:`_plan` returns the proved :class:`_Plan` or raises
+result. Where the network reads the sample scaled by a number per step
+(``c_k * x_k``), the updates are rewritten for the op's state ``c_k * x_k``
+(:func:`_rescale_all`). :func:`_plan` returns the proved :class:`_Plan` or raises
 ``_NoMatch`` with the first fact not proved (:class:`.chain._StepNoMatch`
 where one step alone cannot be fused, so that its loop may be cut there).
 """
