@@ -912,3 +912,18 @@ def test_scaled_or_reordered_sample_the_op_cannot_run_is_left_alone_and_says_why
     with torch.no_grad():
         assert relative_error(out, model(*args)) < 1e-5
     assert_general_reason(caplog, reason)
+
+
+def test_exported_transposed_chunk_fuses_and_scaled_sample_is_left_alone(caplog):
+    """``fuse_exported_program``: the chunk read channels first fuses as under torch.compile; the
+    scaled sample is left alone, its factors not proved nonzero (an exported program's buffers
+    are its inputs)."""
+    for kw, fuses in ((dict(timesteps="tensor", chunk=(4, 2), noise=True), True), (dict(timesteps="int", c_in=True), False)):
+        model, args = _posterior(**kw)
+        with torch.no_grad(), caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+            fused = ddpm_ops.fuse_exported_program(torch.export.export(model, args).run_decompositions())
+            calls = [n for n in fused.graph.nodes if n.target is torch.ops.ddpm.fused_sample.rule]
+            assert len(calls) == fuses
+            assert relative_error(fused.module()(*args), model(*args)) < 1e-5
+    assert_general_reason(caplog, "which is not proved finite and nonzero: it is not computed from constants and "
+                                  "module buffers at compile time")
