@@ -85,17 +85,21 @@ def small_model():
 
 
 class TestRewrittenGraph(TestCase):
-    def test_compiled_graph(self):
-        model = small_model()
-        x, t = make_inputs(model, batch=4)
+    def compiled_text(self, model, *args):
+        """The rewritten graph of ``torch.compile(model)(*args)``, which has eager's numbers."""
         capture = Capture()
         torch._dynamo.reset()
         with inductor_config.patch(post_grad_custom_pre_pass=capture, fx_graph_cache=False), \
                 torch._functorch.config.patch(enable_autograd_cache=False), torch.no_grad():
-            out = torch.compile(model)(x, t)
-            self.assertLess(relative_error(out, model(x, t)), 1e-5)
+            out = torch.compile(model)(*args)
+            self.assertLess(relative_error(out, model(*args)), 1e-5)
         torch._dynamo.reset()
-        self.assertExpectedInline(capture.text, """\
+        return capture.text
+
+    def test_compiled_graph(self):
+        model = small_model()
+        x, t = make_inputs(model, batch=4)
+        self.assertExpectedInline(self.compiled_text(model, x, t), """\
 in0: (4,) int64
 in1: (4, 2) float32
 in2: (3, 3) float32
@@ -147,20 +151,10 @@ def forward(self, p_eps_net_0_weight, p_eps_net_0_bias, p_eps_net_2_weight, p_ep
     return (fused_sample_rule,)""")
 
     def test_compiled_general_loop(self):
-        import sys, os
-        sys.path.insert(0, os.path.dirname(__file__))
         from loops.v1_variants import PosteriorSampler
         torch.manual_seed(0)
         model = PosteriorSampler(dim=2, hidden=3, num_steps=2, T=10, timesteps="int", clip=(-1.0, 1.0))
-        x = torch.randn(4, 2)
-        capture = Capture()
-        torch._dynamo.reset()
-        with inductor_config.patch(post_grad_custom_pre_pass=capture, fx_graph_cache=False), \
-                torch._functorch.config.patch(enable_autograd_cache=False), torch.no_grad():
-            out = torch.compile(model)(x, 9)
-            self.assertLess(relative_error(out, model(x, 9)), 1e-5)
-        torch._dynamo.reset()
-        self.assertExpectedInline(capture.text, """\
+        self.assertExpectedInline(self.compiled_text(model, torch.randn(4, 2), 9), """\
 in0: (4, 2) float32
 in1: (3, 3) float32
 in2: (3,) float32
@@ -183,18 +177,94 @@ select_int_2 = aten.select.int(constant2, 0, 0)
 fused_sample_rule = ddpm.fused_sample.rule(in0, select_int, [slice_tensor, in3, in5], [in2, in4, in6], select_int_1, 2, [silu, silu], None, None, [-1.0, 1.0], None, None, False, False, fp32, None, select_int_2, [slice_tensor_1], [], [])
 return fused_sample_rule""")
 
+    def test_compiled_scaled_sample_loop(self):
+        """The network reads ``c_in[t] * x``: the op's input is the first step's scaled sample, its
+        tables the rescaled coefficients (a constant)."""
+        from loops.v1_variants import PosteriorSampler
+        torch.manual_seed(0)
+        model = PosteriorSampler(dim=2, hidden=3, num_steps=2, T=10, timesteps="int", c_in=True)
+        self.assertExpectedInline(self.compiled_text(model, torch.randn(4, 2), 9), """\
+in0: (4, 2) float32
+in1: (10,) float32
+in2: (3, 3) float32
+in3: (3,) float32
+in4: (3, 3) float32
+in5: (3,) float32
+in6: (2, 3) float32
+in7: (2,) float32
+in8: (10,) float32
+in9: (10,) float32
+in10: (10,) float32
+in11: (10,) float32
+select = aten.select.int(in1, 0, 9)
+mul = aten.mul.Tensor(select, in0)
+constant0 = constant (1, 6, 2) float32
+select_int_1 = aten.select.int(constant0, 0, 0)
+constant1 = constant (1, 4) int64
+select_int = aten.select.int(constant1, 0, 0)
+slice_tensor = aten.slice.Tensor(in2, 1, 0, 2)
+slice_tensor_1 = aten.slice.Tensor(in2, 1, 2, 3)
+constant2 = constant (1, 2, 1) float32
+select_int_2 = aten.select.int(constant2, 0, 0)
+fused_sample_rule = ddpm.fused_sample.rule(mul, select_int, [slice_tensor, in4, in6], [in3, in5, in7], select_int_1, 2, [silu, silu], None, None, None, None, None, False, False, fp32, None, select_int_2, [slice_tensor_1], [], [])
+return fused_sample_rule""")
+
+    def test_compiled_transposed_chunk_loop(self):
+        """A chunk the network reads channels first, noise given: the op's input is the network's
+        flattened transpose, the noise laid out likewise, its result laid out back."""
+        from loops.v1_variants import PosteriorSampler
+        torch.manual_seed(0)
+        model = PosteriorSampler(hidden=3, num_steps=2, T=10, timesteps="int", chunk=(3, 2), noise=True)
+        self.assertExpectedInline(self.compiled_text(model, torch.randn(4, 3, 2), 9, None,
+                                                     torch.randn(2, 4, 3, 2)), """\
+in0: (4, 3, 2) float32
+in1: (3, 7) float32
+in2: (3,) float32
+in3: (3, 3) float32
+in4: (3,) float32
+in5: (6, 3) float32
+in6: (6,) float32
+in7: (10,) float32
+in8: (10,) float32
+in9: (10,) float32
+in10: (10,) float32
+in11: (2, 4, 3, 2) float32
+in12: (10,) float32
+permute = aten.permute.default(in0, [0, 2, 1])
+clone = aten.clone.default(permute,)
+view = aten.reshape.default(clone, [4, 6])
+select_5 = aten.select.int(in12, 0, 9)
+sqrt = aten.sqrt.default(select_5,)
+select_4 = aten.select.int(in11, 0, 0)
+mul_4 = aten.mul.Tensor(sqrt, select_4)
+select_11 = aten.select.int(in12, 0, 8)
+sqrt_1 = aten.sqrt.default(select_11,)
+select_10 = aten.select.int(in11, 0, 1)
+mul_9 = aten.mul.Tensor(sqrt_1, select_10)
+constant0 = constant (1, 6, 2) float32
+select_int_1 = aten.select.int(constant0, 0, 0)
+constant1 = constant (1, 4) int64
+select_int = aten.select.int(constant1, 0, 0)
+slice_tensor = aten.slice.Tensor(in1, 1, 0, 6)
+slice_tensor_1 = aten.slice.Tensor(in1, 1, 6, 7)
+constant2 = constant (1, 2, 1) float32
+select_int_2 = aten.select.int(constant2, 0, 0)
+unsqueeze_default_20 = aten.unsqueeze.default(mul_4, 0)
+unsqueeze_default_21 = aten.unsqueeze.default(mul_9, 0)
+cat_default_8 = aten.cat.default([unsqueeze_default_20, unsqueeze_default_21],)
+reshape_default = aten.reshape.default(cat_default_8, [-1, 3, 2])
+permute_default = aten.permute.default(reshape_default, [0, 2, 1])
+reshape_default_1 = aten.reshape.default(permute_default, [-1, 6])
+reshape_default_2 = aten.reshape.default(reshape_default_1, [2, 4, 6])
+fused_sample_rule = ddpm.fused_sample.rule(view, select_int, [slice_tensor, in3, in5], [in2, in4, in6], select_int_1, 2, [silu, silu], None, None, None, None, reshape_default_2, False, False, fp32, None, select_int_2, [slice_tensor_1], [], [])
+reshape_default_3 = aten.reshape.default(fused_sample_rule, [-1, 2, 3])
+permute_default_1 = aten.permute.default(reshape_default_3, [0, 2, 1])
+return permute_default_1""")
+
     def test_compiled_multistep_loop(self):
         torch.manual_seed(0)
         model = Small2M()
-        x = torch.randn(4, 2)
-        capture = Capture()
-        torch._dynamo.reset()
-        with inductor_config.patch(post_grad_custom_pre_pass=capture, fx_graph_cache=False), \
-                torch._functorch.config.patch(enable_autograd_cache=False), torch.no_grad():
-            out = torch.compile(model)(x)
-            self.assertLess(relative_error(out, model(x)), 1e-5)
-        torch._dynamo.reset()
-        self.assertExpectedInline(capture.text, """\
+        self.assertExpectedInline(self.compiled_text(model, torch.randn(4, 2)), """\
 in0: (4, 2) float32
 in1: (3, 3) float32
 in2: (3,) float32

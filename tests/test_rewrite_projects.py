@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ddpm_ops  # (installs the rewrite)
 from ddpm_ops import graph_pass
-from loops import dpm_solver, tabddpm, v1_variants
+from loops import dpm_solver, k_diffusion, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 from test_rewrite_models import relative_error
 from loops.cases import CASES, LEFT_ALONE, _tabddpm_ddim
@@ -116,18 +116,57 @@ def test_dynamic_batch_fuses_with_eager_numbers(name):
     assert not MATMUL.findall(code), code
 
 
-# Spellings read on the CPU and not on a GPU: each is left alone there, with eager's numbers.
-UNREAD_ON_CUDA = {
-    "idql_repeat_time": "torch.tensor([t]) made on the CPU and moved to the GPU at every step is not read as "
-                        "time rows (the first Linear's input is left as eager computes it)",
-}
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=UNREAD_ON_CUDA[n]))
-                                  if n in UNREAD_ON_CUDA else n for n in sorted(CASES)])
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_loop_fuses_on_cuda_with_eager_numbers(name):
     assert assert_fuses_with_eager_numbers(name, "cuda").is_cuda
+
+
+class _OnTheCPU(torch.fx.Interpreter):
+    """Runs a graph traced with its sample on the meta device on the CPU: every tensor made on
+    the meta device is made on the CPU, and a move to it (``prims.device_put``) is none."""
+
+    def call_function(self, target, args, kwargs):
+        if target is torch.ops.prims.device_put.default:
+            return args[0]
+        kwargs = {k: torch.device("cpu") if isinstance(v, torch.device) and v.type == "meta" else v
+                  for k, v in kwargs.items()}
+        return super().call_function(target, args, kwargs)
+
+
+def test_idql_timestep_moved_to_the_samples_device_fuses_with_eager_numbers(monkeypatch):
+    """IDQL's timestep made on the CPU at every step, ``torch.tensor([t]).repeat(B)``, and moved to
+    the sample's device (the GPU's ``prims.device_put`` in inductor's graph). Traced with the sample
+    on the meta device, which stands for the GPU here, with inductor's decompositions: one fused
+    call, the time features computed over the steps and moved once, no matmul left. The
+    rewritten graph run on the CPU (its moves none) has eager's numbers (the loop's ``.float()`` of
+    the timestep keeps a float64 run of it from being one)."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from ddpm_ops.rewrite import plan, rewrite_graph
+
+    monkeypatch.setattr(plan, "has_fused_rule_kernel", lambda device: True)
+    model, (obs,), noise_shape = CASES["idql_repeat_time"]()
+    noise = torch.randn(noise_shape)
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+    def sample(state, obs, noise):
+        return torch.func.functional_call(model, state, (obs, noise))
+
+    with torch.no_grad():
+        gm = make_fx(sample, decomposition_table=select_decomp_table(), tracing_mode="fake")(
+            *torch.utils._pytree.tree_map(lambda t: t.detach().to("meta"), (state, obs, noise)))
+        moves = [n for n in gm.graph.nodes if n.target is torch.ops.prims.device_put.default]
+        assert len(moves) == model.T, gm.graph
+        assert rewrite_graph(gm.graph) == 1
+        gm.recompile()
+        targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+        assert targets.count(torch.ops.ddpm.fused_sample.rule) == 1
+        assert not {torch.ops.aten.mm.default, torch.ops.aten.addmm.default} & set(targets), gm.graph
+        assert targets.count(torch.ops.prims.device_put.default) == 1  # the time features' rows, moved once
+        out = _OnTheCPU(gm).run(*torch.utils._pytree.tree_leaves((state, obs, noise)))
+        ref = model(obs, noise)
+    assert relative_error(out, ref) < 1e-5
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "tabddpm", "tiny_diffusion", "v1_full_noise_clamps",
@@ -789,3 +828,102 @@ def test_cleandiffuser_eps_clip_with_most_samples_clamped_keeps_eagers_numbers(n
             model.x_max = model.x_min = None
         without = model(*args)
     assert_fused_as_eager(code, out, ref, without)
+
+
+def _float64(model):
+    """``model`` in float64, EDM's casts to float32 too."""
+    model = model.double()
+    for m in model.modules():
+        if isinstance(m, k_diffusion.EDMPrecond):
+            m.float = torch.float64
+    return model
+
+
+def _posterior(batch=8, **kw):
+    """``v1_variants.PosteriorSampler(**kw)`` with its inputs: a sample, ``t_start``, no
+    observation and a noise tensor."""
+    torch.manual_seed(0)
+    m = v1_variants.PosteriorSampler(**kw)
+    t = torch.randint(m.num_steps - 1, m.T, (batch,)) if m.timesteps == "tensor" else m.T - 1
+    return m, (torch.randn(m.shape(batch)), t, None, torch.randn(m.num_steps, *m.shape(batch)))
+
+
+def _case(name):
+    model, args, noise_shape = CASES[name]()
+    return model, (*args, torch.randn(noise_shape))
+
+
+SCALED_OR_REORDERED = {
+    **{name: lambda name=name: _case(name) for name in (
+        "edm_precond_euler", "beso_gc_denoiser_ddim", "diffusers_euler_discrete_scale_model_input")},
+    "c_in, x0 clamped, noise": lambda: _posterior(timesteps="int", c_in=True, clip=(-1.0, 1.0), noise=True),
+    "c_in, torch.full timesteps": lambda: _posterior(timesteps="full", c_in=True, noise=True),
+    "chunk channels first, x0 clamped, noise": lambda: _posterior(timesteps="int", chunk=(4, 2), clip=(-1.0, 1.0),
+                                                                  noise=True),
+    "chunk channels first, per-sample timesteps": lambda: _posterior(timesteps="tensor", chunk=(4, 2), noise=True),
+    "chunk channels first, c_in": lambda: _posterior(timesteps="int", chunk=(4, 2), c_in=True, noise=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCALED_OR_REORDERED))
+def test_scaled_or_reordered_sample_fuses_with_the_float64_loops_numbers(case):
+    """A network that reads the sample scaled by a number per step (``c_in * x``) or an action chunk
+    in another order of its elements (channels first, its output laid out back): one fused call,
+    no matmul left, the numbers of eager and of the float64 loop (the noise given as tensors)."""
+    model, args = SCALED_OR_REORDERED[case]()
+    out, code = compile_run(model, *args)
+    with torch.no_grad():
+        ref = model(*args)
+        ref64 = _float64(model)(*[a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                                  for a in args])
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(out, ref64) < 1e-5
+
+
+def _zero_c_in_at_the_third_step():
+    model, args = _posterior(timesteps="int", c_in=True)
+    model.c_in[model.T - 3] = 0.0
+    return model, args
+
+
+SCALED_OR_REORDERED_LEFT_ALONE = {
+    # The op's state after a step is the sample scaled for the next step: c_in read at t - 1.
+    "c_in, per-sample timesteps": (lambda: _posterior(timesteps="tensor", c_in=True),
+                                   "which is read with timesteps shared by the batch only"),
+    "c_in, the result clamped": (lambda: _posterior(timesteps="int", c_in=True, post_clip=(-2.0, 2.0)),
+                                 "and the steps clamp their result"),
+    # The op's tables divide by the scale.
+    "c_in zero at a step": (_zero_c_in_at_the_third_step, "which is zero or not finite"),
+    "chunk read channels first, written as it is": (
+        lambda: _posterior(timesteps="int", chunk=(4, 2), write_back=False),
+        "is not laid out back in the sample's order and shape"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCALED_OR_REORDERED_LEFT_ALONE))
+def test_scaled_or_reordered_sample_the_op_cannot_run_is_left_alone_and_says_why(case, caplog):
+    make, reason = SCALED_OR_REORDERED_LEFT_ALONE[case]
+    model, args = make()
+    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+        out, code = compile_run(model, *args)
+    assert not RULE_CALL.search(code)
+    with torch.no_grad():
+        assert relative_error(out, model(*args)) < 1e-5
+    assert_general_reason(caplog, reason)
+
+
+def test_exported_transposed_chunk_fuses_and_scaled_sample_is_left_alone(caplog):
+    """``fuse_exported_program``: the chunk read channels first fuses as under torch.compile; the
+    scaled sample is left alone, its factors not proved nonzero (an exported program's buffers
+    are its inputs)."""
+    for kw, fuses in ((dict(timesteps="tensor", chunk=(4, 2), noise=True), True), (dict(timesteps="int", c_in=True), False)):
+        model, args = _posterior(**kw)
+        with torch.no_grad(), caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
+            fused = ddpm_ops.fuse_exported_program(torch.export.export(model, args).run_decompositions())
+            calls = [n for n in fused.graph.nodes if n.target is torch.ops.ddpm.fused_sample.rule]
+            assert len(calls) == fuses
+            assert relative_error(fused.module()(*args), model(*args)) < 1e-5
+    assert_general_reason(caplog, "which is not proved finite and nonzero: it is not computed from constants and "
+                                  "module buffers at compile time")

@@ -92,13 +92,36 @@ _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, at
           aten.alias.default, aten.expand.default, aten.contiguous.default)
 
 
+def _coefficient(a: Any, shape, step_only, leaves: set, earlier: str = "") -> _Coef:
+    """``a`` as a coefficient of a value of ``shape``: a number, or a step-only floating-point node
+    (added to ``leaves``) that is one number per sample; raise ``_NoMatch`` naming why not
+    (``earlier`` says more where it depends on an earlier step's sample)."""
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        return _num(a)
+    if not isinstance(a, Node):
+        raise _NoMatch(f"{a!r} is not a coefficient")
+    if not step_only(a):
+        raise _NoMatch(f"{a.name} depends on an earlier step's sample{earlier}")
+    v = _val(a)
+    if v is None or not v.is_floating_point():
+        raise _NoMatch(f"{a.name} is not a floating-point coefficient")
+    if _is(a, aten.expand.default) and _row_wise(_val(a.args[0]), shape):
+        a, v = a.args[0], _val(a.args[0])
+    if not _row_wise(v, shape) and not _row_constant(a, shape, {}):
+        raise _NoMatch(f"{a.name} of shape {tuple(v.shape)} is not one number per sample "
+                       "(a (B, 1) column or a scalar)")
+    leaves.add(a)
+    return _Coef("leaf", (a,))
+
+
 class _UpdateReader:
     """Evaluates the nodes of one step's update; ``inside`` are the nodes that
     depend on ``x`` or ``e`` (everything else read is a leaf)."""
 
     def __init__(self, x: Node, e: Node, inside: set, sample_shape, step_only, prev: Node | None = None,
-                 carried: frozenset = frozenset(), x0_node: Node | None = None):
+                 carried: frozenset = frozenset(), x0_node: Node | None = None, net_out: Node | None = None):
         self.x, self.e, self.inside, self.shape = x, e, inside, sample_shape
+        self.net_out = e if net_out is None else net_out  # e itself, or what e lays out in the sample's order
         self.step_only = step_only  # node -> bool: independent of every step's sample
         self.prev, self.carried, self.x0_node = prev, carried, x0_node
         self.memo: dict[Node, _Form] = {}
@@ -111,24 +134,9 @@ class _UpdateReader:
 
     # -- values that are not forms
     def coef(self, a: Any) -> _Coef:
-        if isinstance(a, (int, float)) and not isinstance(a, bool):
-            return _num(a)
-        if not isinstance(a, Node):
-            raise _NoMatch(f"{a!r} is not a coefficient")
-        if not self.step_only(a):
-            raise _NoMatch(f"{a.name} depends on an earlier step's sample"
-                           + ("" if self.prev is not None else " (and no step before this one in the loop "
-                              "gives the update a previous x0)"))
-        v = _val(a)
-        if v is None or not v.is_floating_point():
-            raise _NoMatch(f"{a.name} is not a floating-point coefficient")
-        if _is(a, aten.expand.default) and _row_wise(_val(a.args[0]), self.shape):
-            a, v = a.args[0], _val(a.args[0])
-        if not _row_wise(v, self.shape) and not _row_constant(a, self.shape, {}):
-            raise _NoMatch(f"{a.name} of shape {tuple(v.shape)} is not one number per sample "
-                           "(a (B, 1) column or a scalar)")
-        self.leaves.add(a)
-        return _Coef("leaf", (a,))
+        earlier = "" if self.prev is not None else " (and no step before this one in the loop gives the update a " \
+            "previous x0)"
+        return _coefficient(a, self.shape, self.step_only, self.leaves, earlier)
 
     def noise_atom(self, a: Any) -> _Form | None:
         v = _val(a)
@@ -144,7 +152,7 @@ class _UpdateReader:
         """Whether ``a`` is a form: it depends on this step's sample or network output, or is
         (computed from nothing but) the previous step's x0."""
         return isinstance(a, Node) and (a is self.x or a is self.e or a in self.inside or a is self.prev
-                                        or a in self.carried)
+                                        or a in self.carried or a is self.net_out)
 
     def operand(self, a: Any) -> _Form | _Coef:
         if self._is_form(a):
@@ -155,6 +163,9 @@ class _UpdateReader:
     def form(self, n: Node) -> _Form:
         if n is self.prev:
             return _Form({"p": ONE})
+        if n is self.net_out and n is not self.e:
+            raise _NoMatch(f"the update reads the network's output {n.name} in the order the network reads the "
+                           f"sample in, not through {self.e.name}, which lays it out in the sample's order")
         if n not in self.memo:
             f = _Form({"x": ONE}) if n is self.x else _Form({"e": ONE}) if n is self.e else self._evaluate(n)
             self.memo[n] = self.designate(f) if n is self.x0_node else f
@@ -194,6 +205,12 @@ class _UpdateReader:
         if self.eps_clip is not None:
             raise _NoMatch(f"a clamp of x0 in a step whose clamp {self.eps_clip.name} of e to bounds that "
                            "depend on the sample already clamps its x0 (the op clamps x0 once)")
+        if "x0" in f.coef and _is_num(f.coef.get("e", ZERO), 0.0):
+            # DPPO's DDIM eps_clip_value: eps read back from the clamped x0, (x - sqrt(alpha) * x0) /
+            # sqrt(1 - alpha), then clamped before the direction term.
+            raise _NoMatch("a clamp of a value computed from the clamped x0 and x (an eps read back from the "
+                           "clamped x0 and clamped again): the op clamps x0 and the step's result only, and has "
+                           "no clamp of the eps it could read back from its x0, (A*x - x0)/B")
         if self.pre is not None or set(f.coef) - {"x", "e"}:
             raise _NoMatch("a clamp that is neither of the predicted x0 (once) nor the step's last op")
         self.pre, self.pre_source = (dict(f.coef), f.clip), f
@@ -580,11 +597,12 @@ def _row_wise(v, shape) -> bool:
 
 
 def _read_update(x: Node, e: Node, out: Node, inside: set, sample_shape, step_only, *, prev: Node | None = None,
-                 carried: frozenset = frozenset(), x0_node: Node | None = None) -> _Update:
+                 carried: frozenset = frozenset(), x0_node: Node | None = None, net_out: Node | None = None) -> _Update:
     """The affine update ``out`` of ``(x, e)`` (and of ``prev``, the previous step's x0, through
-    ``carried``; ``x0_node``: this step's x0 as the next step reads it); raise ``_NoMatch`` with
-    the reason it is not."""
-    r = _UpdateReader(x, e, inside, sample_shape, step_only, prev, carried, x0_node)
+    ``carried``; ``x0_node``: this step's x0 as the next step reads it; ``net_out``: the network's
+    output where ``e`` lays it out in the sample's order); raise ``_NoMatch`` with the reason it
+    is not."""
+    r = _UpdateReader(x, e, inside, sample_shape, step_only, prev, carried, x0_node, net_out)
     f = r.form(out)
     if x0_node is not None:
         r.form(x0_node)  # the next step reads it even where this update does not: it fixes A and B
@@ -614,3 +632,26 @@ def _x0_clamped(u: _Update) -> _Update | None:
         return None
     return _Update(out=u.out, pre=dict(u.post), clip=u.post_clip, post={"x0": ONE}, post_clip=None,
                    noise=None, leaves=u.leaves, zero=u.zero, zero_of=u.zero_of)
+
+
+def _scale(factors: tuple, step_only, leaves: set) -> _Coef:
+    """The product of a feed's scaling ``factors`` (:class:`.chain._Feed`: ``(factor, divides,
+    shape)``) as a coefficient, each factor one number per sample of the value it scales."""
+    c = ONE
+    for factor, divides, shape in factors:
+        f = _coefficient(factor, shape, step_only, leaves)
+        c = cdiv(c, f) if divides else cmul(c, f)
+    return c
+
+
+def _rescaled(u: _Update, scale: _Coef, scale_next: _Coef) -> None:
+    """``u`` rewritten for the op's state ``y = scale * x``, the sample as the network reads it
+    (EDM's and k-diffusion's ``c_in * x``), where the next step's network reads ``scale_next *
+    x'`` (1 after the loop's last step, so that the op's result is the sample): the network reads
+    ``y`` as it is, x0 is ``(A/scale)*y - B*e`` (the same value, so its clamp and the previous x0
+    too), and ``y' = scale_next * x'`` multiplies every term of the update by ``scale_next``, the
+    sample's ``D`` also divided by ``scale``. Only where both are finite and nonzero
+    (:func:`.emit._prove_scales`)."""
+    if u.pre is not None and "x" in u.pre:
+        u.pre = {**u.pre, "x": cdiv(u.pre["x"], scale)}
+    u.post = {v: cmul(cdiv(c, scale) if v == "x" else c, scale_next) for v, c in u.post.items()}

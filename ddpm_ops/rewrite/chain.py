@@ -5,9 +5,11 @@ for every node, the latest application of the network whose output it
 depends on (-1 for nodes independent of every step's sample: the step-only
 and loop-invariant ones). For applications ``N_0 .. N_{K-1}`` of one network,
 step ``k`` reads ``x_k``, the piece of ``N_k``'s input that depends on
-``N_{k-1}`` (the same position of a ``cat`` in every step); its update is
-every node that depends on ``x_k`` or ``e_k`` up to ``x_{k+1}``, the piece
-``N_{k+1}`` reads. The last step ends at a node every later use of the step
+``N_{k-1}`` (the same position of a ``cat`` in every step), or the sample
+that piece is read from (an action chunk flattened, in its order or
+another, a sample scaled by a number per step: :func:`_feed`); its update
+is every node that depends on ``x_k`` or ``e_k`` up to ``x_{k+1}``, the
+sample ``N_{k+1}`` reads. The last step ends at a node every later use of the step
 goes through (:func:`_step_ends` lists them; :mod:`.plan` chooses). An
 application chained to no other is a loop of one step where it reads a time
 input beside its sample (:func:`_lone_x_pos`). A step that alone cannot be
@@ -17,10 +19,13 @@ is read as two pieces through the same columns (:func:`_split_sums`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import torch
 from torch.fx import Graph, Node
 
+from .affine import _row_wise
 from .network import _Net
 from .nodes import _ASSERT_METADATA, _NoMatch, _is, _known_eq, _no_kwargs, _shape_eq, _val, aten
 from .tables import _batched, _uniform
@@ -40,15 +45,23 @@ class _Loop:
     # piece -> the earlier piece whose columns of the first Linear it is read through (a sum's
     # loop-invariant addend: :func:`_split_sums`)
     shared: dict = field(default_factory=dict)
+    feeds: dict = field(default_factory=dict, repr=False)  # step -> its _Feed, once read
 
     def x(self, k: int) -> Node:
         return self.pieces[k][self.x_pos]
 
+    def feed(self, k: int) -> _Feed:
+        """How step ``k``'s network reads its sample (:func:`_feed`)."""
+        if k not in self.feeds:
+            self.feeds[k] = _feed(self.x(k))
+        return self.feeds[k]
+
     def sample(self, k: int) -> Node:
-        """Step ``k``'s sample as the update reads it: ``x(k)``, or what ``x(k)`` flattens (an
+        """Step ``k``'s sample as the update reads it: ``x(k)``, or what ``x(k)`` is read from (an
         action chunk ``(B, horizon, action_dim)`` the network reads as ``(B, horizon *
-        action_dim)``, as DPPO's)."""
-        return _chunk_of(self.x(k))
+        action_dim)``, as DPPO's; a sample scaled for the network, as k-diffusion's ``input *
+        c_in``)."""
+        return self.feed(k).sample
 
     def part(self, start: int, stop: int) -> _Loop:
         """Steps ``start .. stop - 1`` as a loop of their own."""
@@ -71,19 +84,134 @@ class _Loop:
         return out
 
 
-_FLATTENING = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+_LAYOUT = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.clone.default,
+           aten.contiguous.default, aten.alias.default, aten.permute.default)
 
 
-def _chunk_of(piece: Node | None) -> Node | None:
-    """The chunk ``piece`` flattens row by row (a view or reshape of a tensor of more dims with
-    its rows, to ``(B, n)``), else ``piece``."""
-    if not _is(piece, *_FLATTENING):
-        return piece
-    src, out = _val(piece.args[0]), _val(piece)
-    if src is None or out is None or src.dim() <= 2 or out.dim() != 2 or not _known_eq(src.shape[0], out.shape[0]) \
-            or not _known_eq(src.numel(), out.numel()):
-        return piece
-    return piece.args[0]
+@dataclass(frozen=True)
+class _Feed:
+    """How a network's piece ``x(k)`` reads the step's sample: ``x(k) = R(c * sample)``, with ``R``
+    ops that keep each row's elements in its row (a chunk's dims permuted and flattened to
+    ``(B, n)``) and ``c`` a product of factors, each one number per sample (EDM's and
+    k-diffusion's ``c_in * x``, diffusers' ``x / sqrt(sigma**2 + 1)``).
+
+    ``path``: the ops from the sample to ``x(k)`` (empty where the network reads the sample as it
+    is); ``order``: ``x(k)``'s row element ``j`` is the sample's row element ``order[j]`` (in
+    row-major order), ``None`` where the orders agree; ``factors``: ``(factor, divides, shape)``
+    of each scaling op, in order, ``shape`` the shape of the value it scales."""
+
+    sample: Node
+    path: tuple = ()
+    order: tuple | None = None
+    factors: tuple = ()
+
+
+def _feed(piece: Node | None) -> _Feed:
+    """How the network's input piece reads its step's sample: down from ``piece``, through
+    layout ops and scalings read by nothing else, to the first value also read elsewhere (by
+    the update); where none is, to the last value a layout op alone leads to (a chunk that only
+    the network reads). ``_Feed(piece)`` where the piece is the sample."""
+    def read_elsewhere(n):
+        return sum(not _is(u, _ASSERT_METADATA) for u in n.users) > 1
+
+    plain = _Feed(piece)
+    if not isinstance(piece, Node) or read_elsewhere(piece):
+        return plain
+    path, node, layout_only, fallback = [], piece, True, None
+    while (below := _fed_from(node)) is not None:
+        path.append(node)
+        layout_only = layout_only and _is(node, *_LAYOUT)
+        node = below
+        if read_elsewhere(node):
+            break
+        if layout_only:
+            fallback = (node, len(path))
+    else:
+        if fallback is None:
+            return plain
+        node, path = fallback[0], path[:fallback[1]]
+    path.reverse()
+    order = _row_order(node, path)
+    if order is None:
+        return plain
+    factors = []
+    for i, n in enumerate(path):
+        if not _is(n, *_LAYOUT):
+            scaled = path[i - 1] if i else node
+            factors.append((n.args[1] if n.args[0] is scaled else n.args[0], _is(n, aten.div.Tensor),
+                            tuple(_val(n).shape)))
+    return _Feed(node, tuple(path), None if order == list(range(len(order))) else tuple(order), tuple(factors))
+
+
+def _fed_from(node: Node) -> Node | None:
+    """The value ``node`` lays out again (a layout op keeping the rows, see :func:`_row_order`)
+    or scales by a factor that is one number per sample (``mul`` by it, ``div`` by it); else
+    ``None``."""
+    if _is(node, *_LAYOUT):
+        return node.args[0] if isinstance(node.args[0], Node) else None
+    if not _is(node, aten.mul.Tensor, aten.div.Tensor) or node.kwargs or len(node.args) != 2:
+        return None
+    out = _val(node)
+    operands = node.args if _is(node, aten.mul.Tensor) else node.args[:1]
+    for i, a in enumerate(operands):
+        factor = node.args[1 - i]
+        fv = _val(factor)
+        if isinstance(a, Node) and _val(a) is not None and out is not None and _shape_eq(_val(a).shape, out.shape) \
+                and (isinstance(factor, (int, float)) and not isinstance(factor, bool) or _row_wise(fv, out.shape)):
+            return a
+    return None
+
+
+def _row_order(src: Node, path: list) -> list | None:
+    """Where ``path`` (ops applied one after the other, from ``src``) keeps every row's elements in
+    that row: ``order[j]`` is the position, row-major in ``src``'s row, of the last node's row
+    element ``j``; else ``None``. Scalings keep the order; so do copies; views and reshapes
+    keep it row-major; a permute of the dims after the first moves it."""
+    sv = _val(src)
+    if sv is None or sv.dim() < 2 or not all(isinstance(d, int) for d in sv.shape[1:]):
+        return None
+    rows = torch.arange(math.prod(sv.shape[1:])).reshape(sv.shape[1:])
+    for n in path:
+        v = _val(n)
+        if v is None or v.dim() < 2 or not _known_eq(v.shape[0], sv.shape[0]) \
+                or not all(isinstance(d, int) for d in v.shape[1:]):
+            return None
+        if _is(n, aten.permute.default):
+            perm = [d % v.dim() for d in n.args[1]]
+            if perm[0] != 0:
+                return None
+            rows = rows.permute([d - 1 for d in perm[1:]])
+        elif _is(n, aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+            if math.prod(v.shape[1:]) != rows.numel():
+                return None
+            rows = rows.reshape(v.shape[1:])
+        if tuple(rows.shape) != tuple(v.shape[1:]):
+            return None
+    return rows.reshape(-1).tolist()
+
+
+def _in_sample_order(out: Node, order: tuple, shape) -> list | None:
+    """The layout ops from ``out``, the network's output in the order its input reads the sample
+    (``order``, :class:`_Feed`), to the one node that lays it out in the sample's order and shape
+    (a transposed chunk written back: ``out.view(B, Da, Ta).transpose(1, 2)``); ``None`` where
+    no such node is, or more than one."""
+    inverse = [0] * len(order)
+    for j, i in enumerate(order):
+        inverse[i] = j
+    found, work = [], [[]]
+    while work:
+        path = work.pop()
+        for u in (path[-1] if path else out).users:
+            if not _is(u, *_LAYOUT):
+                continue
+            rows = _row_order(out, [*path, u])
+            if rows is None:
+                continue
+            if rows == inverse and _shape_eq(_val(u).shape, shape):
+                found.append([*path, u])
+            else:
+                work.append([*path, u])
+    return found[0] if len(found) == 1 else None
 
 
 class _StepNoMatch(_NoMatch):
@@ -390,9 +518,10 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
     the step are left out of the step's region; :mod:`.plan` proves that the next step's update
     reads it and nothing else does (else the step is named as here). ``None`` when there is none."""
     net, x = loop.nets[k], loop.sample(k)
-    # x(k): the network's input, a chunk flattened; its columns taken one by one (_join_columns)
-    excluded = net.nodes | {net.inp, loop.x(k)} | _column_nodes(net, loop.x(k))
-    end = loop.sample(k + 1) if k + 1 < len(loop.nets) else _chunk_of(loop.next_x)
+    # x(k): the network's input, the sample scaled or a chunk flattened (the feed's ops); its
+    # columns taken one by one (_join_columns)
+    excluded = net.nodes | {net.inp, loop.x(k), *loop.feed(k).path} | _column_nodes(net, loop.x(k))
+    end = loop.sample(k + 1) if k + 1 < len(loop.nets) else _feed(loop.next_x).sample
     if end is not None:
         region = _descendants([x, net.out], end, excluded)
         if k == 0:  # the loop's input may be read elsewhere too (kept in a trajectory): not the step

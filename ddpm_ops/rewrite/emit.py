@@ -49,6 +49,11 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         try:
             _check_uniform(leaves | {step[p] for step in loop.pieces for p in step_pieces}, batch)
         except _NoMatch as shared:
+            if plan.scaled:
+                # The op's state after step k is the sample scaled for step k + 1: that scale read at
+                # t - 1, which no table lookup of the step reads.
+                raise _NoMatch(f"{shared}; the network reads the sample scaled ({x.name}), which is read with "
+                               "timesteps shared by the batch only") from None
             try:
                 reemit = _per_sample(em, loop, updates, step_pieces, shared)
             except _NoMatch as e:  # a piece of the step and a condition, not a sum: say so
@@ -62,12 +67,16 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             t_start = em.full([batch], K - 1, dtype=torch.int64)
             columns = [K - 1 - k for k, u in enumerate(updates) if u.eps_clip is not None]
         _prove_eps_clip(graph, updates, tables, columns, plan.clip)
+        if plan.scaled:
+            _prove_scales(graph, loop)
         weights, biases, time_bias, cond_bias, time_net, cond_net = _first_layer(em, loop, batch, reemit)
         biases = _zeros_where_missing(em, weights, biases)
         for net in (time_net, cond_net):
             if net:
                 net[2] = _zeros_where_missing(em, net[1], net[2])
         noise, noise_seed = _noise(em, updates, K)
+        if noise is not None and plan.out_layout is not None:  # the draws in the order the network reads x
+            noise = _relayout(em, em(aten.reshape.default, noise, [-1, *_val(noise).shape[2:]]), loop.feed(0).path)
         if noise is not None and _val(noise).dim() != 3:  # a chunk's draws: rows flattened as x's
             noise = em(aten.reshape.default, noise, [K, batch, dim])
         clip, clip_bounds = _clamp_arg(em, plan.clip, dim)
@@ -94,7 +103,9 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             raise _NoMatch(f"the op refuses the arguments read: {e}") from None
         _fold_constants(graph, em, fused)
         end = _val(plan.end)
-        if end is not None and end.dim() != 2:  # an action chunk: the op's rows, unflattened
+        if plan.out_layout is not None:  # the op's rows in the sample's order, as the loop lays out e
+            fused = _relayout(em, fused, plan.out_layout)
+        elif end is not None and end.dim() != 2:  # an action chunk: the op's rows, unflattened
             fused = em(aten.reshape.default, fused, list(end.shape))
         if plan.zero is not None:  # (made here for one step: folding erases what the op does not read)
             fused = em(aten.add.Tensor, fused, zero if zero is not None else em(aten.mul.Tensor, *plan.zero.args))
@@ -139,6 +150,36 @@ def _prove_eps_clip(graph: Graph, updates: list, tables: Node, columns: list | N
     if bool((lo.double() > hi.double()).any()):
         raise _NoMatch(f"{what} to x_min {lo.tolist()} above x_max {hi.tolist()} (eager's clamp of e then "
                        "gives x0 = x_min, the op's clamp of x0 x_max)")
+
+
+def _prove_scales(graph: Graph, loop: _Loop) -> None:
+    """Where the network reads the sample scaled (:func:`.plan._rescale_all`), prove on the
+    values at compile time that every factor is finite and nonzero: the op's tables divide by
+    them. Raise ``_NoMatch`` where one is not, or cannot be computed then."""
+    buffers = real_buffers(graph)
+    for k in range(len(loop.nets)):
+        for factor, _, _ in loop.feed(k).factors:
+            value = evaluate(graph, factor, buffers or {}) if isinstance(factor, Node) \
+                else torch.tensor(float(factor))
+            if value is None:
+                raise _NoMatch(f"the network reads the sample scaled by {factor.name} at step {k}, which is not "
+                               "proved finite and nonzero: it is not computed from constants and module buffers "
+                               "at compile time")
+            if not bool((value.isfinite() & (value != 0)).all()):
+                raise _NoMatch(f"the network reads the sample scaled by {getattr(factor, 'name', factor)} at step "
+                               f"{k}, which is zero or not finite (the op's state is the scaled sample)")
+
+
+def _relayout(em: _Emitter, value: Node, path) -> Node:
+    """``value`` through the layout ops of ``path`` (:class:`.chain._Feed`'s, or the network
+    output's back to the sample's order), its first dimension whatever it is (rows of several
+    steps too); scalings and copies are not repeated."""
+    for n in path:
+        if _is(n, aten.permute.default):
+            value = em(aten.permute.default, value, list(n.args[1]))
+        elif _is(n, aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+            value = em(aten.reshape.default, value, [-1, *_val(n).shape[1:]])
+    return value
 
 
 def _clamp_arg(em: _Emitter, clip, dim) -> tuple[list | None, Node | None]:

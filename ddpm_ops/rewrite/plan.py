@@ -10,7 +10,9 @@ Each step of a loop (:mod:`.chain`) is proved to be
 share, or none where each such ``v`` is finite at compile time: :func:`_zero_term`)
 with coefficients and pieces that depend on the step only, or on nothing
 that changes over the loop, every step with one clamp of x0 and one of its
-result. :func:`_plan` returns the proved :class:`_Plan` or raises
+result. Where the network reads the sample scaled by a number per step
+(``c_k * x_k``), the updates are rewritten for the op's state ``c_k * x_k``
+(:func:`_rescale_all`). :func:`_plan` returns the proved :class:`_Plan` or raises
 ``_NoMatch`` with the first fact not proved (:class:`.chain._StepNoMatch`
 where one step alone cannot be fused, so that its loop may be cut there).
 """
@@ -22,9 +24,10 @@ import torch
 from torch.fx import Graph, Node
 
 from .._library import has_fused_rule_kernel
-from .affine import _read_update, _Update, _x0_clamped
-from .chain import _ancestors_within, _descendants, _latest_step, _Loop, _loops, _step_region, _StepNoMatch
-from .chain import _split_sums
+from .affine import _read_update, _rescaled, _scale, _Update, _x0_clamped
+from .chain import _ancestors_within, _descendants, _in_sample_order, _latest_step, _Loop, _loops, _step_region
+from .chain import _split_sums, _StepNoMatch
+from .coefficients import ONE
 from .constants import evaluate, real_buffers
 from .network import _find_nets
 from .nodes import _ASSERT_METADATA, _float32_cast_source, _is, _NoMatch, _val
@@ -40,6 +43,10 @@ class _Plan:
     clip: tuple | None
     post_clip: tuple | None
     zero: Node | None = None  # step 0's term v * 0, which every step adds (emitted once, around the op)
+    # the ops that lay the network's output out in the sample's order, where the network reads the
+    # sample in another (a transposed chunk): the op's result is laid out by them again
+    out_layout: list | None = None
+    scaled: bool = False  # the network reads the sample scaled (the op's state is what it reads)
 
 
 def _loops_in(graph: Graph) -> tuple[list[_Loop], dict, list[str]]:
@@ -122,8 +129,21 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         prev = carries[k - 1] if k else None
         carried = _carried_into(loop, k, prev, insides[k - 1], inside, end) if prev is not None else frozenset()
         sample = loop.sample(k)  # a chunk's update reads it as it is, the network its rows flattened
-        return _read_update(sample, loop.nets[k].out, end, inside, tuple(_val(sample).shape), step_only,
-                            prev=prev, carried=carried, x0_node=carries[k] if k < len(carries) else None)
+        e = _output(k)[-1] if loop.feed(k).order is not None else loop.nets[k].out
+        return _read_update(sample, e, end, inside, tuple(_val(sample).shape), step_only,
+                            prev=prev, carried=carried, x0_node=carries[k] if k < len(carries) else None,
+                            net_out=loop.nets[k].out)
+
+    def _output(k):
+        # The network reads the sample's elements in another order (a transposed chunk): its
+        # output must be laid out back in the sample's order, by layout ops alone.
+        feed, out = loop.feed(k), loop.nets[k].out
+        path = _in_sample_order(out, feed.order, _val(feed.sample).shape)
+        if path is None:
+            raise _NoMatch(f"the network reads the sample {feed.sample.name} in another order of its elements "
+                           f"({loop.x(k).name}), and its output {out.name} is not laid out back in the "
+                           "sample's order and shape by layout ops alone (views, reshapes, permutes)")
+        return path
 
     def choose(ends, region):
         # The last step ends at its last node that reads like the step before it: the same
@@ -172,7 +192,31 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         raise _NoMatch(f"the steps clamp their result to different bounds {sorted(map(str, posts))}")
     if "p" in updates[0].post:  # its reader had no step before to take one from: never so
         raise _NoMatch("the first step reads a previous x0, which the op's is zero at a call's first step")
-    return _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)), _zero_term(loop, updates))
+    plan = _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)), _zero_term(loop, updates),
+                 _output(K - 1) if loop.feed(K - 1).order is not None else None)
+    _rescale_all(plan, step_only)
+    return plan
+
+
+def _rescale_all(plan: _Plan, step_only) -> None:
+    """Where the network reads the sample scaled (``c_k * x_k``: EDM's and k-diffusion's ``c_in``,
+    diffusers' ``scale_model_input``), every update rewritten for the op's state ``y_k = c_k *
+    x_k`` (:func:`.affine._rescaled`; after the last step, ``c = 1``: the op's result is the
+    sample). The op's input is then the first network's input as the loop computes it."""
+    loop, updates = plan.loop, plan.updates
+    factors = [loop.feed(k).factors for k in range(len(updates))]
+    if not any(factors):
+        return
+    name = next(loop.x(k).name for k, f in enumerate(factors) if f)
+    if plan.post_clip is not None:
+        raise _NoMatch(f"the network reads the sample scaled ({name}) and the steps clamp their result: the op "
+                       "would clamp the scaled sample, whose bounds change with the step")
+    scales = []
+    for k, u in enumerate(updates):
+        scales.append(_scale(factors[k], step_only, u.leaves))
+    for k, u in enumerate(updates):
+        _rescaled(u, scales[k], scales[k + 1] if k + 1 < len(updates) else ONE)
+    plan.scaled = True
 
 
 def _zero_term(loop: _Loop, updates: list) -> Node | None:
@@ -195,9 +239,10 @@ def _zero_term(loop: _Loop, updates: list) -> Node | None:
     if any(t is None for t in terms):
         raise _NoMatch(f"some steps add {first.name}, a term v * 0, and others add none (the op adds one "
                        "term to every step)")
-    if loop.sample(0) is not loop.x(0):
-        raise _NoMatch(f"the steps add {first.name}, a term v * 0, to an action chunk (added only to a "
-                       "(batch, dim) sample)")
+    if loop.feed(0).path:
+        raise _NoMatch(f"the steps add {first.name}, a term v * 0, to a sample the network reads as "
+                       f"{loop.x(0).name} (an action chunk flattened, or the sample scaled): the term is added "
+                       "only to a (batch, dim) sample the network reads as it is")
     v0 = updates[0].zero_of
     for k, u in enumerate(updates[1:], 1):
         if not _recomputed(u.zero_of, v0):

@@ -188,7 +188,7 @@ def _uniform_uncached(node: Node, batch, memo: dict) -> bool:
         return (bias is None or bv is not None and bv.dim() <= 1) and _uniform(inp, batch, memo)
     tags = getattr(node.target, "tags", ())
     if torch.Tag.pointwise in tags or _is(node, prims.convert_element_type.default, aten._to_copy.default,
-                                             aten.to.dtype):
+                                             aten.to.dtype, prims.device_put.default):
         return _inputs_uniform(node, batch, memo)
     if _is(node, aten.gather.default, aten.index.Tensor, aten.index_select.default):
         table = node.args[0]

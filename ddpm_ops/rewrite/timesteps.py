@@ -254,8 +254,10 @@ class _Reemit:
         if n.op != "call_function" or out is None or out.dim() == 0 or _random(n):
             raise _NoMatch(f"{n.name} ({n.target}) is not a row-wise function of the timestep")
         tags = getattr(n.target, "tags", ())
-        if torch.Tag.pointwise in tags or _is(n, prims.convert_element_type.default, aten.to.dtype, *_KEEP_ROWS) \
-                or (_is(n, aten._to_copy.default) and out.device == _val(n.args[0]).device):
+        # A copy to another device keeps the rows: IDQL makes the timestep on the CPU with
+        # torch.tensor([t]).repeat(B) and moves it to the GPU at every step.
+        if torch.Tag.pointwise in tags or _is(n, prims.convert_element_type.default, aten.to.dtype, *_KEEP_ROWS,
+                                              aten._to_copy.default, prims.device_put.default):
             for a in n.all_input_nodes:
                 self._rows_operand(n, a)
             return
@@ -311,7 +313,7 @@ class _Reemit:
         if site not in self.vectors:
             if self.sites.kind == "index":
                 self.vectors[site] = em(prims.iota.default, self.size(), start=0, step=1,
-                                        dtype=_val(site).dtype, device=em.device, requires_grad=False)
+                                        dtype=_val(site).dtype, device=_val(site).device, requires_grad=False)
             elif _is(site, aten.full.default):
                 shape = list(site.args[0])[1:]
                 values = [n.args[1] for n in reversed(self.sites.steps[site])]

@@ -2,7 +2,7 @@
 import torch
 
 from . import cleandiffuser, diffusers_style, diffusion_policy, diffusion_ql, dpm_solver, dppo, flow_policy, idql, \
-    lucidrains, readme, scheduler_step, tabddpm, tiny_diffusion, v1_variants
+    k_diffusion, lucidrains, readme, scheduler_step, tabddpm, tiny_diffusion, v1_variants
 
 
 def _dql():
@@ -73,10 +73,12 @@ def _lucidrains(batch, **kw):
     return make
 
 
-def _diffusion_policy():
-    torch.manual_seed(0)
-    m = diffusion_policy.LowdimPolicy()
-    return m, (torch.randn(8, 2, 5), torch.randn(8, m.horizon, m.action_dim)), None
+def _diffusion_policy(**kw):
+    def make():
+        torch.manual_seed(0)
+        m = diffusion_policy.LowdimPolicy(**kw)
+        return m, (torch.randn(8, 2, 5), torch.randn(8, m.horizon, m.action_dim)), None
+    return make
 
 
 def _int_scheduler():
@@ -205,6 +207,16 @@ def _dppo_eval(**kw):
     return make
 
 
+def _karras(sampler="euler"):
+    """A Karras-preconditioned sampler of tests/loops/k_diffusion.py: ``noise[0]`` the initial draw,
+    ``noise[1 + i]`` step ``i``'s (the ancestral sampler's)."""
+    def make():
+        torch.manual_seed(0)
+        m = k_diffusion.EulerDiscrete() if sampler == "euler_discrete" else k_diffusion.KarrasSampler(sampler)
+        return m, (torch.randn(16, 11),), (len(m.sigmas), 16, 3)
+    return make
+
+
 def _cd_sde_sample(**kw):
     """CleanDiffuser's DiscreteDiffusionSDE.sample as its current release writes it
     (cleandiffuser.DiscreteSDESample): ``prior`` zeros, as its pipelines pass it."""
@@ -241,7 +253,7 @@ CASES = {
     "readme_clamp": _readme(clamp=2.0),
     "readme_noise_clamp": _readme(noise=True, clamp=2.0),
     "int_t_scheduler_step": _int_scheduler,
-    "diffusion_policy_lowdim_ddim": _diffusion_policy,
+    "diffusion_policy_lowdim_ddim": _diffusion_policy(),
     "lucidrains_pred_noise": _lucidrains(5),
     "lucidrains_pred_noise_batch_of_timesteps": _lucidrains(8, timesteps=8),
     "lucidrains_pred_v": _lucidrains(5, objective="pred_v"),
@@ -337,6 +349,16 @@ CASES = {
     # the cat: the sum's addends are read through the same columns of the first Linear, the features
     # as time rows and the condition as the condition network.
     "cleandiffuser_sde_sample_mlp_ddpm_x0": _cd_sde_sample(net="mlp", obs_dim=12, predict_noise=False),
+    # The network reads the sample scaled by a number per step (c_in * x): the op's state is that
+    # scaled sample, its tables rescaled step by step.
+    "k_diffusion_denoiser_euler": _karras("euler"),
+    "k_diffusion_denoiser_euler_ancestral": _karras("euler_ancestral"),
+    "edm_precond_euler": _karras("edm_euler"),
+    "beso_gc_denoiser_ddim": _karras("beso_ddim"),
+    "diffusers_euler_discrete_scale_model_input": _karras("euler_discrete"),
+    # The chunk read and written channels first (ConditionalUnet1D's convention on an MLP): the op
+    # runs the network's order of the chunk's elements.
+    "diffusion_policy_lowdim_ddim_channels_first": _diffusion_policy(channels_first=True),
 }
 
 
@@ -354,5 +376,6 @@ LEFT_ALONE = {
     # DPPO's DDIM eps_clip_value clamps eps read back from the clamped x0: a clamp the op has not
     # (it clamps x0 and the step's result).
     "dppo_eval_ddim_eps_clip": (
-        _dppo_eval(use_ddim=True, eps_clip_value=1.0), "a clamp that is neither of the predicted x0 (once) nor the step's last op"),
+        _dppo_eval(use_ddim=True, eps_clip_value=1.0),
+        "has no clamp of the eps it could read back from its x0, (A*x - x0)/B"),
 }
