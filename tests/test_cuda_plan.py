@@ -353,10 +353,11 @@ def rule_columns(rows):
 
 
 def rule_smem(rows, dim, width, saved):
-    """fp32_rule's shared memory (csrc/plan/shapes/fp32_rule.h: rule_smem_bytes) without bias networks: a
-    cluster's two mbarriers, the row header, the warps' partial sums, the samples and the previous x0, two activation buffers and
+    """fp32_rule's shared memory (csrc/plan/shapes/fp32_rule.h: rule_smem_bytes) without bias
+    networks: the row header, the warps' partial sums, the samples and the previous x0, two
+    activation buffers and
     `saved` more."""
-    header = 4 + -(-10 * rows // 4) * 4
+    header = -(-10 * rows // 4) * 4
     scratch = rule_threads(rows) // 32 * rows * rule_columns(rows)
     dim_ld = -(-dim // 4) * 4
     return 4 * (header + scratch + rows * (2 * dim_ld + (2 + saved) * width))

@@ -192,9 +192,7 @@ void launch_engine(const plan::Plan& plan, const EngineArgs& a, const ProgramArg
 // one avoids h's and the saved ones). A Linear's fresh buffer also avoids,
 // where one is left within that count, those touched since the Linear
 // before it, or else is fenced (ProgramOpArgs::fence: in a cluster the
-// partners store into it). The steps repeat the program, so the first
-// Linear's "before" is the previous step's last one: the last Linear (e's)
-// avoids the first one's buffer. False where the program does not fit the
+// partners store into it). False where the program does not fit the
 // argument block (the call then runs the ATen loop).
 bool compile_program(const NetworkProgram& program, const SampleRuleCall& call, const SampleRuleExtras& extras,
                      Operands& ops, EngineArgs& a, ProgramArgs& p) {
@@ -208,20 +206,14 @@ bool compile_program(const NetworkProgram& program, const SampleRuleCall& call, 
     p.norm_biases[j] = ops.hold((*extras.norm_biases)[j]);
   }
   int cur = cuda_kernels::kProgramX;
-  std::vector<int> saved, touched;  // touched: since the last Linear
-  int first_linear = -1;            // its index in `out`
+  std::vector<int> saved, touched;  // touched: since the last Linear (a step starts after a cluster barrier)
   const auto holds = [](const std::vector<int>& v, int b) { return std::find(v.begin(), v.end(), b) != v.end(); };
   const auto fresh = [&]() {
     int b = 0;
     while (b == cur || holds(saved, b)) ++b;
     return b;
   };
-  std::vector<ProgramOpArgs> out;
-  const auto fresh_for_linear = [&](bool last) {
-    const int avoid = last && first_linear >= 0 ? out[first_linear].dst : cuda_kernels::kProgramX;
-    for (int b = 0; b < 2 + static_cast<int>(program.max_saved); ++b) {
-      if (b != cur && b != avoid && !holds(saved, b) && !holds(touched, b)) return b;
-    }
+  const auto fresh_for_linear = [&]() {
     for (int b = 0; b < 2 + static_cast<int>(program.max_saved); ++b) {
       if (b != cur && !holds(saved, b) && !holds(touched, b)) return b;
     }
@@ -229,6 +221,7 @@ bool compile_program(const NetworkProgram& program, const SampleRuleCall& call, 
   };
   // In place where h's buffer is an activation buffer no "save" holds.
   const auto writable = [&]() { return cur >= 0 && !holds(saved, cur) ? cur : fresh(); };
+  std::vector<ProgramOpArgs> out;
   const auto emit = [&](ProgramOpArgs o, int dst, int64_t width) {
     o.src = static_cast<int8_t>(cur);
     o.dst = static_cast<int8_t>(dst);
@@ -236,7 +229,6 @@ bool compile_program(const NetworkProgram& program, const SampleRuleCall& call, 
     if (o.kind == ProgramOpArgs::kLinear) {
       o.fence = holds(touched, dst);
       touched.clear();
-      if (first_linear < 0) first_linear = static_cast<int>(out.size());
     } else {
       touched.insert(touched.end(), {cur, dst, o.kind == ProgramOpArgs::kAdd ? o.other : cur});
     }
@@ -274,7 +266,7 @@ bool compile_program(const NetworkProgram& program, const SampleRuleCall& call, 
           a.activations[op.index] = instructions[++i].activation;
         }
         width = call.weights[op.index].size(0);
-        emit({0.f, 0, ProgramOpArgs::kLinear, 0, static_cast<int8_t>(op.index)}, fresh_for_linear(last), width);
+        emit({0.f, 0, ProgramOpArgs::kLinear, 0, static_cast<int8_t>(op.index)}, fresh_for_linear(), width);
         break;
       }
       case NetworkOp::Kind::kActivation:
@@ -296,12 +288,6 @@ bool compile_program(const NetworkProgram& program, const SampleRuleCall& call, 
         break;
       }
     }
-  }
-  // The next step's first Linear against the instructions after the last
-  // one and the update, which reads e (h's buffer at the end).
-  if (first_linear >= 0) {
-    ProgramOpArgs& first = out[first_linear];
-    first.fence = first.fence || holds(touched, first.dst) || first.dst == cur;
   }
   if (out.size() > static_cast<size_t>(cuda_kernels::kMaxProgramOps)) return false;
   int buffers = 2;

@@ -21,11 +21,7 @@
 // On Hopper the rows may be run by a cluster of CTAs (kCluster): each CTA
 // computes its share of every Linear's output columns, reading only those
 // weight rows, and stores them into every CTA of the cluster (distributed
-// shared memory) by st.async, the bytes completing on the receiver's
-// mbarrier: a CTA waits for its partners' columns, not for the whole cluster
-// to arrive (a cluster barrier's release costs a GPU-wide memory fence and
-// the acquire an L1 invalidation, about 2.8 us a Linear on an H200, where
-// the mbarrier's wait is a shared-memory poll). Everything else (the
+// shared memory), a cluster barrier after each Linear. Everything else (the
 // prologue, the program's element-wise instructions and LayerNorms, the
 // step) every CTA computes on whole rows of its own copy, so that a
 // LayerNorm or a residual add needs no exchange: the copies stay identical
@@ -48,24 +44,15 @@ namespace cuda_kernels {
 
 // The shape the plan chooses for this kernel (csrc/plan/shapes/fp32_rule.h).
 using shapes::RuleWeights;
-using shapes::kRuleBarrierFloats;
 using shapes::rule_column_share;
 using shapes::rule_columns;
 using shapes::rule_row_header_floats;
 using shapes::rule_scratch_floats;
 using shapes::rule_threads;
 
-// This CTA's place in its cluster (one CTA of one: no cluster) and the
-// exchange of the Linears' columns. Two mbarriers alternate over the
-// Linears of the call: a partner stores Linear g + 1's columns into this CTA
-// only once it holds this CTA's of Linear g, which this CTA computes after
-// its wait for Linear g - 1 has completed, so no phase receives bytes of the
-// next one on the same mbarrier.
+// This CTA's place in its cluster (one CTA of one: no cluster).
 struct RuleCluster {
   int rank = 0, size = 1;
-  uint64_t* bars = nullptr;  // [2], at the start of shared memory
-  int next = 0;              // the mbarrier of the next Linear
-  uint32_t parity = 0;       // bit b: the parity of bars[b]'s next phase
   // The output columns [x, y) of a layer of n this CTA computes in blocks of
   // R rows (rule_column_share).
   template <int R>
@@ -73,15 +60,6 @@ struct RuleCluster {
     const int share = rule_column_share(n, size, R);
     const int begin = min(n, rank * share);
     return make_int2(begin, min(n, begin + share));
-  }
-  __device__ uint32_t bar() const { return smem_address(&bars[next]); }
-  // After this CTA's stores of a Linear: every thread waits for the
-  // partners' columns (and, by the CTA barrier, sees this CTA's own).
-  __device__ void receive() {
-    __syncthreads();
-    mbarrier_wait(&bars[next], (parity >> next) & 1u);
-    parity ^= 1u << next;
-    next ^= 1;
   }
 };
 
@@ -169,13 +147,12 @@ __device__ __forceinline__ void rule_products(const float* const (&w_row)[VC], c
 // group of columns, each a part of the inner dimension, and their sums meet
 // in `scratch` (rule_scratch_floats). In a cluster the CTA computes its share
 // of the columns (RuleCluster::columns) and stores them into the partners'
-// `out` too. On return every thread of the block sees all of `out` (in a
-// cluster: every CTA's columns). The weights are read from `on_chip` (this CTA's share of the
+// `out` too. The weights are read from `on_chip` (this CTA's share of the
 // layer, rows of round_up4(in) floats) where it is not null, else from L2.
 template <int R, bool kCluster>
 __device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const float* in, int in_ld, float* out,
                                            int out_ld, const RuleRows<R>& rr, const BiasNetRows& nets, int k,
-                                           int row0, RuleCluster& cluster, const float* on_chip,
+                                           int row0, const RuleCluster& cluster, const float* on_chip,
                                            float* scratch) {
   constexpr int VC = rule_columns(R);
   constexpr int V = R * VC;
@@ -196,12 +173,6 @@ __device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const flo
   int split = 1;  // a power of two: warp % split is the warp's part
   while (groups > 0 && 2 * split * groups <= kWarps) split *= 2;
   const int part = warp % split;
-  if (kCluster && threadIdx.x == 0) {
-    // The bytes the partners send: every row of their columns. This CTA's
-    // own arrival announces them, before or after they land.
-    const uint32_t own = static_cast<uint32_t>(end - columns.x);
-    mbarrier_expect_local(cluster.bar(), R * (static_cast<uint32_t>(layer.out) - own) * sizeof(float));
-  }
   // Element (r, c) from its sum, stored into CTA p of the cluster (this one's own at its rank).
   const auto store = [&](float acc, int r, int c, int p) {
     acc += l == 0 ? first_layer_bias(a, nets, r, min(row0 + r, a.batch - 1), rr.t[r], k, c) : __ldg(layer.bias + c);
@@ -210,7 +181,7 @@ __device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const flo
     if (!kCluster || p == cluster.rank) {
       *dst = value;
     } else {
-      st_async(cluster_address(smem_address(dst), p), value, cluster_address(cluster.bar(), p));
+      st_cluster(cluster_address(smem_address(dst), p), value);
     }
   };
   for (int c0 = columns.x + warp / split * VC; c0 < end; c0 += kWarps / split * VC) {  // warp-uniform
@@ -240,21 +211,15 @@ __device__ __forceinline__ void rule_layer(const EngineArgs& a, int l, const flo
     if (c >= end) continue;
     for (int p = replica; p < cluster.size; p += kReplicas) store(v[0], e / VC, c, p);
   }
-  if (split > 1) {  // block-uniform
-    __syncthreads();
-    for (int i = threadIdx.x; i < groups * V * cluster.size; i += kThreads) {
-      const int p = i % cluster.size, g = i / cluster.size / V, e = i / cluster.size % V;
-      const int c = columns.x + g * VC + e % VC;
-      if (c >= end) continue;
-      float acc = 0.f;
-      for (int q = 0; q < split; ++q) acc += scratch[(g * split + q) * V + e];
-      store(acc, e / VC, c, p);
-    }
-  }
-  if constexpr (kCluster) {
-    cluster.receive();
-  } else {
-    __syncthreads();
+  if (split == 1) return;  // block-uniform
+  __syncthreads();
+  for (int i = threadIdx.x; i < groups * V * cluster.size; i += kThreads) {
+    const int p = i % cluster.size, g = i / cluster.size / V, e = i / cluster.size % V;
+    const int c = columns.x + g * VC + e % VC;
+    if (c >= end) continue;
+    float acc = 0.f;
+    for (int q = 0; q < split; ++q) acc += scratch[(g * split + q) * V + e];
+    store(acc, e / VC, c, p);
   }
 }
 
@@ -296,14 +261,13 @@ __device__ __forceinline__ void rule_layer_norm(const float* src, int src_ld, fl
 
 // Step k's network program (ProgramArgs) on the block's rows; returns the
 // buffer that holds e. Buffer b >= 0 is buffers + b * R * width, all of
-// row stride width; the samples xs have dim_ld. A CTA barrier follows every
+// row stride width; the samples xs have dim_ld. A barrier follows every
 // instruction (each reads what the one before wrote, across warps), a
-// Linear's exchange in a cluster (its columns come from every CTA), and a
-// fenced Linear (ProgramOpArgs::fence) waits for the whole cluster first.
+// cluster's after a Linear (its columns come from every CTA).
 template <int R, bool kCluster, typename OnChip>
 __device__ const float* rule_program(const EngineArgs& a, const ProgramArgs& prog, const float* xs, int dim_ld,
                                      float* buffers, int width, const RuleRows<R>& rr, const BiasNetRows& nets, int k,
-                                     int row0, RuleCluster& cluster, OnChip on_chip) {
+                                     int row0, const RuleCluster& cluster, OnChip on_chip) {
   constexpr int kThreads = rule_threads(R);
   const auto buffer = [&](int b) { return b == kProgramX ? const_cast<float*>(xs) : buffers + b * R * width; };
   const auto ld = [&](int b) { return b == kProgramX ? dim_ld : width; };
@@ -360,7 +324,11 @@ __device__ const float* rule_program(const EngineArgs& a, const ProgramArgs& pro
         break;
       }
     }
-    if (op.kind != ProgramOpArgs::kLinear) __syncthreads();
+    if (op.kind == ProgramOpArgs::kLinear) {
+      rule_barrier<kCluster>();
+    } else {
+      __syncthreads();
+    }
     out = dst;
   }
   return out;
@@ -380,7 +348,7 @@ __global__ void __launch_bounds__(rule_threads(R))
   for (int l = 0; l < a.num_layers; ++l) widest = max(widest, a.layers[l].out);
   const int width = round_up4(widest), dim_ld = round_up4(a.dim);
   RuleRows<R> rr;
-  rr.t0 = reinterpret_cast<int*>(smem + kRuleBarrierFloats);
+  rr.t0 = reinterpret_cast<int*>(smem);
   rr.t = rr.t0 + R;
   rr.valid = rr.t + R;
   rr.coef = reinterpret_cast<float (*)[R]>(rr.valid + R);
@@ -394,12 +362,6 @@ __global__ void __launch_bounds__(rule_threads(R))
   if constexpr (kCluster) {
     cluster.rank = cluster_rank();
     cluster.size = cluster_size();
-    cluster.bars = reinterpret_cast<uint64_t*>(smem);
-    if (threadIdx.x == 0) {
-      // One arrival a phase, this CTA's own; the partners' bytes complete it.
-      for (int b = 0; b < 2; ++b) mbarrier_init(&cluster.bars[b], 1);
-      fence_mbarrier_init();
-    }
   }
   // The CTAs of a cluster hold the same samples; each stores its share of them.
   const auto stores = [&](int i) { return !kCluster || i % cluster.size == cluster.rank; };
@@ -428,8 +390,7 @@ __global__ void __launch_bounds__(rule_threads(R))
     }
   }
   const auto on_chip = [&](int l) { return kept.offset[l] != 0 ? smem + kept.offset[l] : nullptr; };
-  // In a cluster also: every CTA has started, its mbarriers initialized,
-  // before any stores into it.
+  // In a cluster also: every CTA has started before any stores into it.
   rule_barrier<kCluster>();
   for (int i = threadIdx.x; i < rows * a.dim; i += kThreads) {
     const int r = i / a.dim, j = i - r * a.dim;
@@ -451,13 +412,11 @@ __global__ void __launch_bounds__(rule_threads(R))
     if constexpr (kProgram) {
       in = rule_program<R, kCluster>(a, prog, xs, dim_ld, buffers[0], width, rr, nets, k, row0, cluster, on_chip);
     }
-    // The buffers alternate over the call's layers, not each step's: a
-    // partner's next layer 0 then stores into the buffer this CTA's step
-    // does not read (e's), so that no cluster barrier ends the step.
     for (int l = 0; !kProgram && l < a.num_layers; ++l) {
-      float* const out = buffers[(k * a.num_layers + l) & 1];
-      rule_layer<R, kCluster>(a, l, in, in_ld, out, width, rr, nets, k, row0, cluster, on_chip(l), rr.scratch);
-      in = out;
+      rule_layer<R, kCluster>(a, l, in, in_ld, buffers[l & 1], width, rr, nets, k, row0, cluster, on_chip(l),
+                              rr.scratch);
+      rule_barrier<kCluster>();
+      in = buffers[l & 1];
       in_ld = width;
     }
     for (int i = threadIdx.x; i < rows * a.dim; i += kThreads) {
@@ -469,12 +428,10 @@ __global__ void __launch_bounds__(rule_threads(R))
       xs[r * dim_ld + j] = next;
       if (stores(i)) store_sample(a, k + 1, row, j, next, rr.valid[r]);
     }
-    // A partner's next first Linear may store into this CTA now: its
-    // destination is not e's buffer (above; ProgramOpArgs::fence).
-    __syncthreads();
+    // In a cluster also: no CTA stores the next step's first Linear into
+    // another that still reads this step's e.
+    rule_barrier<kCluster>();
   }
-  // Nothing is in flight towards this CTA at its exit: it has waited for
-  // every Linear's columns.
 }
 
 }  // namespace cuda_kernels

@@ -20,13 +20,12 @@ namespace cuda_kernels {
 //
 // In a cluster (fp32_rule_kernel's kCluster) every CTA holds every buffer and
 // computes every instruction but a Linear, whose output columns are split
-// over the CTAs and stored into all of them. A partner holding all of a
-// Linear's columns may then store the next Linear's into this CTA while it
-// still runs the instructions in between (for a step's first Linear: the
-// previous step's after its last Linear, and its update, which reads e):
-// `fence` marks a Linear whose destination one of those instructions
-// touches, which then waits for the whole cluster before its stores
-// (compile_program avoids it where the buffers allow).
+// over the CTAs and stored into all of them, a cluster barrier after it. A
+// partner past that barrier may then store the next Linear's columns into
+// this CTA while it still runs the instructions in between: `fence` marks a
+// Linear whose destination one of those instructions touches, which then
+// waits for the whole cluster before its stores (compile_program avoids it
+// where the buffers allow).
 constexpr int kMaxProgramOps = 64;
 constexpr int kMaxProgramNorms = 32;
 constexpr int kProgramX = -1;

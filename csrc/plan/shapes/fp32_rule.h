@@ -46,16 +46,15 @@ struct RuleWeights {
 
 // A block's shared memory, all of it dynamic (prepare_kernel lets a kernel
 // ask for the device's whole opt-in size, which leaves no room for static
-// arrays): a cluster's two mbarriers (kRuleBarrierFloats); per row its first step index, its step index now, whether it is
+// arrays): per row its first step index, its step index now, whether it is
 // valid and its coefficients, rounded up to float4s; rule_layer's partial
 // sums (rule_scratch_floats); then the samples and the
 // previous x0 (rows, dim_ld each), two activation buffers (rows, width), a
 // network program's `saved_buffers` more (its residual stack) and the bias
 // networks' rows (bias_net_floats); then the weights kept on chip
 // (RuleWeights).
-constexpr int kRuleBarrierFloats = 4;
 DDPM_HD inline int rule_row_header_floats(int rows) {
-  return kRuleBarrierFloats + round_up4(static_cast<int>(3 + kStepTablesWithPrevious) * rows);
+  return round_up4(static_cast<int>(3 + kStepTablesWithPrevious) * rows);
 }
 // The partial sums of a layer whose columns' inner dimension is split over
 // warps (rule_layer): every warp's sums.
