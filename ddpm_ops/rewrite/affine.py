@@ -47,7 +47,7 @@ from torch.fx import Node
 
 from .coefficients import (ONE, ZERO, _Coef, _is_num, _num, _number_factor, _proved_equal, _same_coef, cadd,
                            cdiv, cmul, cneg)
-from .nodes import _NoMatch, _is, _known_eq, _no_kwargs, _val, aten, prims
+from .nodes import _cast, _NoMatch, _is, _known_eq, _no_kwargs, _val, aten, prims
 
 
 VARS = ("x", "e", "x0", "z", "p")
@@ -215,9 +215,15 @@ class _UpdateReader:
             return self._clamp(n)
         if _is(n, aten.where.self):
             return self._where(n)
-        if _is(n, *_VIEWS, prims.convert_element_type.default) and _same_shape(n, n.args[0]):
-            if _is(n, prims.convert_element_type.default) and n.args[1] != _val(n.args[0]).dtype:
-                raise _NoMatch(f"{n.name} changes the sample's dtype")
+        cast = _cast(n)
+        if cast is not None and _same_shape(n, cast[0]):
+            # Widening float32 to float64 is exact (e of a float64 sample's step, net(x.float()).double());
+            # any other cast rounds values the op keeps.
+            before = _val(cast[0]).dtype
+            if cast[1] != before and (before, cast[1]) != (torch.float32, torch.float64):
+                raise _NoMatch(f"{n.name} casts the step's {before} values to {cast[1]}")
+            return self.form(cast[0])
+        if _is(n, *_VIEWS) and _same_shape(n, n.args[0]):
             return self.form(n.args[0])
         if _is(n, *_ROW_VIEWS) and _same_rows(n, n.args[0]):
             # A chunk's rows flattened or unflattened (DPPO's network reads (B, horizon *
@@ -479,7 +485,7 @@ class _UpdateReader:
         return True
 
     def bound(self, n: Node, b: Any) -> float | Node:
-        """A clamp's bound: a number, or a step-only float32 tensor of one value per column of the
+        """A clamp's bound: a number, or a step-only float tensor of one value per column of the
         sample (CleanDiffuser's per-dimension ``x_min`` / ``x_max``: the op's per-column bounds) or
         of one value (a 0-d ``max_action`` buffer: that value in every column)."""
         if isinstance(b, (int, float)) and not isinstance(b, bool):
@@ -488,11 +494,11 @@ class _UpdateReader:
             raise _NoMatch(f"{n.name} clamps to a bound {getattr(b, 'name', b)} that depends on the sample")
         v = _val(b)
         dim = self.shape[-1] if len(self.shape) == 2 else None
-        if v is None or v.dtype != torch.float32 or dim is None or not (
+        if v is None or v.dtype not in (torch.float32, torch.float64) or dim is None or not (
                 v.dim() == 0 or v.dim() == 1 and _known_eq(v.shape[0], dim)
                 or v.dim() == 2 and _known_eq(v.shape[0], 1) and _known_eq(v.shape[1], dim)):
-            raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 value, or one "
-                           "per column of a (batch, dim) sample")
+            raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 or float64 value, "
+                           "or one per column of a (batch, dim) sample")
         return b
 
 

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch.fx import Graph, Node
 
 from .network import _Net
-from .nodes import _ASSERT_METADATA, _NoMatch, _is, _known_eq, _no_kwargs, _shape_eq, _val, aten
+from .nodes import _ASSERT_METADATA, _float32_cast_source, _NoMatch, _is, _known_eq, _no_kwargs, _shape_eq, _val, aten
 from .tables import _batched, _uniform
 from .timesteps import _recomputed
 
@@ -47,8 +48,18 @@ class _Loop:
     def sample(self, k: int) -> Node:
         """Step ``k``'s sample as the update reads it: ``x(k)``, or what ``x(k)`` flattens (an
         action chunk ``(B, horizon, action_dim)`` the network reads as ``(B, horizon *
-        action_dim)``, as DPPO's)."""
-        return _chunk_of(self.x(k))
+        action_dim)``, as DPPO's), or what it casts to float32 (a float64 sample, as TabDDPM's
+        between its networks): :func:`_sample_of`."""
+        return _sample_of(self.x(k))
+
+    def reading(self, k: int) -> set:
+        """The nodes between step ``k``'s sample and the network's input ``x(k)`` (a flattening,
+        a cast to float32), ``x(k)`` among them: the network's reading of the sample."""
+        out, n = set(), self.x(k)
+        while n is not self.sample(k):
+            out.add(n)
+            n = n.args[0]
+        return out
 
     def part(self, start: int, stop: int) -> _Loop:
         """Steps ``start .. stop - 1`` as a loop of their own."""
@@ -72,6 +83,20 @@ class _Loop:
 
 
 _FLATTENING = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def _sample_of(piece: Node | None) -> Node | None:
+    """The sample a network's input ``piece`` reads: what it flattens (:func:`_chunk_of`) and
+    what it casts to float32 from float64 (:func:`_narrowed`), either first; else ``piece``."""
+    return _narrowed(_chunk_of(_narrowed(piece)))
+
+
+def _narrowed(piece: Node | None) -> Node | None:
+    """The float64 value ``piece`` casts to float32 (the network of a float64 sample reads it
+    rounded: ``net(x.float())``), else ``piece``."""
+    source = _float32_cast_source(piece)
+    sv = _val(source) if isinstance(source, Node) else None
+    return source if sv is not None and sv.dtype == torch.float64 else piece
 
 
 def _chunk_of(piece: Node | None) -> Node | None:
@@ -390,9 +415,10 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
     the step are left out of the step's region; :mod:`.plan` proves that the next step's update
     reads it and nothing else does (else the step is named as here). ``None`` when there is none."""
     net, x = loop.nets[k], loop.sample(k)
-    # x(k): the network's input, a chunk flattened; its columns taken one by one (_join_columns)
-    excluded = net.nodes | {net.inp, loop.x(k)} | _column_nodes(net, loop.x(k))
-    end = loop.sample(k + 1) if k + 1 < len(loop.nets) else _chunk_of(loop.next_x)
+    # x(k): the network's input, a chunk flattened or a float64 sample rounded; its columns taken
+    # one by one (_join_columns)
+    excluded = net.nodes | {net.inp, loop.x(k)} | loop.reading(k) | _column_nodes(net, loop.x(k))
+    end = loop.sample(k + 1) if k + 1 < len(loop.nets) else _sample_of(loop.next_x)
     if end is not None:
         region = _descendants([x, net.out], end, excluded)
         if k == 0:  # the loop's input may be read elsewhere too (kept in a trajectory): not the step
@@ -413,7 +439,7 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
             excluded |= readers
             region = _descendants([x, net.out], end, excluded)
     # The loop's own input stays in the graph; a later step's sample is replaced by the op.
-    outside = [u for u in x.users if u is not net.inp and u is not loop.x(k) and u not in inside
+    outside = [u for u in x.users if u is not net.inp and u not in loop.reading(k) and u not in inside
                and u not in net.nodes and u not in excluded] if k else []
     if outside:
         raise _StepNoMatch(f"the sample {x.name} of step {k} is also used by {[u.name for u in outside]} "
