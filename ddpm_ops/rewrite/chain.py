@@ -46,19 +46,17 @@ class _Loop:
         return self.pieces[k][self.x_pos]
 
     def sample(self, k: int) -> Node:
-        """Step ``k``'s sample as the update reads it: ``x(k)``, or what ``x(k)`` flattens (an
-        action chunk ``(B, horizon, action_dim)`` the network reads as ``(B, horizon *
-        action_dim)``, as DPPO's), or what it casts to float32 (a float64 sample, as TabDDPM's
-        between its networks): :func:`_sample_of`."""
+        """Step ``k``'s sample as the update reads it: ``x(k)``, or what ``x(k)`` reads it
+        through (:func:`_wrapped`: an action chunk flattened, a float64 sample cast to float32)."""
         return _sample_of(self.x(k))
 
     def reading(self, k: int) -> set:
-        """The nodes between step ``k``'s sample and the network's input ``x(k)`` (a flattening,
-        a cast to float32), ``x(k)`` among them: the network's reading of the sample."""
+        """The nodes between step ``k``'s sample and the network's input ``x(k)``, ``x(k)``
+        among them: the network's reading of the sample (:func:`_wrapped`)."""
         out, n = set(), self.x(k)
-        while n is not self.sample(k):
+        while (inner := _wrapped(n)) is not None:
             out.add(n)
-            n = n.args[0]
+            n = inner
         return out
 
     def part(self, start: int, stop: int) -> _Loop:
@@ -86,29 +84,30 @@ _FLATTENING = (aten.view.default, aten.reshape.default, aten._unsafe_view.defaul
 
 
 def _sample_of(piece: Node | None) -> Node | None:
-    """The sample a network's input ``piece`` reads: what it flattens (:func:`_chunk_of`) and
-    what it casts to float32 from float64 (:func:`_narrowed`), either first; else ``piece``."""
-    return _narrowed(_chunk_of(_narrowed(piece)))
+    """The sample a network's input ``piece`` reads: ``piece``, or what it reads through
+    (:func:`_wrapped`, each layer in turn)."""
+    while (inner := _wrapped(piece)) is not None:
+        piece = inner
+    return piece
 
 
-def _narrowed(piece: Node | None) -> Node | None:
-    """The float64 value ``piece`` casts to float32 (the network of a float64 sample reads it
-    rounded: ``net(x.float())``), else ``piece``."""
+def _wrapped(piece: Node | None) -> Node | None:
+    """What ``piece`` reads on the way from a sample to its network, where it is one of: a
+    flattening of a chunk row by row (a view or reshape of a tensor of more dims with its rows,
+    to ``(B, n)``: an action chunk ``(B, horizon, action_dim)`` as DPPO's network reads it); a
+    cast to float32 of a float64 value (a float64 sample, as TabDDPM's between its networks:
+    ``net(x.float())``); a ``cat`` of columns of it and pieces of none (TabDDPM's ``cat([z_norm,
+    log_z])`` without categorical features, which torch.export keeps). Else ``None``."""
     source = _float32_cast_source(piece)
-    sv = _val(source) if isinstance(source, Node) else None
-    return source if sv is not None and sv.dtype == torch.float64 else piece
-
-
-def _chunk_of(piece: Node | None) -> Node | None:
-    """The chunk ``piece`` flattens row by row (a view or reshape of a tensor of more dims with
-    its rows, to ``(B, n)``), else ``piece``."""
-    if not _is(piece, *_FLATTENING):
-        return piece
-    src, out = _val(piece.args[0]), _val(piece)
-    if src is None or out is None or src.dim() <= 2 or out.dim() != 2 or not _known_eq(src.shape[0], out.shape[0]) \
-            or not _known_eq(src.numel(), out.numel()):
-        return piece
-    return piece.args[0]
+    if source is not None and _val(source) is not None and _val(source).dtype == torch.float64:
+        return source
+    if _is(piece, *_FLATTENING):
+        src, out = _val(piece.args[0]), _val(piece)
+        if src is not None and out is not None and src.dim() > 2 and out.dim() == 2 \
+                and _known_eq(src.shape[0], out.shape[0]) and _known_eq(src.numel(), out.numel()):
+            return piece.args[0]
+    pieces = _column_cat(piece) if _is(piece, aten.cat.default) else None
+    return pieces[0] if pieces is not None and len(pieces) == 1 else None
 
 
 class _StepNoMatch(_NoMatch):
@@ -133,8 +132,8 @@ def _input_pieces(net: _Net) -> list:
 def _column_cat(node: Node) -> list | None:
     """The pieces of ``node``, a ``cat`` of ``(batch, w)`` pieces along their columns, with each
     piece that is such a ``cat`` itself read as its own pieces (diffusion_policy's
-    ``cat([x, cat([time_features, global_cond])])``: the same columns in the same order); else
-    ``None``."""
+    ``cat([x, cat([time_features, global_cond])])``: the same columns in the same order) and
+    pieces of no columns left out; else ``None``."""
     if not _is(node, aten.cat.default):
         return None
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
@@ -143,9 +142,12 @@ def _column_cat(node: Node) -> list | None:
         return None
     pieces = []
     for piece in node.args[0]:
+        pv = _val(piece)
+        if pv is not None and pv.dim() == 2 and _known_eq(pv.shape[1], 0):
+            continue  # no columns (TabDDPM's log_z without categorical features)
         inner = _column_cat(piece)
         pieces.extend([piece] if inner is None else inner)
-    return pieces
+    return pieces or None
 
 
 def _sum_of_two(node) -> tuple[Node, Node] | None:
@@ -449,7 +451,8 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
     if stray:
         raise _StepNoMatch(f"{stray[0].name} of step {k} is used outside the step "
                            f"(by {[u.name for u in stray[0].users]})", k)
-    leaked = [n for n in net.nodes if n is not net.out and any(u not in net.nodes for u in n.users)]
+    leaked = [n for n in net.nodes if n is not net.out
+              and any(u not in net.nodes and not _is(u, _ASSERT_METADATA) for u in n.users)]
     if leaked:
         raise _StepNoMatch(f"the network's intermediate {leaked[0].name} is used outside the step "
                            f"(by {[u.name for u in leaked[0].users if u not in net.nodes]})", k)
