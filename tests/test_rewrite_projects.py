@@ -429,7 +429,8 @@ def test_x0_clamped_to_per_row_tensors_is_left_alone(caplog):
     assert not RULE_CALL.search(code)
     with torch.no_grad():
         assert relative_error(out, model(x, model.T - 1)) < 1e-5
-    assert_general_reason(caplog, "that is not one float32 value, or one per column of a (batch, dim) sample")
+    assert_general_reason(caplog, "that is not one float32 or float64 value, or one per column of a (batch, dim) "
+                                  "sample")
 
 
 NEAR_MISSES = {

@@ -318,8 +318,19 @@ inline void for_vectors(int64_t cols, Fn&& fn) {
   if (j < cols) fn(j, cols - j);
 }
 
-inline Vec load(const float* p, int64_t n) { return n == kV ? Vec::loadu(p) : Vec::loadu(p, n); }
-inline void store(Vec v, float* p, int64_t n) { n == kV ? v.store(p) : v.store(p, n); }
+// Vectors of T: float32, and float64 for a float64 sample's step (half as many lanes).
+template <typename T>
+using Lanes = at::vec::Vectorized<T>;
+
+// n <= Lanes<T>::size() values at p (masked loads and stores touch nothing past them).
+template <typename T>
+inline Lanes<T> load(const T* p, int64_t n) {
+  return n == Lanes<T>::size() ? Lanes<T>::loadu(p) : Lanes<T>::loadu(p, n);
+}
+template <typename T>
+inline void store(Lanes<T> v, T* p, int64_t n) {
+  n == Lanes<T>::size() ? v.store(p) : v.store(p, n);
+}
 
 void first_bias(const MlpPlan& p, int64_t row0, int64_t rows, float* out, int64_t ld, int64_t k) {
   const int64_t h = p.out_f[0];
@@ -346,18 +357,6 @@ void first_bias(const MlpPlan& p, int64_t row0, int64_t rows, float* out, int64_
 // vectors of half as many columns for a float64 sample (the network's e
 // widened to double, the new x also rounded to float32 for the next step's
 // network).
-template <typename T>
-using Lanes = at::vec::Vectorized<T>;
-
-template <typename T>
-inline Lanes<T> load_lanes(const T* p, int64_t n) {
-  return n == Lanes<T>::size() ? Lanes<T>::loadu(p) : Lanes<T>::loadu(p, n);
-}
-
-template <typename T>
-inline void store_lanes(Lanes<T> v, T* p, int64_t n) {
-  n == Lanes<T>::size() ? v.store(p) : v.store(p, n);
-}
 
 // n floats at p (plus the n at `add` where given, summed in float32) in T's lanes.
 template <typename T>
@@ -409,25 +408,25 @@ void step_rows(const MlpPlan& p, const StepTables<T>& st, T* x, float* x32, int6
     for_vectors<V::size()>(dim, [&](int64_t j, int64_t n) {
       const int64_t slot = j % kNoiseColumns;
       if (seeded && slot == 0) seeded_normals(key, j, drawn);
-      const V xv = load_lanes(xr + j, n);
+      const V xv = load(xr + j, n);
       const V e = load_widened<T>(er + j, bias != nullptr ? bias + j : nullptr, n);
       V x0 = st.A != nullptr ? a * xv - b * e : xv - b * e;
-      if (st.clip_lo != nullptr) x0 = at::vec::clamp(x0, load_lanes(st.clip_lo + j, n), load_lanes(st.clip_hi + j, n));
+      if (st.clip_lo != nullptr) x0 = at::vec::clamp(x0, load(st.clip_lo + j, n), load(st.clip_hi + j, n));
       V next = c * x0;
       if (st.D != nullptr) next = next + d * xv;
       if (st.E != nullptr) next = next + e_coef * e;
-      if (use_prev) next = next + prev_coef * load_lanes(prev + j, n);
-      if (prev != nullptr) store_lanes(x0, prev + j, n);
+      if (use_prev) next = next + prev_coef * load(prev + j, n);
+      if (prev != nullptr) store(x0, prev + j, n);
       if (z != nullptr) {
-        const V zv = load_lanes(z + j, n);
+        const V zv = load(z + j, n);
         next = next + sigma * (clip_noise ? at::vec::clamp(zv, noise_lo, noise_hi) : zv);
       }
       if (seeded) {
         const V zv = load_widened<T>(drawn + slot, nullptr, n);
         next = at::vec::fmadd(sigma, clip_noise ? at::vec::clamp(zv, noise_lo, noise_hi) : zv, next);
       }
-      if (st.post_lo != nullptr) next = at::vec::clamp(next, load_lanes(st.post_lo + j, n), load_lanes(st.post_hi + j, n));
-      store_lanes(next, xr + j, n);
+      if (st.post_lo != nullptr) next = at::vec::clamp(next, load(st.post_lo + j, n), load(st.post_hi + j, n));
+      store(next, xr + j, n);
       if constexpr (!std::is_same_v<T, float>) store_narrowed(next, x32 + r * dim + j, n);
     });
     if (st.chain != nullptr) {

@@ -352,7 +352,7 @@ class _UpdateReader:
         value is exactly ``q*x - r*clamp(x0, m, M)``: the step's x0 is ``A*x - B*e`` with
         ``A = q/r``, ``B = 1/r``, and the clamped e the form ``q*x - r*x0``. Both bounds must
         read x with the same coefficient ``q`` and their constant parts must be ``-r`` times one
-        number or one float32 value per column of the sample (``M``, ``m``) with the same ``r``;
+        number or one float value per column of the sample (``M``, ``m``) with the same ``r``;
         that ``r`` is positive (and ``A``, ``B`` finite) at every step is proved by
         :func:`.emit._prove_eps_clip` on the tables' values, at compile time."""
         f = self.form(clamped)
@@ -441,7 +441,7 @@ class _UpdateReader:
 
     def _bound_constant(self, n: Node, b: Any) -> tuple:
         """A step-only part of an eps clamp's bound as ``(c, m)``: ``c`` a coefficient (one number
-        per sample), ``m`` the bound (a number, or a float32 tensor of one value per column);
+        per sample), ``m`` the bound (a number, or a float tensor of one value per column);
         ``alpha * x_max`` as ``(alpha, x_max)``."""
         if isinstance(b, (int, float)) and not isinstance(b, bool):
             return ONE, float(b)
@@ -469,7 +469,7 @@ class _UpdateReader:
         v = _val(b)
         raise _NoMatch(f"{n.name} clamps e to a bound whose constant part {b.name} (shape "
                        f"{None if v is None else tuple(v.shape)}) is not a coefficient times a number or one "
-                       "float32 value per column of a (batch, dim) sample")
+                       "float32 or float64 value per column of a (batch, dim) sample")
 
     def _bound_tensor(self, b: Any) -> bool:
         """Whether ``b`` is a tensor of one value per column that the op takes as per-column
