@@ -180,6 +180,9 @@ def _sample_dtype(loop: _Loop, end: Node) -> torch.dtype:
     in float32 and makes the next one float64 with its float64 model variance). Raise
     ``_NoMatch`` otherwise: the op computes every step in one dtype."""
     results = [loop.sample(k) for k in range(1, len(loop.nets))] + [end]
+    unknown = [n.name for n in results if _val(n) is None]
+    if unknown:
+        raise _NoMatch(f"the dtype of the steps' results {unknown} is unknown")
     dtypes = {_val(n).dtype for n in results}
     if len(dtypes) > 1:
         raise _NoMatch(f"the steps' results are of different dtypes {sorted(map(str, dtypes))} (the op computes "
