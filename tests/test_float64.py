@@ -15,6 +15,7 @@ from torch.library import opcheck
 import ddpm_ops
 from ddpm_ops.layers import ACTIVATIONS
 from loops import tabddpm
+from loops.common import SinusoidalPosEmb
 from problems import DEVICES, make_rule_problem, relative_error
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 
@@ -217,18 +218,6 @@ def test_sample_draws_float64_noise_from_a_generator():
 
 
 # ---------------------------------------------------------------------------- DiffusionSampler
-
-class SinusoidalPosEmb(nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, t):
-        half = self.dim // 2
-        freqs = torch.exp(torch.arange(half, device=t.device) * -(9.21 / (half - 1)))
-        angles = t[:, None].float() * freqs
-        return torch.cat([angles.sin(), angles.cos()], dim=-1)
-
 
 def _sampler(T=10):
     time_mlp = nn.Sequential(SinusoidalPosEmb(16), nn.Linear(16, 32), nn.Mish(), nn.Linear(32, 16))
