@@ -82,8 +82,8 @@ class StepRule:
             if table.device != given[0].device:
                 raise ValueError(f"{name}: expected the device of A ({given[0].device}), got {table.device}")
         # One (6 or 7, len) block, so tables() costs nothing and A..S (P) are its rows.
+        tables = torch.stack([t.to(torch.float32) for t in given]).contiguous()
         tables64 = torch.stack([t.to(torch.float64) for t in given]).contiguous()
-        tables = tables64.to(torch.float32)
         traced = torch.compiler.is_compiling()
         if not traced and not bool(torch.isfinite(tables).all()):
             bad = [n for n, t in zip(names, tables) if not bool(torch.isfinite(t).all())]
