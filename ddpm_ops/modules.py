@@ -240,8 +240,11 @@ class DiffusionSampler(nn.Module):
                 t_start: torch.Tensor | int | None = None) -> torch.Tensor:
         """Sample from ``x`` at the rule's last step index (or each row's
         ``t_start``), ``num_steps`` steps (all of them by default); ``cond``:
-        ``(batch, n)`` or ``(n,)``. ``noise``, ``generator`` and
-        ``return_chain`` as :func:`ddpm_ops.sample`.
+        ``(batch, n)`` or ``(n,)``, float32 like the network. ``noise``,
+        ``generator`` and ``return_chain`` as :func:`ddpm_ops.sample`. A
+        float64 ``x`` (TabDDPM's sample) is sampled with the step in float64
+        (the rule's tables as given) and the network in float32, on ``x``
+        rounded to float32, as ``mlp(cat([x.float(), ...])).double()``.
 
         Every call reads the modules' current parameters. An eager call of
         the common form (a ``(batch, dim)`` tensor or an action chunk ``(batch, horizon,
@@ -319,7 +322,7 @@ class DiffusionSampler(nn.Module):
             x = x.reshape(shape[0], -1)
         device = x.device
         ready = plan.ready
-        if ready is None or ready.rule is not self.rule or ready.device != device \
+        if ready is None or ready.rule is not self.rule or ready.device != device or ready.dtype != x.dtype \
                 or ready.features is not self._buffers["time_features"] \
                 or ready.pointer != params[0].data_ptr() or not all(map(is_, ready.params, params)):
             ready = plan.ready = self._prepare(plan, params, x)
@@ -374,9 +377,10 @@ class DiffusionSampler(nn.Module):
         args = list(plan.template)
         args[slot["weights"]] = weights
         args[slot["biases"]] = biases
-        args[slot["clip"]], args[slot["clip_bounds"]] = _clamp_args("clip", rule.clip, x)
-        args[slot["post_clip"]], args[slot["post_clip_bounds"]] = _clamp_args("post_clip", rule.post_clip, x)
-        args[slot["step_tables"]] = rule.tables()
+        clip, post_clip = rule.clamps(x.dtype)
+        args[slot["clip"]], args[slot["clip_bounds"]] = _clamp_args("clip", clip, x)
+        args[slot["post_clip"]], args[slot["post_clip_bounds"]] = _clamp_args("post_clip", post_clip, x)
+        args[slot["step_tables"]] = rule.tables(x.dtype)
         args[slot["noise_clip"]] = rule.noise_clip
         features = self._buffers["time_features"]
         if plan.time_net:
@@ -391,7 +395,8 @@ class DiffusionSampler(nn.Module):
             args[slot["cond_activations"]] = []
         if rule.adds_noise:
             args[slot["generator"]] = _default_generator(device)
-        return _Prepared(params, params[0].data_ptr(), rule, device, features, args, len(rule), rule.adds_noise)
+        return _Prepared(params, params[0].data_ptr(), rule, device, x.dtype, features, args, len(rule),
+                         rule.adds_noise)
 
     # ------------------------------------------------------------------ every other call
 
@@ -540,10 +545,11 @@ class _Prepared:
     """A direct call's argument list and what it was made from (see
     :meth:`DiffusionSampler._prepare`)."""
 
-    __slots__ = ("params", "pointer", "rule", "device", "features", "args", "steps", "adds_noise", "t_start")
+    __slots__ = ("params", "pointer", "rule", "device", "dtype", "features", "args", "steps", "adds_noise", "t_start")
 
-    def __init__(self, params, pointer, rule, device, features, args, steps, adds_noise):
+    def __init__(self, params, pointer, rule, device, dtype, features, args, steps, adds_noise):
         self.params, self.pointer, self.rule, self.device, self.features = params, pointer, rule, device, features
+        self.dtype = dtype
         self.args, self.steps, self.adds_noise = args, steps, adds_noise
         self.t_start = (None, None)
 

@@ -131,7 +131,12 @@ def sample(
     Args:
         x: ``(batch, dim)`` float32, or ``(batch, *event)`` (an action chunk
             ``(batch, horizon, action_dim)``, say), flattened to ``dim``
-            features for the network and shaped back on return.
+            features for the network and shaped back on return. Or float64
+            (TabDDPM's sample between network calls): the step (``x0``,
+            ``x``, the rule's tables and clamps, the noise) then computes in
+            float64 and the network in float32, on ``x`` rounded to float32,
+            its output widened back, as a loop that casts around its
+            network does; the network's tensors stay float32.
         t_start: ``(batch,)`` int64/int32 step indices, or one Python int for
             the whole batch; every ``t_start - k`` must index the rule's tables.
         weights, biases: the MLP's ``nn.Linear`` parameters; ``weights[0]`` is
@@ -153,7 +158,7 @@ def sample(
             output at step index ``s`` (:func:`ddpm_ops.time_bias_from_module`).
         cond_bias: ``(batch, H0)``, or ``(H0,)`` for the whole batch: added to the
             first Linear's output at every step (:func:`ddpm_ops.cond_bias`).
-        noise: ``z``, shaped ``(num_steps, *x.shape)``. When it is not given and
+        noise: ``z``, shaped ``(num_steps, *x.shape)``, of ``x``'s dtype. When it is not given and
             the rule adds noise, the op draws it itself, in parallel with the
             steps, from one int64 seed for the call taken from ``generator``
             (or torch's default generator of x's device), so a run is
@@ -209,8 +214,8 @@ def sample(
     the same on every device.
 
     Returns:
-        A new float32 tensor shaped like ``x`` (or the chain); inputs are never
-        mutated.
+        A new tensor of ``x``'s dtype shaped like ``x`` (or the chain); inputs
+        are never mutated.
 
     Raises:
         RuntimeError: a bad argument (the message names it, what was expected
@@ -243,8 +248,9 @@ def sample(
             noise_seed = torch.randint(0, NOISE_SEED_BOUND, (1,), generator=generator, device=x.device)
         else:
             draw_from = generator if generator is not None else _default_generator(x.device)
-    clip, clip_bounds = _clamp_args("clip", rule.clip, x)
-    post_clip, post_clip_bounds = _clamp_args("post_clip", rule.post_clip, x)
+    rule_clip, rule_post_clip = rule.clamps(x.dtype)
+    clip, clip_bounds = _clamp_args("clip", rule_clip, x)
+    post_clip, post_clip_bounds = _clamp_args("post_clip", rule_post_clip, x)
     program = {}
     if network is not None:
         if activations != "silu":
@@ -265,7 +271,7 @@ def sample(
         raise ValueError("norm_weights, norm_biases, time_input, cond_input: parts of a network program, "
                          "expected none without network")
     tensors = dict(x=flat, t_start=_as_timesteps(t_start, x), weights=list(weights), biases=list(biases),
-                   step_tables=rule.tables(), time_bias=time_bias, cond_bias=cond_bias, noise=noise,
+                   step_tables=rule.tables(x.dtype), time_bias=time_bias, cond_bias=cond_bias, noise=noise,
                    noise_seed=noise_seed, clip_bounds=clip_bounds, post_clip_bounds=post_clip_bounds,
                    **bias_net_args("time", time_net), **bias_net_args("cond", cond_net), **program)
     out = call(RULE, **_on_mesh_of(x, tensors), num_steps=num_steps,

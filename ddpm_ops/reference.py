@@ -183,8 +183,9 @@ def reference_sample(
     and no term at all for a rule without ``P``. A clamp's bounds are two
     numbers or per-column ``(dim,)`` rows, broadcast over the batch.
 
-    Computes in the dtype of ``x``: the rule's tables and every other tensor
-    are converted to it (float64 ``x`` gives a float64 reference).
+    Computes in the dtype of ``x``: the rule's tables (for float64, the
+    tables as given: :meth:`~ddpm_ops.StepRule.tables`) and every other
+    tensor are converted to it (float64 ``x`` gives a float64 reference).
 
     Args:
         x: ``(batch, dim)`` samples at step index ``t_start``.
@@ -233,9 +234,10 @@ def reference_sample(
     def cast(t):
         return None if t is None else t.to(device=x.device, dtype=x.dtype)
 
-    A, B, C, D, E, S = cast(rule.tables()[:6])
-    P = None if rule.P is None else cast(rule.P)
-    clip, post_clip = (tuple(cast(r)) if isinstance(r, torch.Tensor) else r for r in (rule.clip, rule.post_clip))
+    tables = cast(rule.tables(x.dtype))
+    A, B, C, D, E, S = tables[:6]
+    P = None if rule.P is None else tables[6]
+    clip, post_clip = (tuple(cast(r)) if isinstance(r, torch.Tensor) else r for r in rule.clamps(x.dtype))
     weights = [cast(w) for w in weights]
     biases = [cast(b) for b in biases]
     time_bias, cond_bias, noise = cast(time_bias), cast(cond_bias), cast(noise)

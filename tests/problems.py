@@ -115,12 +115,15 @@ class RuleProblem:
     time_net: "ddpm_ops.BiasNet | None" = None
     cond_net: "ddpm_ops.BiasNet | None" = None
 
-    def args(self):
-        rule = self.rule
-        clip, clip_bounds = _clamp_args(rule.clip)
-        post_clip, post_clip_bounds = _clamp_args(rule.post_clip)
-        return (self.x, self.t_start, self.weights, self.biases, rule.tables(), self.num_steps,
-                self.activations, self.time_bias, self.cond_bias, clip, post_clip, self.noise,
+    def args(self, dtype=torch.float32):
+        """The op's arguments for a sample of ``dtype``: float32, or float64 (x, the tables, the
+        clamps' bounds and the noise in float64; the network's tensors float32)."""
+        clamps = self.rule.clamps(dtype)
+        clip, clip_bounds = _clamp_args(clamps[0])
+        post_clip, post_clip_bounds = _clamp_args(clamps[1])
+        noise = None if self.noise is None else self.noise.to(dtype)
+        return (self.x.to(dtype), self.t_start, self.weights, self.biases, self.rule.tables(dtype), self.num_steps,
+                self.activations, self.time_bias, self.cond_bias, clip, post_clip, noise,
                 self.return_chain, False, "fp32", self.noise_seed,
                 *_net_args(self.time_net), *_net_args(self.cond_net), clip_bounds, post_clip_bounds)
 

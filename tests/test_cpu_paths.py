@@ -57,10 +57,12 @@ def test_cpu_path_matches_float64_reference(path):
     assert float(result.stdout.strip().splitlines()[-1]) <= 1e-5
 
 
+# The rule overload's script, for a sample of DTYPE (float32, or float64: the step in float64).
 RULE_SCRIPT = textwrap.dedent("""
     import itertools
     import torch
     from problems import RULES, make_rule_problem, relative_error
+    DTYPE = torch.{dtype}
     features = ("time", "cond", "clip", "post_clip", "noise", "chain", "time_net", "cond_net")
     worst = 0.0
     shapes = [(1, 6, [32, 32], 5), (5, 7, [15, 17], 3), (13, 1, [], 4), (40, 17, [33, 65, 9], 3),
@@ -70,19 +72,20 @@ RULE_SCRIPT = textwrap.dedent("""
             subset = features[: (i + j) % (len(features) + 1)] + features[len(features) - j:]
             p = make_rule_problem(*shape, features=subset, activation=activation,
                                   rule=RULES[(i + j) % len(RULES)])
-            out = torch.ops.ddpm.fused_sample.rule(*p.args())
+            out = torch.ops.ddpm.fused_sample.rule(*p.args(DTYPE))
+            assert out.dtype == DTYPE
             worst = max(worst, relative_error(out, p.reference64()))
         # The noise drawn from a seed, by every rule (those without noise
         # ignore it), and from a seed per row.
         for k, rule in enumerate(RULES):
             seeds = "row_seeds" if k % 2 else "seeded"
             p = make_rule_problem(*shape, features=(seeds, "clip", "chain"), rule=rule)
-            worst = max(worst, relative_error(torch.ops.ddpm.fused_sample.rule(*p.args()), p.reference64()))
+            worst = max(worst, relative_error(torch.ops.ddpm.fused_sample.rule(*p.args(DTYPE)), p.reference64()))
         # The previous x0's term and per-column clamp bounds.
         for extra in (("previous", "clip", "noise"), ("previous", "clip_bounds", "post_clip_bounds", "chain"),
                       ("clip_bounds", "post_clip", "seeded")):
             p = make_rule_problem(*shape, features=extra, activation="mixed", rule=RULES[i % len(RULES)])
-            worst = max(worst, relative_error(torch.ops.ddpm.fused_sample.rule(*p.args()), p.reference64()))
+            worst = max(worst, relative_error(torch.ops.ddpm.fused_sample.rule(*p.args(DTYPE)), p.reference64()))
     print(worst)
 """)
 
@@ -91,9 +94,10 @@ RULE_SCRIPT = textwrap.dedent("""
 RULE_PATHS = {**PATHS, "unfused ATen loop": {"DDPM_OPS_CPU_UNFUSED": "1"}}
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("path", sorted(RULE_PATHS))
-def test_cpu_path_of_the_rule_overload_matches_float64_reference(path):
-    result = run_python(RULE_SCRIPT, RULE_PATHS[path])
+def test_cpu_path_of_the_rule_overload_matches_float64_reference(path, dtype):
+    result = run_python(RULE_SCRIPT.format(dtype=dtype), RULE_PATHS[path])
     assert result.returncode == 0, result.stderr
     assert float(result.stdout.strip().splitlines()[-1]) <= 1e-5
 

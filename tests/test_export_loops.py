@@ -14,7 +14,7 @@ def calls(ep):
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "cleandiffuser_dql_ddpm", "diffusers_ddim_clip",
-                                  "tabddpm", "v1_noise_clamps"])
+                                  "tabddpm", "tabddpm_gaussian_multinomial_float64_variance", "v1_noise_clamps"])
 def test_exported_loop_fuses_and_runs_under_aoti(name, tmp_path):
     model, args, noise_shape = CASES[name]()
     args = tuple(a for a in args if a is not None)

@@ -92,7 +92,7 @@ def _bad(problem, **changes):
 
 BAD_INPUTS = {
     "x rank": (lambda p: _bad(p, x=p.x[0]), r"x must be 2-D \(batch, dim\), got shape \[6\]"),
-    "x dtype": (lambda p: _bad(p, x=p.x.double()), r"x must be float32, got Double"),
+    "x dtype": (lambda p: _bad(p, x=p.x.double()), r"x must be float32 \(fused_sample.rule takes a float64 sample\), got Double"),
     "t_start shape": (lambda p: _bad(p, t_start=p.t_start[:2]),
                       r"t_start must have shape \(batch,\) = \(4,\) to match x, got shape \[2\]"),
     "t_start float": (lambda p: _bad(p, t_start=p.t_start.float()),

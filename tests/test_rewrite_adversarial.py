@@ -681,7 +681,7 @@ def test_eps_clamped_to_x0_bounds_with_most_samples_clamped_keeps_eagers_numbers
     (dict(bounds="unit", x_coef=2.0), "clamps e to bounds that read x with different coefficients"),
     (dict(sigma_sign=-1.0), "r = 1/B is not positive and finite at step index"),
     (dict(x0_clip=True), "already clamps its x0 (the op clamps x0 once)"),
-    (dict(bounds="rows"), "is not a coefficient times a number or one float32 value per column"),
+    (dict(bounds="rows"), "is not a coefficient times a number or one float32 or float64 value per column"),
 ])
 def test_eps_clamp_not_an_x0_clamp_is_left_alone_and_says_why(variant, reason, caplog):
     """An eps clamp whose bounds read x with another coefficient, a negative sigma table (the

@@ -93,7 +93,8 @@ def test_padded_matmuls_fuse_with_eager_numbers(name, pad_mm_on_cpu):
 
 
 @pytest.mark.parametrize("name", ["diffusion_ql", "v1_full_noise_clamps", "v1_posterior", "cleandiffuser_dql_ddim",
-                                  "tabddpm", "cleandiffuser_dpmsolver++_2M_eps_clip",
+                                  "tabddpm", "tabddpm_gaussian_multinomial_float64_variance",
+                                  "cleandiffuser_dpmsolver++_2M_eps_clip",
                                   "flow_policy_euler_linspace_expand_fourier", "cleandiffuser_sample_ddpm_at_least_ndim",
                                   "diffusion_ql_t_arg"])
 def test_dynamic_batch_fuses_with_eager_numbers(name):
@@ -169,7 +170,8 @@ def test_idql_timestep_moved_to_the_samples_device_fuses_with_eager_numbers(monk
     assert relative_error(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["diffusion_ql", "tabddpm", "tiny_diffusion", "v1_full_noise_clamps",
+@pytest.mark.parametrize("name", ["diffusion_ql", "tabddpm", "tabddpm_gaussian_multinomial_float64_variance",
+                                  "tiny_diffusion", "v1_full_noise_clamps",
                                   "cleandiffuser_sde_dpmsolver++_2M_eps_clip", "diffusion_ql_t_arg_where_mask"])
 def test_drawn_noise_keeps_its_distribution(name):
     model, args, _ = CASES[name]()
@@ -466,7 +468,8 @@ def test_x0_clamped_to_per_row_tensors_is_left_alone(caplog):
     assert not RULE_CALL.search(code)
     with torch.no_grad():
         assert relative_error(out, model(x, model.T - 1)) < 1e-5
-    assert_general_reason(caplog, "that is not one float32 value, or one per column of a (batch, dim) sample")
+    assert_general_reason(caplog, "that is not one float32 or float64 value, or one per column of a (batch, dim) "
+                                  "sample")
 
 
 NEAR_MISSES = {
@@ -653,30 +656,32 @@ def test_x0_from_an_eps_clamped_with_other_coefficients_is_left_alone(caplog):
                                   "prediction) but x + x0")
 
 
-def test_float64_loop_is_left_alone(caplog):
+def test_float64_network_is_left_alone(caplog):
+    """A loop whose network computes in float64 (the whole module made float64): the op's network
+    computes in float32."""
     model = v1_variants.PosteriorSampler(timesteps="int").double()
     x = torch.randn(8, model.dim, dtype=torch.float64)
     with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
         _, code = compile_run(model, x, model.T - 1)
     assert not RULE_CALL.search(code)
-    assert_general_reason(caplog, "the sample is torch.float64; the op computes float32 only")
+    assert_general_reason(caplog, "the network reads a torch.float64 input; the op's network computes in "
+                                  "float32 only")
 
 
-def test_tabddpm_float64_variance_is_left_alone(caplog):
-    """TabDDPM as the project writes it: its float64 posterior variance makes the sample
-    float64 between the networks (each casts it back to float32). Not the op's float32 chain:
-    left alone, with eager's float64 numbers."""
+def test_tabddpm_float64_variance_fuses_with_eager_numbers():
+    """TabDDPM's float64 posterior variance makes the sample float64 between the networks (each
+    casts it back to float32), from the first step on (the first sample is float32): one fused
+    call whose step computes in float64, with eager's float64 numbers."""
     torch.manual_seed(0)
     model = tabddpm.GaussianSampler(as_project=True)
     y, noise = torch.randint(0, 3, (64,)), torch.randn(9, 64, 6)
-    with caplog.at_level(logging.DEBUG, logger="ddpm_ops.rewrite"):
-        out, code = compile_run(model, y, noise)
-    assert not RULE_CALL.search(code)
+    out, code = compile_run(model, y, noise)
     with torch.no_grad():
         ref = model(y, noise)
     assert out.dtype == ref.dtype == torch.float64
     assert relative_error(out, ref) < 1e-5
-    assert_general_reason(caplog, "the sample is torch.float64 between the networks")
+    assert len(RULE_CALL.findall(code)) == 1, code
+    assert not MATMUL.findall(code), code
 
 
 class SampleAddedToFirstLayer(nn.Module):

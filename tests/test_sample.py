@@ -318,7 +318,7 @@ def _time_weights(*shapes):
 
 BAD = {
     "tables rows": (dict(step_tables=torch.randn(5, 50)), r"step_tables must have shape \(6, steps\).*got shape \[5, 50\]"),
-    "tables dtype": (dict(step_tables=torch.randn(6, 50, dtype=torch.float64)), r"step_tables must be float32, got Double"),
+    "tables dtype": (dict(step_tables=torch.randn(6, 50, dtype=torch.float64)), r"step_tables must be float32 \(x's dtype, in which the step computes\), got Double"),
     "steps beyond tables": (dict(num_steps=51, noise=None), r"num_steps must be at most the length of the step tables \(50\), got 51"),
     "time_bias width": (dict(time_bias=torch.randn(50, 7)), r"time_bias must have shape .* = \(50, 8\), got shape \[50, 7\]"),
     "time_bias rows": (dict(time_bias=torch.randn(49, 8)), r"time_bias must have shape .* = \(50, 8\), got shape \[49, 8\]"),
@@ -331,7 +331,7 @@ BAD = {
     "clip and clip_bounds": (dict(clip=[-1.0, 1.0], clip_bounds=torch.tensor([[-1.0] * 5, [1.0] * 5])), r"clip and clip_bounds: expected at most one of them .*, got both"),
     "clip_bounds shape": (dict(clip_bounds=torch.randn(2, 4)), r"clip_bounds must have shape \(2, dim\) = \(2, 5\) \(row 0 the lower bounds, row 1 the upper\), got shape \[2, 4\]"),
     "clip_bounds rows": (dict(post_clip_bounds=torch.randn(5)), r"post_clip_bounds must have shape \(2, dim\) = \(2, 5\) .* got shape \[5\]"),
-    "clip_bounds dtype": (dict(post_clip_bounds=torch.ones(2, 5, dtype=torch.float64)), r"post_clip_bounds must be float32, got Double"),
+    "clip_bounds dtype": (dict(post_clip_bounds=torch.ones(2, 5, dtype=torch.float64)), r"post_clip_bounds must be float32 \(x's dtype, in which the step computes\), got Double"),
     "clip_bounds order": (dict(clip_bounds=torch.tensor([[-1.0, -1.0, 1.5, -1.0, -1.0], [1.0, 1.0, -0.5, 1.0, 1.0]])), r"clip_bounds must have lo <= hi in every column, got lo = 1.5 and hi = -0.5 in column 2"),
     "clip_bounds nan": (dict(post_clip_bounds=torch.tensor([[-1.0] * 5, [1.0] * 4 + [float("nan")]])), r"post_clip_bounds must have lo <= hi in every column, got lo = -1 and hi = nan in column 4"),
     "unknown activation": (dict(activations=["swish"]), r"activations\[0\] must be one of silu, mish, .* got \"swish\""),

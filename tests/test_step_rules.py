@@ -178,19 +178,19 @@ def test_reference_sample_previous_x0_and_per_column_bounds():
     t_start = torch.randint(1, T, (batch,), generator=g)
     chain = reference_sample(x, t_start, weights, biases, rule, 2, noise=z, return_chain=True)
 
-    # The bounds as the rule stores them, in float32.
-    (lo32, hi32), (post_lo32, post_hi32) = rule.clip.double(), rule.post_clip.double()
-    assert torch.equal(post_hi32, torch.full((dim,), 0.7, dtype=torch.float32).double())
+    # A float64 sample's tables and bounds: as the rule was given them, in float64.
+    (lo64, hi64), (post_lo64, post_hi64) = rule.clamps(F64)
+    assert torch.equal(post_hi64, torch.full((dim,), 0.7, dtype=F64))
     expected, x0_prev = x, None
     for k in range(2):
-        A, B, C, D, E, S, P = (t.double()[t_start - k][:, None] for t in rule.tables())
+        A, B, C, D, E, S, P = (t[t_start - k][:, None] for t in rule.tables(F64))
         e = mlp(expected, weights, biases)
-        x0 = torch.maximum(torch.minimum(A * expected - B * e, hi32), lo32)
+        x0 = torch.maximum(torch.minimum(A * expected - B * e, hi64), lo64)
         step = C * x0 + D * expected + E * e + S * z[k] + (0 if x0_prev is None else P * x0_prev)
-        expected = torch.maximum(torch.minimum(step, post_hi32), post_lo32)
+        expected = torch.maximum(torch.minimum(step, post_hi64), post_lo64)
         x0_prev = x0
         assert rel(chain[k + 1], expected) < 1e-12
-        assert bool((chain[k + 1] >= post_lo32).all()) and bool((chain[k + 1] <= post_hi32).all())
+        assert bool((chain[k + 1] >= post_lo64).all()) and bool((chain[k + 1] <= post_hi64).all())
     without_p = reference_sample(x, t_start, weights, biases, StepRule(*tables, clip=(lo, hi), post_clip=post), 2,
                                  noise=z)
     assert rel(without_p, chain[-1]) > 1e-3
@@ -498,8 +498,8 @@ def test_reference_sample_chain_activations_biases_post_clip():
         assert torch.equal(chain[j], run(j))
     assert chain[1:].min() >= -1.5 and chain[1:].max() <= 1.5
 
-    # One step by hand: every term of the update, in float64.
-    A, B, C, D, E, S = (t.double()[t_start][:, None] for t in rule.tables())
+    # One step by hand: every term of the update, in float64 (the tables as given).
+    A, B, C, D, E, S = (t[t_start][:, None] for t in rule.tables(F64))
     h = x @ weights[0].T + biases[0] + time_bias[t_start] + cond_bias
     for w, b, name in zip(weights[1:], biases[1:], acts):
         h = ACTIVATIONS[name](h) @ w.T + b

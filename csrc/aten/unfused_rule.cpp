@@ -1,6 +1,7 @@
 // fused_sample.rule as a loop of ATen ops: the kernel of every device that has
-// no fused kernel for the general step (CUDA among them, for now). It keeps
-// the op's contract (one call, the same numbers as the reference, torch.compile,
+// no fused kernel for the general step, and of the calls a device's kernel
+// does not take (on CUDA, among others, a float64 sample). It keeps the op's
+// contract (one call, the same numbers as the reference, torch.compile,
 // export and AOTInductor capture the call), not its speed.
 #include "../op/fused_sample.h"
 
@@ -66,10 +67,13 @@ at::Tensor seeded_noise_of(const at::Tensor& seed, int64_t num_steps, int64_t ba
   return (at::erfinv(v) * M_SQRT2).to(float_options.dtype()).view({num_steps, batch, dim});
 }
 
-// The network program on the rows `current` at step indices `s`: e.
+// The network program on the rows `current` at step indices `s`: e, in
+// current's dtype. The network computes in float32: a float64 sample is
+// rounded to float32 for it and its output widened back.
 at::Tensor run_network(const NetworkProgram& program, const SampleRuleCall& call,
-                       const SampleRuleExtras& extras, const at::Tensor& current, const at::Tensor& s,
+                       const SampleRuleExtras& extras, const at::Tensor& sample, const at::Tensor& s,
                        const std::optional<at::Tensor>& time_rows, const std::optional<at::Tensor>& cond_rows) {
+  const at::Tensor current = sample.to(at::kFloat);
   at::Tensor h = current;
   if (program.input.size() > 1 || program.input[0] != InputPart::kX) {
     std::vector<at::Tensor> parts;
@@ -108,7 +112,7 @@ at::Tensor run_network(const NetworkProgram& program, const SampleRuleCall& call
         break;
     }
   }
-  return h;
+  return h.to(sample.scalar_type());
 }
 
 }  // namespace
@@ -128,7 +132,7 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call, const SampleRul
   const auto x0_range = parse_clip(call.clip, "clip");
   const auto x_range = parse_clip(call.post_clip, "post_clip");
   // Either clamp of the step: to two floats, or to per-column bounds broadcast over the batch.
-  auto clamp_to = [](const at::Tensor& t, const std::optional<std::pair<float, float>>& range,
+  auto clamp_to = [](const at::Tensor& t, const std::optional<std::pair<double, double>>& range,
                      const std::optional<at::Tensor>& bounds) {
     if (range) return t.clamp(range->first, range->second);
     if (bounds) return at::clamp(t, (*bounds)[0], (*bounds)[1]);

@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,7 @@ namespace {
 
 using cpu::Kernels;
 using cpu::MlpPlan;
+using cpu::StepTables;
 using cpu::kPad;
 using cpu::round_up;
 
@@ -266,6 +268,8 @@ void parallel_columns(int64_t n, int64_t grain, void (*fn)(void* ctx, int64_t be
 
 at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
   const at::Tensor& x = problem.x;
+  // The network's buffers are float32 whatever the sample's dtype.
+  const at::TensorOptions net_options = x.options().dtype(at::kFloat);
   const int64_t batch = x.size(0);
   const int64_t dim = x.size(1);
   const int64_t num_layers = static_cast<int64_t>(problem.weights.size());
@@ -283,6 +287,10 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
     return problem.return_chain ? chain : out;
   }
   const Kernels& kern = kernels();
+  // A float64 sample: `out` holds its rows, which the step updates in float64;
+  // the network reads them rounded to float32, from x32.
+  const bool wide = x.scalar_type() == at::kDouble;
+  const at::Tensor x32 = wide ? out.to(at::kFloat) : out;
 
   // ---- Everything the step loop reads, prepared before it.
   std::vector<int64_t> in_f(num_layers), out_f(num_layers), weight_ld(num_layers);
@@ -316,11 +324,16 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
   plan.weight_ld = weight_ld.data();
   plan.bias = bias_p.data();
   plan.t_start = t_long.data_ptr<int64_t>();
-  plan.chain = problem.return_chain ? chain.data_ptr<float>() : nullptr;
+  if (wide) {
+    plan.x64 = out.data_ptr<double>();
+    plan.step64.chain = problem.return_chain ? chain.data_ptr<double>() : nullptr;
+  } else {
+    plan.step.chain = problem.return_chain ? chain.data_ptr<float>() : nullptr;
+  }
   std::vector<at::Tensor> w_t(num_layers);
   for (int64_t l = 0; l < num_layers; ++l) w_t[l] = weight_c[l].t();
 
-  float* x_data = out.data_ptr<float>();
+  float* x_data = x32.data_ptr<float>();
   auto run_tiles = [&](int64_t tile_begin, int64_t tile_end) {
     // Scratch for this thread's tiles, allocated once, before any step loop:
     // two activation buffers, layer 0's bias rows and the previous x0.
@@ -335,7 +348,7 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
     at::Tensor packed;
     std::vector<const float*> packed_w(num_layers), packed_b(num_layers);
     if (tiling.use_vec && !tiling.use_dot) {
-      packed = pack_weights(kern, own, packed_w, packed_b, x.options());
+      packed = pack_weights(kern, own, packed_w, packed_b, net_options);
     }
     for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
       const int64_t row0 = tile * tiling.tile_rows;
@@ -343,7 +356,7 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
       if (tiling.use_vec) {
         kern.vec_tile(own, x_data, row0, rows, scratch.data());
       } else {
-        blas_tile(kern, plan, w_t, x_data, row0, rows, scratch.data(), x.options());
+        blas_tile(kern, plan, w_t, x_data, row0, rows, scratch.data(), net_options);
       }
     }
   };
@@ -363,38 +376,71 @@ at::Tensor run(const CpuProblem& problem, MlpPlan plan) {
 // identity for that term), so a rule without a term runs as fast as one
 // that never had it. A plain scan: a reduction op per row would cost more
 // than a small batch's whole call.
-const float* unless_all(const float* row, int64_t length, float value) {
-  return std::all_of(row, row + length, [value](float v) { return v == value; }) ? nullptr : row;
+template <typename T>
+const T* unless_all(const T* row, int64_t length, T value) {
+  return std::all_of(row, row + length, [value](T v) { return v == value; }) ? nullptr : row;
 }
 
-// A clamp as the kernels read it, dim lower and dim upper bounds: the
-// per-column bounds tensor's rows, or the two floats repeated.
+// A clamp as the kernels read it, dim lower and dim upper bounds in the
+// sample's scalar type T: the per-column bounds tensor's rows, or the two
+// floats repeated.
+template <typename T>
 class ClampBounds {
  public:
   ClampBounds(OptionalRange range, const std::optional<at::Tensor>& bounds, const char* name,
               int64_t dim)
       : dim_(dim) {
     if (const auto pair = parse_clip(range, name)) {
-      repeated_.assign(dim, pair->first);
-      repeated_.resize(2 * dim, pair->second);
+      repeated_.assign(dim, static_cast<T>(pair->first));
+      repeated_.resize(2 * dim, static_cast<T>(pair->second));
       lo_ = repeated_.data();
     } else if (bounds.has_value()) {
       tensor_ = bounds->contiguous();
-      lo_ = tensor_.data_ptr<float>();
+      lo_ = tensor_.data_ptr<T>();
     }
   }
-  // (lo, hi) pointers to dim floats each, or nulls without a clamp.
-  std::pair<const float*, const float*> lo_hi() const {
+  // (lo, hi) pointers to dim values each, or nulls without a clamp.
+  std::pair<const T*, const T*> lo_hi() const {
     if (lo_ == nullptr) return {nullptr, nullptr};
     return {lo_, lo_ + dim_};
   }
 
  private:
   int64_t dim_;
-  std::vector<float> repeated_;
+  std::vector<T> repeated_;
   at::Tensor tensor_;
-  const float* lo_ = nullptr;
+  const T* lo_ = nullptr;
 };
+
+// The call run with its step's tables, clamps and noise in the sample's
+// scalar type T (float, or double for a float64 sample).
+template <typename T>
+at::Tensor run_with_step(const CpuProblem& problem, MlpPlan plan, const SampleRuleCall& call,
+                         const SampleRuleExtras& extras) {
+  const at::Tensor tables = call.step_tables.contiguous();
+  const at::Tensor z = call.noise.has_value() ? call.noise->contiguous() : at::Tensor();
+  StepTables<T>& step = [&]() -> StepTables<T>& {
+    if constexpr (std::is_same_v<T, double>) return plan.step64; else return plan.step;
+  }();
+  // Rows by pointer: a tensor per row would cost a call at batch 1 more than its update.
+  const int64_t length = tables.size(1);
+  const T* row = tables.data_ptr<T>();
+  step.A = unless_all(row + kA * length, length, T(1));
+  step.B = row + kB * length;
+  step.C = row + kC * length;
+  step.D = unless_all(row + kD * length, length, T(0));
+  step.E = unless_all(row + kE * length, length, T(0));
+  step.S = unless_all(row + kS * length, length, T(0));
+  if (tables.size(0) == kStepTablesWithPrevious) step.P = unless_all(row + kP * length, length, T(0));
+  step.noise = z.defined() ? z.data_ptr<T>() : nullptr;
+  const int64_t dim = call.x.size(1);
+  const ClampBounds<T> x0_bounds(call.clip, call.clip_bounds, "clip", dim);
+  const ClampBounds<T> x_bounds(call.post_clip, call.post_clip_bounds, "post_clip", dim);
+  std::tie(step.clip_lo, step.clip_hi) = x0_bounds.lo_hi();
+  std::tie(step.post_lo, step.post_hi) = x_bounds.lo_hi();
+  if (extras.noise_clip.has_value()) step.noise_clip = static_cast<T>(*extras.noise_clip);
+  return run(problem, plan);
+}
 
 // A network program as the kernels run it: every instruction with the
 // buffers it reads and writes (cpu::ProgramOp), a Linear followed by an
@@ -490,8 +536,8 @@ at::Tensor fused_sample_cpu(const at::Tensor& x, const at::Tensor& t_start,
   plan.num_steps = num_steps;
   plan.time_weight = time_weight.data_ptr<float>();
   plan.total_timesteps = static_cast<float>(total_timesteps);
-  plan.B = c2.data_ptr<float>();
-  plan.C = c1.data_ptr<float>();
+  plan.step.B = c2.data_ptr<float>();
+  plan.step.C = c1.data_ptr<float>();
   return run(problem, plan);
 }
 
@@ -507,36 +553,18 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call, const SampleRuleExt
                      has_program ? std::vector<Activation>()
                                  : parse_activations(call.activations, static_cast<int64_t>(call.weights.size())),
                      call.return_chain};
-  const at::Tensor tables = call.step_tables.contiguous();
   const at::Tensor time = with_bias_net(call.time_bias, call.time_net).value_or(at::Tensor());
   const at::Tensor cond = with_bias_net(call.cond_bias, call.cond_net).value_or(at::Tensor());
-  const at::Tensor z = call.noise.has_value() ? call.noise->contiguous() : at::Tensor();
   const std::optional<at::Tensor> seed = noise_seed_of(call);
   const at::Tensor seeds = seed.has_value() ? seed->contiguous() : at::Tensor();
   MlpPlan plan;
   plan.num_steps = call.num_steps;
   plan.time_bias = time.defined() ? time.data_ptr<float>() : nullptr;
   plan.cond_bias = cond.defined() ? cond.data_ptr<float>() : nullptr;
-  // Rows by pointer: a tensor per row would cost a call at batch 1 more than its update.
-  const int64_t length = tables.size(1);
-  const float* row = tables.data_ptr<float>();
-  plan.A = unless_all(row + kA * length, length, 1.f);
-  plan.B = row + kB * length;
-  plan.C = row + kC * length;
-  plan.D = unless_all(row + kD * length, length, 0.f);
-  plan.E = unless_all(row + kE * length, length, 0.f);
-  plan.S = unless_all(row + kS * length, length, 0.f);
-  if (tables.size(0) == kStepTablesWithPrevious) plan.P = unless_all(row + kP * length, length, 0.f);
-  plan.noise = z.defined() ? z.data_ptr<float>() : nullptr;
   if (seeds.defined()) {
     plan.noise_seeds = seeds.data_ptr<int64_t>();
     plan.seed_per_row = seed_per_row(seeds);
   }
-  const ClampBounds x0_bounds(call.clip, call.clip_bounds, "clip", x.size(1));
-  const ClampBounds x_bounds(call.post_clip, call.post_clip_bounds, "post_clip", x.size(1));
-  std::tie(plan.clip_lo, plan.clip_hi) = x0_bounds.lo_hi();
-  std::tie(plan.post_lo, plan.post_hi) = x_bounds.lo_hi();
-  if (extras.noise_clip.has_value()) plan.noise_clip = static_cast<float>(*extras.noise_clip);
 
   // ---- A network program: its instructions with buffers assigned, its input's parts.
   std::vector<at::Tensor> norm_w, norm_b, inputs;
@@ -570,7 +598,8 @@ at::Tensor fused_sample_rule_cpu(const SampleRuleCall& call, const SampleRuleExt
     plan.program = program_ops.data();
     plan.program_ops = static_cast<int64_t>(program_ops.size());
   }
-  return run(problem, plan);
+  return x.scalar_type() == at::kDouble ? run_with_step<double>(problem, plan, call, extras)
+                                        : run_with_step<float>(problem, plan, call, extras);
 }
 
 TORCH_LIBRARY_IMPL(ddpm, CPU, m) {

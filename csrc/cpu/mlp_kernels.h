@@ -28,7 +28,23 @@ inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 //        (z: `noise`, or drawn from `noise_seed`; x0_prev: the previous step's
 //        clamped x0, none at k = 0)
 // A null table stands for its identity (A: 1; D, E, S, P: 0), so a rule that
-// lacks a term costs nothing for it.
+// lacks a term costs nothing for it. The network computes in float32; the
+// step (x0 and x) in the sample's scalar type T: float, or double for a
+// float64 sample, whose network reads x rounded to float32 and whose e is
+// widened to double, as an eager loop that casts around its network does.
+template <typename T>
+struct StepTables {
+  const T *A = nullptr, *B = nullptr, *C = nullptr, *D = nullptr, *E = nullptr, *S = nullptr,
+          *P = nullptr;
+  // The clamps' bounds, dim values each (a pair of floats repeated, or the
+  // per-column bounds); null: no clamp.
+  const T *clip_lo = nullptr, *clip_hi = nullptr, *post_lo = nullptr, *post_hi = nullptr;
+  const T* noise = nullptr;  // (K, batch, dim); null: no noise term
+  T* chain = nullptr;        // (K + 1, batch, dim): x after step k goes to chain[k + 1]
+  // z clamped to [-noise_clip, noise_clip] before it is scaled; 0: no clamp.
+  T noise_clip = 0;
+};
+
 // One instruction of a network program as the kernels run it: buffers by
 // number (kProgramX: x's rows; kProgramInput: the concatenated input; 0, 1,
 // ...: activation buffers of the tile's scratch), assigned once per call by
@@ -76,19 +92,17 @@ struct MlpPlan {
   float total_timesteps = 1.f;
   const float* cond_bias = nullptr;    // (batch, out_f[0]), row stride out_f[0]
 
-  const float *A = nullptr, *B = nullptr, *C = nullptr, *D = nullptr, *E = nullptr, *S = nullptr,
-              *P = nullptr;
-  // The clamps' bounds, dim values each (a pair of floats repeated, or the
-  // per-column bounds); null: no clamp.
-  const float *clip_lo = nullptr, *clip_hi = nullptr, *post_lo = nullptr, *post_hi = nullptr;
-  const float* noise = nullptr;  // (K, batch, dim); null: no noise term
+  // The step of a float32 sample, whose rows are the kernels' x.
+  StepTables<float> step;
+  // A float64 sample: its rows (batch, dim), updated in place by the step in
+  // float64 (step64), while the kernels' x holds them rounded to float32 for
+  // the network; null for a float32 sample.
+  double* x64 = nullptr;
+  StepTables<double> step64;
   // Instead of `noise`: z drawn from these seeds (seeded_noise.h), one for
   // the batch or, with seed_per_row, [batch] (noise_key).
   const int64_t* noise_seeds = nullptr;
   bool seed_per_row = false;
-  float* chain = nullptr;        // (K + 1, batch, dim): x after step k goes to chain[k + 1]
-  // z clamped to [-noise_clip, noise_clip] before it is scaled; 0: no clamp.
-  float noise_clip = 0.f;
 
   // A network program instead of the chain of layers with act[] (null: the chain).
   const ProgramOp* program = nullptr;
@@ -118,6 +132,8 @@ struct MlpPlan {
 
   // Whether layer 0 needs bias rows of its own (else it uses bias[0] for every row).
   bool row_bias() const { return time_bias != nullptr || time_weight != nullptr || cond_bias != nullptr; }
+  // Whether the rule has a P table: the previous x0 is kept per row.
+  bool previous() const { return x64 != nullptr ? step64.P != nullptr : step.P != nullptr; }
 };
 
 // The activation buffers of a tile: two for the chain, the program's own count.
@@ -128,10 +144,12 @@ inline int64_t activation_buffers(const MlpPlan& plan) {
 // The scratch floats a tile of `rows` rows needs: the activation buffers and
 // layer 0's bias rows (act_ld columns each), a program's concatenated input
 // (input_ld columns), then the previous x0 when the rule has a P table (dim
-// columns).
+// columns of the sample's scalar type: two floats a column for a float64
+// sample; the offset is a multiple of kPad floats, so its doubles are aligned).
 inline int64_t scratch_floats(const MlpPlan& plan, int64_t rows) {
+  const int64_t per_column = plan.x64 != nullptr ? 2 : 1;
   return (activation_buffers(plan) + 1) * rows * plan.act_ld + rows * plan.input_ld +
-         (plan.P != nullptr ? rows * plan.dim : 0);
+         (plan.previous() ? per_column * rows * plan.dim : 0);
 }
 
 // Layer 0's bias rows in a tile's scratch (see scratch_floats).
@@ -144,9 +162,10 @@ inline float* input_rows(const MlpPlan& plan, float* scratch, int64_t rows) {
   return scratch + (activation_buffers(plan) + 1) * rows * plan.act_ld;
 }
 
-// The previous x0's rows in a tile's scratch (see scratch_floats), or null.
+// The previous x0's rows in a tile's scratch (see scratch_floats), or null;
+// doubles for a float64 sample.
 inline float* previous_x0(const MlpPlan& plan, float* scratch, int64_t rows) {
-  return plan.P != nullptr
+  return plan.previous()
              ? scratch + (activation_buffers(plan) + 1) * rows * plan.act_ld + rows * plan.input_ld
              : nullptr;
 }
@@ -165,7 +184,9 @@ struct Kernels {
                      int64_t k);
   // The step update of rows [row0, row0 + rows) from e = eps + bias (bias may be
   // null), then the chain record of step k. x0_prev: (rows, dim) row-major,
-  // the rows' previous clamped x0, replaced by this step's (only when plan.P).
+  // the rows' previous clamped x0 (doubles for a float64 sample), replaced by
+  // this step's (only when plan.previous()). For a float64 sample, x's rows
+  // are those of plan.x64 rounded to float32, rewritten after the update.
   void (*step_update)(const MlpPlan& plan, float* x, int64_t row0, int64_t rows,
                       const float* eps, int64_t ld, const float* bias, int64_t k, float* x0_prev);
   // Packs one nn.Linear layer for vec_tile: panel = w^T as (in_f, round_up(out_f,

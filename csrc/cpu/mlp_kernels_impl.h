@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../common/seeded_noise.h"
 #include "mlp_kernels.h"
@@ -309,16 +310,27 @@ void dot_layer_rows(const float* in, int64_t ld_in, int64_t rows, int64_t in_f, 
   }
 }
 
-// Calls fn(offset, n) over [0, cols) in vectors of kV and one masked remainder.
-template <typename Fn>
+// Calls fn(offset, n) over [0, cols) in vectors of N lanes and one masked remainder.
+template <int64_t N = kV, typename Fn>
 inline void for_vectors(int64_t cols, Fn&& fn) {
   int64_t j = 0;
-  for (; j + kV <= cols; j += kV) fn(j, static_cast<int64_t>(kV));
+  for (; j + N <= cols; j += N) fn(j, N);
   if (j < cols) fn(j, cols - j);
 }
 
-inline Vec load(const float* p, int64_t n) { return n == kV ? Vec::loadu(p) : Vec::loadu(p, n); }
-inline void store(Vec v, float* p, int64_t n) { n == kV ? v.store(p) : v.store(p, n); }
+// Vectors of T: float32, and float64 for a float64 sample's step (half as many lanes).
+template <typename T>
+using Lanes = at::vec::Vectorized<T>;
+
+// n <= Lanes<T>::size() values at p (masked loads and stores touch nothing past them).
+template <typename T>
+inline Lanes<T> load(const T* p, int64_t n) {
+  return n == Lanes<T>::size() ? Lanes<T>::loadu(p) : Lanes<T>::loadu(p, n);
+}
+template <typename T>
+inline void store(Lanes<T> v, T* p, int64_t n) {
+  n == Lanes<T>::size() ? v.store(p) : v.store(p, n);
+}
 
 void first_bias(const MlpPlan& p, int64_t row0, int64_t rows, float* out, int64_t ld, int64_t k) {
   const int64_t h = p.out_f[0];
@@ -341,53 +353,96 @@ void first_bias(const MlpPlan& p, int64_t row0, int64_t rows, float* out, int64_
 // ---- The seeded noise, kV columns at a time.
 #include "mlp_kernels_noise.h"
 
-void step_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const float* eps,
-                 int64_t ld, const float* bias, int64_t k, float* x0_prev) {
+// ---- The step, in the sample's scalar type T: float32 vectors, or float64
+// vectors of half as many columns for a float64 sample (the network's e
+// widened to double, the new x also rounded to float32 for the next step's
+// network).
+
+// n floats at p (plus the n at `add` where given, summed in float32) in T's lanes.
+template <typename T>
+inline Lanes<T> load_widened(const float* p, const float* add, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return add != nullptr ? load(p, n) + load(add, n) : load(p, n);
+  } else {
+    T wide[Lanes<T>::size()];
+    for (int64_t i = 0; i < n; ++i) wide[i] = add != nullptr ? p[i] + add[i] : p[i];
+    return Lanes<T>::loadu(wide, n);
+  }
+}
+
+// v's n lanes rounded to float32, at p.
+inline void store_narrowed(Lanes<double> v, float* p, int64_t n) {
+  double wide[Lanes<double>::size()];
+  v.store(wide, n);
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(wide[i]);
+}
+
+// The columns of seeded normals drawn at once (seeded_normals).
+constexpr int64_t kNoiseColumns = kNoiseVectors * kV;
+
+// The step of rows [row0, row0 + rows) with st, x their rows in T and, for a
+// float64 sample, x32 the same rows in float32 (the network's input).
+template <typename T>
+void step_rows(const MlpPlan& p, const StepTables<T>& st, T* x, float* x32, int64_t row0, int64_t rows,
+               const float* eps, int64_t ld, const float* bias, int64_t k, T* x0_prev) {
+  using V = Lanes<T>;
   const int64_t dim = p.dim;
-  const bool clip_noise = p.noise_clip > 0.f;
-  const Vec noise_lo(-p.noise_clip), noise_hi(p.noise_clip);
+  const bool clip_noise = st.noise_clip > 0;
+  const V noise_lo(-st.noise_clip), noise_hi(st.noise_clip);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t s = p.t_start[row0 + r] - k;
-    const Vec a(p.A != nullptr ? p.A[s] : 1.f), b(p.B[s]), c(p.C[s]);
-    const Vec d(p.D != nullptr ? p.D[s] : 0.f), e_coef(p.E != nullptr ? p.E[s] : 0.f);
+    const V a(st.A != nullptr ? st.A[s] : T(1)), b(st.B[s]), c(st.C[s]);
+    const V d(st.D != nullptr ? st.D[s] : T(0)), e_coef(st.E != nullptr ? st.E[s] : T(0));
     // The previous x0's term: none at a call's first step.
-    const Vec prev_coef(p.P != nullptr ? p.P[s] : 0.f);
-    const bool use_prev = p.P != nullptr && k > 0;
-    float* prev = p.P != nullptr ? x0_prev + r * dim : nullptr;
+    const V prev_coef(st.P != nullptr ? st.P[s] : T(0));
+    const bool use_prev = st.P != nullptr && k > 0;
+    T* prev = st.P != nullptr ? x0_prev + r * dim : nullptr;
     const int64_t noise_row = k * p.batch + row0 + r;
-    const float* z = p.S != nullptr && p.noise != nullptr ? p.noise + noise_row * dim : nullptr;
-    const bool seeded = p.S != nullptr && p.noise_seeds != nullptr;
+    const T* z = st.S != nullptr && st.noise != nullptr ? st.noise + noise_row * dim : nullptr;
+    const bool seeded = st.S != nullptr && p.noise_seeds != nullptr;
     const uint64_t key = seeded ? seeded_noise::noise_key(p.noise_seeds, p.seed_per_row, k, p.batch, row0 + r) : 0;
-    const Vec sigma(z != nullptr || seeded ? p.S[s] : 0.f);
-    float* xr = x + r * dim;
+    const V sigma(z != nullptr || seeded ? st.S[s] : T(0));
+    T* xr = x + r * dim;
     const float* er = eps + r * ld;
-    Vec drawn[kNoiseVectors];
-    for_vectors(dim, [&](int64_t j, int64_t n) {
-      const int64_t slot = j / kV % kNoiseVectors;
+    float drawn[kNoiseColumns];  // columns [j - j % kNoiseColumns, + kNoiseColumns)
+    for_vectors<V::size()>(dim, [&](int64_t j, int64_t n) {
+      const int64_t slot = j % kNoiseColumns;
       if (seeded && slot == 0) seeded_normals(key, j, drawn);
-      const Vec xv = load(xr + j, n);
-      const Vec e = bias != nullptr ? load(er + j, n) + load(bias + j, n) : load(er + j, n);
-      Vec x0 = p.A != nullptr ? a * xv - b * e : xv - b * e;
-      if (p.clip_lo != nullptr) x0 = at::vec::clamp(x0, load(p.clip_lo + j, n), load(p.clip_hi + j, n));
-      Vec next = c * x0;
-      if (p.D != nullptr) next = next + d * xv;
-      if (p.E != nullptr) next = next + e_coef * e;
+      const V xv = load(xr + j, n);
+      const V e = load_widened<T>(er + j, bias != nullptr ? bias + j : nullptr, n);
+      V x0 = st.A != nullptr ? a * xv - b * e : xv - b * e;
+      if (st.clip_lo != nullptr) x0 = at::vec::clamp(x0, load(st.clip_lo + j, n), load(st.clip_hi + j, n));
+      V next = c * x0;
+      if (st.D != nullptr) next = next + d * xv;
+      if (st.E != nullptr) next = next + e_coef * e;
       if (use_prev) next = next + prev_coef * load(prev + j, n);
       if (prev != nullptr) store(x0, prev + j, n);
       if (z != nullptr) {
-        const Vec zv = load(z + j, n);
+        const V zv = load(z + j, n);
         next = next + sigma * (clip_noise ? at::vec::clamp(zv, noise_lo, noise_hi) : zv);
       }
       if (seeded) {
-        const Vec zv = drawn[slot];
+        const V zv = load_widened<T>(drawn + slot, nullptr, n);
         next = at::vec::fmadd(sigma, clip_noise ? at::vec::clamp(zv, noise_lo, noise_hi) : zv, next);
       }
-      if (p.post_lo != nullptr) next = at::vec::clamp(next, load(p.post_lo + j, n), load(p.post_hi + j, n));
+      if (st.post_lo != nullptr) next = at::vec::clamp(next, load(st.post_lo + j, n), load(st.post_hi + j, n));
       store(next, xr + j, n);
+      if constexpr (!std::is_same_v<T, float>) store_narrowed(next, x32 + r * dim + j, n);
     });
-    if (p.chain != nullptr) {
-      std::memcpy(p.chain + ((k + 1) * p.batch + row0 + r) * dim, xr, dim * sizeof(float));
+    if (st.chain != nullptr) {
+      std::memcpy(st.chain + ((k + 1) * p.batch + row0 + r) * dim, xr, dim * sizeof(T));
     }
+  }
+}
+
+void step_update(const MlpPlan& p, float* x, int64_t row0, int64_t rows, const float* eps,
+                 int64_t ld, const float* bias, int64_t k, float* x0_prev) {
+  if (p.x64 != nullptr) {
+    // x0_prev's scratch holds doubles for a float64 sample (scratch_floats), aligned.
+    step_rows<double>(p, p.step64, p.x64 + row0 * p.dim, x, row0, rows, eps, ld, bias, k,
+                      reinterpret_cast<double*>(x0_prev));
+  } else {
+    step_rows<float>(p, p.step, x, nullptr, row0, rows, eps, ld, bias, k, x0_prev);
   }
 }
 

@@ -44,11 +44,11 @@ inline Vec log_positive(Vec x) {
 constexpr int kNoiseVectors = 4;
 
 // z for columns [j0, j0 + kNoiseVectors * kV) of the noise row whose key is
-// `key`, by erfinv on (-1, 1) with relative error below 3e-7: M. Giles,
+// `key`, stored at z, by erfinv on (-1, 1) with relative error below 3e-7: M. Giles,
 // "Approximating the erfinv function" (GPU Computing Gems, 2011), single
 // precision. Its tail branch (|x| > 0.9966, one lane in 300) is evaluated
 // only when a lane needs it.
-inline void seeded_normals(uint64_t key, int64_t j0, Vec* z) {
+inline void seeded_normals(uint64_t key, int64_t j0, float* z) {
   constexpr int kDrop = 32 - seeded_noise::kUniformBits;
   constexpr float kUlp = 1.f / (1 << seeded_noise::kUniformBits);
   const IVec low(static_cast<int32_t>(key)), high(static_cast<int32_t>(key >> 32));
@@ -79,6 +79,6 @@ inline void seeded_normals(uint64_t key, int64_t j0, Vec* z) {
       }
       p[i] = Vec::blendv(p[i], pt, tail);
     }
-    z[i] = Vec(static_cast<float>(M_SQRT2)) * p[i] * x[i];
+    (Vec(static_cast<float>(M_SQRT2)) * p[i] * x[i]).store(z + i * kV);
   }
 }

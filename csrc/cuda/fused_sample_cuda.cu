@@ -356,7 +356,8 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call, const SampleRuleEx
   const at::Tensor& x = call.x;
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t batch = x.size(0), dim = x.size(1), table_length = call.step_tables.size(1);
-  if (call.num_steps == 0 || batch == 0 ||
+  // The engine's epilogue computes the step in float32: a float64 sample runs as the ATen loop.
+  if (call.num_steps == 0 || batch == 0 || x.scalar_type() != at::kFloat ||
       !fits_kernel_arguments(batch, static_cast<int64_t>(call.weights.size()), table_length, call.num_steps)) {
     return fused_sample_rule_unfused(call, extras);
   }

@@ -2,6 +2,7 @@
 #include "fused_sample.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -27,13 +28,34 @@ void check_float32_on(const at::Tensor& t, const std::string& name,
               " must be on x's device ", x.device(), ", got ", t.device());
 }
 
-// x: (batch, dim) float32; t_start: (batch,) int64 or int32 on x's device.
-void check_x_and_t_start(const at::Tensor& x, const at::Tensor& t_start) {
+// "float32" or "float64": a sample's dtype as torch names it in Python.
+const char* sample_dtype_name(at::ScalarType type) { return type == at::kDouble ? "float64" : "float32"; }
+
+// The step's own tensors (tables, clamp bounds, noise) are in the sample's
+// dtype: the step computes in it, and only the network in float32.
+void check_step_dtype_on(const at::Tensor& t, const std::string& name, const at::Tensor& x) {
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "ddpm::fused_sample: ", name, " must be ",
+              sample_dtype_name(x.scalar_type()), " (x's dtype, in which the step computes), got ",
+              t.scalar_type());
+  TORCH_CHECK(t.device() == x.device(), "ddpm::fused_sample: ", name,
+              " must be on x's device ", x.device(), ", got ", t.device());
+}
+
+// x: (batch, dim) float32, or float64 where `float64_sample` (the step-rule
+// overload); t_start: (batch,) int64 or int32 on x's device.
+void check_x_and_t_start(const at::Tensor& x, const at::Tensor& t_start, bool float64_sample) {
   TORCH_CHECK(x.dim() == 2,
               "ddpm::fused_sample: x must be 2-D (batch, dim), got shape ",
               shape_of(x));
-  TORCH_CHECK(x.scalar_type() == at::kFloat,
-              "ddpm::fused_sample: x must be float32, got ", x.scalar_type());
+  if (float64_sample) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+                "ddpm::fused_sample: x must be float32 or float64 (a float64 sample's step computes "
+                "in float64, its network in float32), got ", x.scalar_type());
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat,
+                "ddpm::fused_sample: x must be float32 (fused_sample.rule takes a float64 sample), got ",
+                x.scalar_type());
+  }
   const c10::SymInt& batch = x.sym_size(0);
   const c10::SymInt& dim = x.sym_size(1);
   TORCH_CHECK(dim >= 1, "ddpm::fused_sample: x must have at least one column, got shape ",
@@ -155,7 +177,7 @@ void check_clamp(const at::Tensor& x, OptionalRange range, const std::optional<a
               "ddpm::fused_sample: ", bounds_name, " must have shape (2, dim) = (2, ",
               x.sym_size(1), ") (row 0 the lower bounds, row 1 the upper), got shape ",
               shape_of(*bounds));
-  check_float32_on(*bounds, bounds_name, x);
+  check_step_dtype_on(*bounds, bounds_name, x);
 }
 
 }  // namespace
@@ -165,7 +187,7 @@ void check_fused_sample_args(const at::Tensor& x, const at::Tensor& t_start,
                              const at::Tensor& sqrt_recip_alphas,
                              const at::Tensor& coef_eps, int64_t num_steps,
                              int64_t total_timesteps, c10::string_view precision) {
-  check_x_and_t_start(x, t_start);
+  check_x_and_t_start(x, t_start, /*float64_sample=*/false);
   check_linear_chain(x, weights, biases, {"", x.sym_size(1) + 1, " where in_features = dim + 1 (the time column)",
                                           x.sym_size(1), "dim", /*last_has_bias=*/true});
 
@@ -252,7 +274,7 @@ void check_program_shapes(const SampleRuleCall& call, const SampleRuleExtras& ex
 
 void check_sample_rule_args(const SampleRuleCall& call, const SampleRuleExtras& extras) {
   const at::Tensor& x = call.x;
-  check_x_and_t_start(x, call.t_start);
+  check_x_and_t_start(x, call.t_start, /*float64_sample=*/true);
   if (!extras.network.has_value()) {
     check_linear_chain(x, call.weights, call.biases, {"", x.sym_size(1), " where in_features = dim (x alone)",
                                                       x.sym_size(1), "dim", /*last_has_bias=*/true});
@@ -271,7 +293,7 @@ void check_sample_rule_args(const SampleRuleCall& call, const SampleRuleExtras& 
               "ddpm::fused_sample: step_tables must have shape (6, steps) (the rows A, B, C, D, "
               "E, S of the step rule) or (7, steps) (and P, the previous step's x0 coefficient), "
               "got shape ", shape_of(call.step_tables));
-  check_float32_on(call.step_tables, "step_tables", x);
+  check_step_dtype_on(call.step_tables, "step_tables", x);
   const c10::SymInt& table_length = call.step_tables.sym_size(1);
   TORCH_CHECK(call.num_steps >= 0, "ddpm::fused_sample: num_steps must be >= 0, got ", call.num_steps);
   TORCH_CHECK(table_length >= call.num_steps, "ddpm::fused_sample: num_steps must be at most the "
@@ -307,7 +329,7 @@ void check_sample_rule_args(const SampleRuleCall& call, const SampleRuleExtras& 
                 "ddpm::fused_sample: noise must have shape (num_steps, batch, dim) = (",
                 call.num_steps, ", ", x.sym_size(0), ", ", x.sym_size(1), "), got shape ",
                 shape_of(*call.noise));
-    check_float32_on(*call.noise, "noise", x);
+    check_step_dtype_on(*call.noise, "noise", x);
   }
   if (call.noise_seed.has_value()) {
     TORCH_CHECK(!call.noise.has_value(), "ddpm::fused_sample: noise and noise_seed: expected at most "
@@ -457,8 +479,8 @@ NetworkProgram parse_network(const SampleRuleCall& call, const SampleRuleExtras&
   return program;
 }
 
-std::optional<std::pair<float, float>> parse_clip(OptionalRange range,
-                                                  const char* name) {
+std::optional<std::pair<double, double>> parse_clip(OptionalRange range,
+                                                    const char* name) {
   if (!range.has_value()) return std::nullopt;
   TORCH_CHECK(range->size() == 2, "ddpm::fused_sample: ", name, " must be a (lo, hi) pair, got ",
               range->size(), " values");
@@ -466,20 +488,22 @@ std::optional<std::pair<float, float>> parse_clip(OptionalRange range,
   // !(lo <= hi) also refuses NaN bounds.
   TORCH_CHECK(lo <= hi, "ddpm::fused_sample: ", name, " must have lo <= hi, got (", lo, ", ",
               hi, ")");
-  return std::make_pair(static_cast<float>(lo), static_cast<float>(hi));
+  return std::make_pair(lo, hi);
 }
 
 void check_bounds_ordered(const at::Tensor& bounds, const char* name) {
   // A scan by pointer: ATen ops per call would cost a small batch's call more than its steps.
   const at::Tensor host = bounds.to(at::kCPU).contiguous();
   const int64_t dim = host.size(1);
-  const float* lo = host.data_ptr<float>();
-  const float* hi = lo + dim;
-  for (int64_t j = 0; j < dim; ++j) {
-    // !(lo <= hi) also refuses NaN bounds.
-    TORCH_CHECK(lo[j] <= hi[j], "ddpm::fused_sample: ", name, " must have lo <= hi in every "
-                "column, got lo = ", lo[j], " and hi = ", hi[j], " in column ", j);
-  }
+  AT_DISPATCH_FLOATING_TYPES(host.scalar_type(), "check_bounds_ordered", [&] {
+    const scalar_t* lo = host.data_ptr<scalar_t>();
+    const scalar_t* hi = lo + dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      // !(lo <= hi) also refuses NaN bounds.
+      TORCH_CHECK(lo[j] <= hi[j], "ddpm::fused_sample: ", name, " must have lo <= hi in every "
+                  "column, got lo = ", lo[j], " and hi = ", hi[j], " in column ", j);
+    }
+  });
 }
 
 void check_timesteps_in_range(const at::Tensor& t_start, int64_t num_steps,

@@ -148,8 +148,10 @@ std::vector<Activation> parse_activations(const std::vector<std::string>& names,
                                           int64_t num_layers, const char* name = "activations");
 
 // A clamp range (lo, hi) with lo <= hi, or nullopt; `name` is the argument's.
-std::optional<std::pair<float, float>> parse_clip(OptionalRange range,
-                                                  const char* name);
+// In double: a float32 sample's kernels round the bounds to float32, as
+// torch's clamp of a float32 tensor does.
+std::optional<std::pair<double, double>> parse_clip(OptionalRange range,
+                                                    const char* name);
 
 // Whether a checked noise_seed holds one seed per row rather than one for the
 // batch. A batch of one draws the same numbers either way (seeded_noise.h).

@@ -47,7 +47,7 @@ from torch.fx import Node
 
 from .coefficients import (ONE, ZERO, _Coef, _is_num, _num, _number_factor, _proved_equal, _same_coef, cadd,
                            cdiv, cmul, cneg)
-from .nodes import _NoMatch, _is, _known_eq, _no_kwargs, _val, aten, prims
+from .nodes import _cast, _NoMatch, _is, _known_eq, _no_kwargs, _val, aten, prims
 
 
 VARS = ("x", "e", "x0", "z", "p")
@@ -232,9 +232,15 @@ class _UpdateReader:
             return self._clamp(n)
         if _is(n, aten.where.self):
             return self._where(n)
-        if _is(n, *_VIEWS, prims.convert_element_type.default) and _same_shape(n, n.args[0]):
-            if _is(n, prims.convert_element_type.default) and n.args[1] != _val(n.args[0]).dtype:
-                raise _NoMatch(f"{n.name} changes the sample's dtype")
+        cast = _cast(n)
+        if cast is not None and _same_shape(n, cast[0]):
+            # Widening float32 to float64 is exact (e of a float64 sample's step, net(x.float()).double());
+            # any other cast rounds values the op keeps.
+            before = _val(cast[0]).dtype
+            if cast[1] != before and (before, cast[1]) != (torch.float32, torch.float64):
+                raise _NoMatch(f"{n.name} casts the step's {before} values to {cast[1]}")
+            return self.form(cast[0])
+        if _is(n, *_VIEWS) and _same_shape(n, n.args[0]):
             return self.form(n.args[0])
         if _is(n, *_ROW_VIEWS) and _same_rows(n, n.args[0]):
             # A chunk's rows flattened or unflattened (DPPO's network reads (B, horizon *
@@ -363,7 +369,7 @@ class _UpdateReader:
         value is exactly ``q*x - r*clamp(x0, m, M)``: the step's x0 is ``A*x - B*e`` with
         ``A = q/r``, ``B = 1/r``, and the clamped e the form ``q*x - r*x0``. Both bounds must
         read x with the same coefficient ``q`` and their constant parts must be ``-r`` times one
-        number or one float32 value per column of the sample (``M``, ``m``) with the same ``r``;
+        number or one float value per column of the sample (``M``, ``m``) with the same ``r``;
         that ``r`` is positive (and ``A``, ``B`` finite) at every step is proved by
         :func:`.emit._prove_eps_clip` on the tables' values, at compile time."""
         f = self.form(clamped)
@@ -452,7 +458,7 @@ class _UpdateReader:
 
     def _bound_constant(self, n: Node, b: Any) -> tuple:
         """A step-only part of an eps clamp's bound as ``(c, m)``: ``c`` a coefficient (one number
-        per sample), ``m`` the bound (a number, or a float32 tensor of one value per column);
+        per sample), ``m`` the bound (a number, or a float tensor of one value per column);
         ``alpha * x_max`` as ``(alpha, x_max)``."""
         if isinstance(b, (int, float)) and not isinstance(b, bool):
             return ONE, float(b)
@@ -480,7 +486,7 @@ class _UpdateReader:
         v = _val(b)
         raise _NoMatch(f"{n.name} clamps e to a bound whose constant part {b.name} (shape "
                        f"{None if v is None else tuple(v.shape)}) is not a coefficient times a number or one "
-                       "float32 value per column of a (batch, dim) sample")
+                       "float32 or float64 value per column of a (batch, dim) sample")
 
     def _bound_tensor(self, b: Any) -> bool:
         """Whether ``b`` is a tensor of one value per column that the op takes as per-column
@@ -496,7 +502,7 @@ class _UpdateReader:
         return True
 
     def bound(self, n: Node, b: Any) -> float | Node:
-        """A clamp's bound: a number, or a step-only float32 tensor of one value per column of the
+        """A clamp's bound: a number, or a step-only float tensor of one value per column of the
         sample (CleanDiffuser's per-dimension ``x_min`` / ``x_max``: the op's per-column bounds) or
         of one value (a 0-d ``max_action`` buffer: that value in every column)."""
         if isinstance(b, (int, float)) and not isinstance(b, bool):
@@ -505,11 +511,11 @@ class _UpdateReader:
             raise _NoMatch(f"{n.name} clamps to a bound {getattr(b, 'name', b)} that depends on the sample")
         v = _val(b)
         dim = self.shape[-1] if len(self.shape) == 2 else None
-        if v is None or v.dtype != torch.float32 or dim is None or not (
+        if v is None or v.dtype not in (torch.float32, torch.float64) or dim is None or not (
                 v.dim() == 0 or v.dim() == 1 and _known_eq(v.shape[0], dim)
                 or v.dim() == 2 and _known_eq(v.shape[0], 1) and _known_eq(v.shape[1], dim)):
-            raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 value, or one "
-                           "per column of a (batch, dim) sample")
+            raise _NoMatch(f"{n.name} clamps to a tensor bound {b.name} that is not one float32 or float64 value, "
+                           "or one per column of a (batch, dim) sample")
         return b
 
 

@@ -27,7 +27,7 @@ from torch.fx import Graph, Node
 
 from .affine import _row_wise
 from .network import _Net
-from .nodes import _ASSERT_METADATA, _NoMatch, _is, _known_eq, _no_kwargs, _shape_eq, _val, aten
+from .nodes import _ASSERT_METADATA, _float32_cast_source, _NoMatch, _is, _known_eq, _no_kwargs, _shape_eq, _val, aten
 from .tables import _batched, _uniform
 from .timesteps import _recomputed
 
@@ -108,7 +108,7 @@ class _Feed:
 
 def _feed(piece: Node | None) -> _Feed:
     """How the network's input piece reads its step's sample: down from ``piece``, through
-    layout ops and scalings read by nothing else, to the first value also read elsewhere (by
+    readings that keep each row (:func:`_kept`) and scalings read by nothing else, to the first value also read elsewhere (by
     the update); where none is, to the last value a layout op alone leads to (a chunk that only
     the network reads). ``_Feed(piece)`` where the piece is the sample."""
     def read_elsewhere(n):
@@ -120,7 +120,7 @@ def _feed(piece: Node | None) -> _Feed:
     path, node, layout_only, fallback = [], piece, True, None
     while (below := _fed_from(node)) is not None:
         path.append(node)
-        layout_only = layout_only and _is(node, *_LAYOUT)
+        layout_only = layout_only and _kept(node) is not None
         node = below
         if read_elsewhere(node):
             break
@@ -136,7 +136,7 @@ def _feed(piece: Node | None) -> _Feed:
         return plain
     factors = []
     for i, n in enumerate(path):
-        if not _is(n, *_LAYOUT):
+        if _kept(n) is None:
             scaled = path[i - 1] if i else node
             factors.append((n.args[1] if n.args[0] is scaled else n.args[0], _is(n, aten.div.Tensor),
                             tuple(_val(n).shape)))
@@ -144,11 +144,11 @@ def _feed(piece: Node | None) -> _Feed:
 
 
 def _fed_from(node: Node) -> Node | None:
-    """The value ``node`` lays out again (a layout op keeping the rows, see :func:`_row_order`)
-    or scales by a factor that is one number per sample (``mul`` by it, ``div`` by it); else
-    ``None``."""
-    if _is(node, *_LAYOUT):
-        return node.args[0] if isinstance(node.args[0], Node) else None
+    """The value ``node`` reads with each row's elements kept (:func:`_kept`) or scales by a
+    factor that is one number per sample (``mul`` by it, ``div`` by it); else ``None``."""
+    kept = _kept(node)
+    if kept is not None:
+        return kept
     if not _is(node, aten.mul.Tensor, aten.div.Tensor) or node.kwargs or len(node.args) != 2:
         return None
     out = _val(node)
@@ -160,6 +160,21 @@ def _fed_from(node: Node) -> Node | None:
                 and (isinstance(factor, (int, float)) and not isinstance(factor, bool) or _row_wise(fv, out.shape)):
             return a
     return None
+
+
+def _kept(node: Node) -> Node | None:
+    """The value ``node`` reads with each row's elements kept, where it is one of: a layout op
+    (:data:`_LAYOUT`, the rows kept as :func:`_row_order` proves); a cast to float32 of a float64
+    value (a float64 sample, as TabDDPM's between its networks: ``net(x.float())``); a ``cat`` of
+    it and pieces of no columns (TabDDPM's ``cat([z_norm, log_z])`` without categorical features,
+    which torch.export keeps). Else ``None``."""
+    if _is(node, *_LAYOUT):
+        return node.args[0] if isinstance(node.args[0], Node) else None
+    source = _float32_cast_source(node)
+    if source is not None and _val(source) is not None and _val(source).dtype == torch.float64:
+        return source
+    pieces = _column_cat(node)
+    return pieces[0] if pieces is not None and len(pieces) == 1 else None
 
 
 def _row_order(src: Node, path: list) -> list | None:
@@ -236,8 +251,8 @@ def _input_pieces(net: _Net) -> list:
 def _column_cat(node: Node) -> list | None:
     """The pieces of ``node``, a ``cat`` of ``(batch, w)`` pieces along their columns, with each
     piece that is such a ``cat`` itself read as its own pieces (diffusion_policy's
-    ``cat([x, cat([time_features, global_cond])])``: the same columns in the same order); else
-    ``None``."""
+    ``cat([x, cat([time_features, global_cond])])``: the same columns in the same order) and
+    pieces of no columns left out; else ``None``."""
     if not _is(node, aten.cat.default):
         return None
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
@@ -246,9 +261,12 @@ def _column_cat(node: Node) -> list | None:
         return None
     pieces = []
     for piece in node.args[0]:
+        pv = _val(piece)
+        if pv is not None and pv.dim() == 2 and _known_eq(pv.shape[1], 0):
+            continue  # no columns (TabDDPM's log_z without categorical features)
         inner = _column_cat(piece)
         pieces.extend([piece] if inner is None else inner)
-    return pieces
+    return pieces or None
 
 
 def _sum_of_two(node) -> tuple[Node, Node] | None:
@@ -552,7 +570,8 @@ def _step_region(loop: _Loop, k: int, position: dict, choose=None) -> tuple[Node
     if stray:
         raise _StepNoMatch(f"{stray[0].name} of step {k} is used outside the step "
                            f"(by {[u.name for u in stray[0].users]})", k)
-    leaked = [n for n in net.nodes if n is not net.out and any(u not in net.nodes for u in n.users)]
+    leaked = [n for n in net.nodes if n is not net.out
+              and any(u not in net.nodes and not _is(u, _ASSERT_METADATA) for u in n.users)]
     if leaked:
         raise _StepNoMatch(f"the network's intermediate {leaked[0].name} is used outside the step "
                            f"(by {[u.name for u in leaked[0].users if u not in net.nodes]})", k)

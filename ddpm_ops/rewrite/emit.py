@@ -58,12 +58,12 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
                 reemit = _per_sample(em, loop, updates, step_pieces, shared)
             except _NoMatch as e:  # a piece of the step and a condition, not a sum: say so
                 raise _NoMatch(_mixed_piece(loop) or str(e)) from None
-            tables = _indexed_tables(em, updates, reemit, batch)
+            tables = _indexed_tables(em, updates, reemit, batch, plan.dtype)
             t_start = _t_start(em, reemit.sites)
             columns = None  # every step index s the tables hold
         else:
             reemit = _shared_pieces(em, loop, step_pieces)
-            tables = _shared_tables(em, updates)
+            tables = _shared_tables(em, updates, plan.dtype)
             t_start = em.full([batch], K - 1, dtype=torch.int64)
             columns = [K - 1 - k for k, u in enumerate(updates) if u.eps_clip is not None]
         _prove_eps_clip(graph, updates, tables, columns, plan.clip)
@@ -74,18 +74,18 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
         for net in (time_net, cond_net):
             if net:
                 net[2] = _zeros_where_missing(em, net[1], net[2])
-        noise, noise_seed = _noise(em, updates, K)
+        noise, noise_seed = _noise(em, updates, K, plan.dtype)
         if noise is not None and plan.out_layout is not None:  # the draws in the order the network reads x
             noise = _relayout(em, em(aten.reshape.default, noise, [-1, *_val(noise).shape[2:]]), loop.feed(0).path)
         if noise is not None and _val(noise).dim() != 3:  # a chunk's draws: rows flattened as x's
             noise = em(aten.reshape.default, noise, [K, batch, dim])
-        clip, clip_bounds = _clamp_arg(em, plan.clip, dim)
-        post, post_bounds = _clamp_arg(em, plan.post_clip, dim)
+        clip, clip_bounds = _clamp_arg(em, plan.clip, dim, plan.dtype)
+        post, post_bounds = _clamp_arg(em, plan.post_clip, dim, plan.dtype)
         bounds = {k: v for k, v in (("clip_bounds", clip_bounds), ("post_clip_bounds", post_bounds)) if v is not None}
-        zero, x_in = None, x
+        zero, x_in = None, x if xv.dtype == plan.dtype else _wide_sample(em, loop, plan.dtype)
         if plan.zero is not None and K > 1:
             zero = em(aten.mul.Tensor, *plan.zero.args)
-            x_in = em(aten.add.Tensor, x, zero)
+            x_in = em(aten.add.Tensor, x_in, zero)
         # A network of LayerNorms or residual blocks goes as the op's program (only then: the
         # trailing arguments stay unwritten for the others).
         program = {} if net0.program is None else dict(
@@ -182,18 +182,25 @@ def _relayout(em: _Emitter, value: Node, path) -> Node:
     return value
 
 
-def _clamp_arg(em: _Emitter, clip, dim) -> tuple[list | None, Node | None]:
+def _wide_sample(em: _Emitter, loop: _Loop, dtype: torch.dtype) -> Node:
+    """The op's ``x`` of a loop whose network reads its sample cast to float32: the sample itself
+    (float64, or TabDDPM's first, float32 before its step makes it float64) in the steps'
+    ``dtype``, laid out as the network reads it (an action chunk's rows flattened)."""
+    return _relayout(em, em.cast(loop.sample(0), dtype), loop.feed(0).path)
+
+
+def _clamp_arg(em: _Emitter, clip, dim, dtype: torch.dtype) -> tuple[list | None, Node | None]:
     """A clamp read as ``(clip, clip_bounds)``: two floats, or (where a bound is a tensor of one
-    value per column, or of one value) the ``(2, dim)`` per-column bounds, a number of the other
-    side filled in."""
+    value per column, or of one value) the ``(2, dim)`` per-column bounds in ``dtype`` (the
+    sample's), a number of the other side filled in."""
     if clip is None:
         return None, None
     if not any(isinstance(b, Node) for b in clip):
         return list(clip), None
-    rows = [em.full([dim], b) if not isinstance(b, Node)
+    rows = [em.full([dim], b, dtype) if not isinstance(b, Node)
             else em(aten.expand.default, b, [dim]) if _val(b).dim() == 0 else em(aten.reshape.default, b, [dim])
             for b in clip]
-    return None, em.stack(rows)
+    return None, em.cast(em.stack(rows), dtype)
 
 
 def _zeros_where_missing(em: _Emitter, weights: list, biases: list) -> list:
@@ -466,11 +473,11 @@ def _peel_noise_scales(updates: list[_Update], shape) -> None:
         u.leaves.update(leaves)
 
 
-def _noise(em: _Emitter, updates: list[_Update], K: int) -> tuple[Node | None, Node | None]:
+def _noise(em: _Emitter, updates: list[_Update], K: int, dtype: torch.dtype) -> tuple[Node | None, Node | None]:
     """``(noise, noise_seed)``: where every step draws standard normal noise of its own, one
     seed for the call, the op drawing the noise from it (the same distribution; one small
     random op per call instead of a draw of every number); else the steps' noise stacked as
-    the op's ``(K, B, dim)`` noise."""
+    the op's ``(K, B, dim)`` noise, in ``dtype`` (the sample's)."""
     draws = [u.noise for u in updates]
     present = [d for d in draws if d is not None]
     if not present:
@@ -488,10 +495,10 @@ def _noise(em: _Emitter, updates: list[_Update], K: int) -> tuple[Node | None, N
     rows = []
     for d in draws:
         if d is None:
-            zeros = zeros or em.full(shape, 0.0)
+            zeros = zeros or em.full(shape, 0.0, dtype)
             d = zeros
         rows.append(d)
-    return em.stack(rows), None
+    return em.cast(em.stack(rows), dtype), None
 
 
 

@@ -3,7 +3,7 @@
 Each looks at one FX node and its inputs only: its target (``_is``), its
 example value (``_val``), sizes compared without guards (``_known_eq``), a
 timestep as ``root - offset`` (``_resolve_t``), a transposed weight
-(``_transposed``), a float32 cast (``_float32_cast_source``). A reader that
+(``_transposed``), a cast (``_cast``, ``_float32_cast_source``). A reader that
 does not recognise its node raises ``_NoMatch`` with the reason; a loop left
 alone is logged with it.
 """
@@ -118,16 +118,24 @@ def _transposed(node: Any) -> Node:
     raise _NoMatch(f"{getattr(node, 'name', node)} is not the transpose of a Linear weight")
 
 
+def _cast(node: Any) -> tuple[Any, torch.dtype] | None:
+    """``(t, dtype)`` for ``t.to(dtype)`` (``.float()``, ``.double()``; any ATen spelling) that
+    changes nothing but the dtype, else None."""
+    if _is(node, prims.convert_element_type.default):
+        cast = node.args[0], node.args[1]
+    elif _is(node, aten._to_copy.default) and len(node.args) == 1 and "dtype" in node.kwargs \
+            and set(node.kwargs) <= {"dtype", "device", "layout"}:
+        cast = node.args[0], node.kwargs["dtype"]
+    elif _is(node, aten.to.dtype) and len(node.args) >= 2 and not any(node.args[2:]) \
+            and not any(node.kwargs.values()):
+        cast = node.args[0], node.args[1]
+    else:
+        return None
+    before, after = _val(cast[0]), _val(node)
+    return cast if before is None or after is None or before.device == after.device else None
+
+
 def _float32_cast_source(node: Any) -> Any:
     """``t`` for ``t.float()`` / ``t.to(torch.float32)`` (any ATen spelling), else None."""
-    if _is(node, prims.convert_element_type.default):
-        ok = node.args[1] == torch.float32
-    elif _is(node, aten._to_copy.default):
-        ok = node.kwargs.get("dtype") == torch.float32 and set(node.kwargs) <= {"dtype", "device", "layout"}
-        ok = ok and len(node.args) == 1
-    elif _is(node, aten.to.dtype):
-        ok = len(node.args) >= 2 and node.args[1] == torch.float32 and not any(node.args[2:]) \
-            and not any(node.kwargs.values())
-    else:
-        ok = False
-    return node.args[0] if ok else None
+    cast = _cast(node)
+    return cast[0] if cast is not None and cast[1] == torch.float32 else None

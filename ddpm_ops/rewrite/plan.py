@@ -12,7 +12,10 @@ with coefficients and pieces that depend on the step only, or on nothing
 that changes over the loop, every step with one clamp of x0 and one of its
 result. Where the network reads the sample scaled by a number per step
 (``c_k * x_k``), the updates are rewritten for the op's state ``c_k * x_k``
-(:func:`_rescale_all`). :func:`_plan` returns the proved :class:`_Plan` or raises
+(:func:`_rescale_all`). The network computes in float32; the sample between
+the networks is float32 or float64 (each network then reads it cast to
+float32, and every step's update computes in float64: :func:`_sample_dtype`).
+:func:`_plan` returns the proved :class:`_Plan` or raises
 ``_NoMatch`` with the first fact not proved (:class:`.chain._StepNoMatch`
 where one step alone cannot be fused, so that its loop may be cut there).
 """
@@ -30,7 +33,7 @@ from .chain import _split_sums, _StepNoMatch
 from .coefficients import ONE
 from .constants import evaluate, real_buffers
 from .network import _find_nets
-from .nodes import _ASSERT_METADATA, _float32_cast_source, _is, _NoMatch, _val
+from .nodes import _ASSERT_METADATA, _is, _NoMatch, _val
 from .tables import _coefs, _shape_of
 from .timesteps import _recomputed
 
@@ -42,6 +45,7 @@ class _Plan:
     end: Node
     clip: tuple | None
     post_clip: tuple | None
+    dtype: torch.dtype  # the sample's between the steps: the op's x, tables and result
     zero: Node | None = None  # step 0's term v * 0, which every step adds (emitted once, around the op)
     # the ops that lay the network's output out in the sample's order, where the network reads the
     # sample in another (a transposed chunk): the op's result is laid out by them again
@@ -85,7 +89,8 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
     if x0v is None or x0v.dim() != 2:
         raise _NoMatch("the sample is not (batch, dim)")
     if x0v.dtype != torch.float32:
-        raise _NoMatch(f"the sample is {x0v.dtype}; the op computes float32 only")
+        raise _NoMatch(f"the network reads a {x0v.dtype} input; the op's network computes in float32 only "
+                       "(a float64 sample the network reads cast to float32 is fused)")
     if not has_fused_rule_kernel(x0v.device):
         # Elsewhere the op runs its ATen loop, which is slower than inductor's code for the loop.
         raise _NoMatch(f"ddpm::fused_sample.rule has no fused kernel on {x0v.device.type}")
@@ -103,12 +108,6 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         pv = _val(p)
         if pv is None or pv.dtype != torch.float32 or pv.device != x0v.device:
             raise _NoMatch(f"{p.name} is not a float32 tensor on the sample's device")
-
-    for k in range(1, len(loop.nets)):
-        source = _float32_cast_source(loop.x(k))
-        if source is not None and _val(source) is not None and _val(source).dtype != torch.float32:
-            raise _NoMatch(f"the sample is {_val(source).dtype} between the networks (step {k} casts "
-                           f"{source.name} to float32 for its network); the op computes float32 only")
 
     # A piece every step recomputes alike from the same inputs (TabDDPM adds its label's
     # embedding in each call of the network) is one loop-invariant value: step 0's.
@@ -192,7 +191,8 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         raise _NoMatch(f"the steps clamp their result to different bounds {sorted(map(str, posts))}")
     if "p" in updates[0].post:  # its reader had no step before to take one from: never so
         raise _NoMatch("the first step reads a previous x0, which the op's is zero at a call's first step")
-    plan = _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)), _zero_term(loop, updates),
+    plan = _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)), _sample_dtype(loop, end),
+                 _zero_term(loop, updates),
                  _output(K - 1) if loop.feed(K - 1).order is not None else None)
     _rescale_all(plan, step_only)
     return plan
@@ -208,6 +208,9 @@ def _rescale_all(plan: _Plan, step_only) -> None:
     if not any(factors):
         return
     name = next(loop.x(k).name for k, f in enumerate(factors) if f)
+    if plan.dtype != torch.float32:
+        raise _NoMatch(f"the network reads the {plan.dtype} sample scaled ({name}): the op's state would be "
+                       "the scaled sample, which it takes in float32 only")
     if plan.post_clip is not None:
         raise _NoMatch(f"the network reads the sample scaled ({name}) and the steps clamp their result: the op "
                        "would clamp the scaled sample, whose bounds change with the step")
@@ -217,6 +220,28 @@ def _rescale_all(plan: _Plan, step_only) -> None:
     for k, u in enumerate(updates):
         _rescaled(u, scales[k], scales[k + 1] if k + 1 < len(updates) else ONE)
     plan.scaled = True
+
+
+def _sample_dtype(loop: _Loop, end: Node) -> torch.dtype:
+    """The dtype of every step's result (the samples the later steps read, and ``end``), float32
+    or float64; the loop's first sample is of it too, or float32 (TabDDPM draws its first sample
+    in float32 and makes the next one float64 with its float64 model variance). Raise
+    ``_NoMatch`` otherwise: the op computes every step in one dtype."""
+    results = [loop.sample(k) for k in range(1, len(loop.nets))] + [end]
+    unknown = [n.name for n in results if _val(n) is None]
+    if unknown:
+        raise _NoMatch(f"the dtype of the steps' results {unknown} is unknown")
+    dtypes = {_val(n).dtype for n in results}
+    if len(dtypes) > 1:
+        raise _NoMatch(f"the steps' results are of different dtypes {sorted(map(str, dtypes))} (the op computes "
+                       "every step in one)")
+    dtype = dtypes.pop()
+    if dtype not in (torch.float32, torch.float64):
+        raise _NoMatch(f"the steps' results are {dtype}; the op's step computes in float32 or float64")
+    first = _val(loop.sample(0)).dtype
+    if first not in (dtype, torch.float32):
+        raise _NoMatch(f"the loop's first sample is {first} and its steps' results {dtype}")
+    return dtype
 
 
 def _zero_term(loop: _Loop, updates: list) -> Node | None:
@@ -241,7 +266,7 @@ def _zero_term(loop: _Loop, updates: list) -> Node | None:
                        "term to every step)")
     if loop.feed(0).path:
         raise _NoMatch(f"the steps add {first.name}, a term v * 0, to a sample the network reads as "
-                       f"{loop.x(0).name} (an action chunk flattened, or the sample scaled): the term is added "
+                       f"{loop.x(0).name} (an action chunk flattened, the sample scaled or cast): the term is added "
                        "only to a (batch, dim) sample the network reads as it is")
     v0 = updates[0].zero_of
     for k, u in enumerate(updates[1:], 1):

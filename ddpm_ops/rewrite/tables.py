@@ -67,6 +67,10 @@ class _Emitter:
     def full(self, shape: list, value: float, dtype=torch.float32) -> Node:
         return self(aten.full.default, shape, value, dtype=dtype, device=self.device, pin_memory=False)
 
+    def cast(self, node: Node, dtype: torch.dtype) -> Node:
+        """``node`` in ``dtype`` (itself where it is already)."""
+        return node if _val(node).dtype == dtype else self(prims.convert_element_type.default, node, dtype)
+
     def stack(self, rows: list) -> Node:
         """``torch.stack(rows)`` as inductor's post-grad graph spells it (``cat`` of ``unsqueeze``)."""
         return self(aten.cat.default, [self(aten.unsqueeze.default, r, 0) for r in rows])
@@ -98,32 +102,37 @@ def _scalar(em: _Emitter, c: _Coef, memo: dict) -> Any:
         return em(aten.neg.default, parts[0])
     a, b = parts
     if c.op == "div":
-        return em(aten.div.Tensor, a if isinstance(a, Node) else em.full([], a), b)
+        return em(aten.div.Tensor, a if isinstance(a, Node) else _number(em, a, b), b)
     if not isinstance(a, Node):
         a, b = b, a
     return em(aten.mul.Tensor if c.op == "mul" else aten.add.Tensor, a, b)
 
 
+def _number(em: _Emitter, value: float, other: Any) -> Node:
+    """The Python number ``value`` as a 0-d node beside the operand ``other``: of ``other``'s
+    dtype where it is a node, as eager computes a number with a tensor; else float32 (torch's
+    default dtype, eager's for an op of numbers alone)."""
+    return em.full([], value, _val(other).dtype if isinstance(other, Node) else torch.float32)
+
+
 def _where(em: _Emitter, cond: Node, a: Any, b: Any) -> Node:
     """``where(cond, a, b)`` of a boolean node and two coefficients (nodes or floats)."""
-    a, b = (p if isinstance(p, Node) else em.full([], p) for p in (a, b))
+    a, b = (p if isinstance(p, Node) else _number(em, p, q) for p, q in ((a, b), (b, a)))
     return em(aten.where.self, cond, a, b)
 
 
 def _stack_rows(em: _Emitter, per_step: list, dtype=torch.float32) -> Node:
-    """``stack`` of one value per step, the last step first (row ``s = K - 1 - k``)."""
-    rows = [r if isinstance(r, Node) else em.full([], r) for r in reversed(per_step)]
-    out = em.stack(rows)
-    if _val(out).dtype != dtype:
-        out = em(prims.convert_element_type.default, out, dtype)
-    return out
+    """``stack`` of one value per step, the last step first (row ``s = K - 1 - k``), in
+    ``dtype`` (a number in it: a step's number multiplies the sample in the sample's dtype)."""
+    rows = [r if isinstance(r, Node) else em.full([], r, dtype) for r in reversed(per_step)]
+    return em.cast(em.stack(rows), dtype)
 
 
-def _shared_tables(em: _Emitter, updates: list) -> Node:
+def _shared_tables(em: _Emitter, updates: list, dtype: torch.dtype) -> Node:
     """``(6, K)``: rows A, B, C, D, E, S of every step, stacked by ``s = K - 1 - k``; ``(7, K)``
-    with row P where a step reads the previous step's x0 (a multistep solver). Row ``K - 1``,
-    the call's first step, has ``P = 0``: the loop's first step reads no previous x0 (the op's is
-    zero there)."""
+    with row P where a step reads the previous step's x0 (a multistep solver), in ``dtype`` (the
+    sample's). Row ``K - 1``, the call's first step, has ``P = 0``: the loop's first step reads
+    no previous x0 (the op's is zero there)."""
     memo: dict = {}
     names = "ABCDESP" if any("p" in u.post for u in updates) else "ABCDES"
     columns = {name: [] for name in names}
@@ -139,7 +148,7 @@ def _shared_tables(em: _Emitter, updates: list) -> Node:
             if name == "B":  # the op computes A*x - B*e
                 value = -value if isinstance(value, float) else em(aten.neg.default, value)
             columns[name].append(value)
-    return em.stack([_stack_rows(em, columns[n]) for n in names])
+    return em.stack([_stack_rows(em, columns[n], dtype) for n in names])
 
 
 def _first_row(em: _Emitter, piece: Node) -> Node:
@@ -317,13 +326,14 @@ def _vector(em: _Emitter, c: _Coef, reemit, batch, memo: dict) -> Any:
         return _scalar(em, _Coef(c.op, tuple(_Coef("num", (p,)) for p in parts)), {})
     if c.op == "neg":
         return em(aten.neg.default, parts[0])
-    a, b = (p if isinstance(p, Node) else em.full([], p) for p in parts)
+    a, b = (p if isinstance(p, Node) else _number(em, p, q) for p, q in (parts, parts[::-1]))
     target = {"mul": aten.mul.Tensor, "add": aten.add.Tensor, "div": aten.div.Tensor}[c.op]
     return em(target, a, b)
 
 
-def _indexed_tables(em: _Emitter, updates: list, reemit, batch) -> Node:
-    """``(6, S)``: step 0's coefficients evaluated at every step index ``s``."""
+def _indexed_tables(em: _Emitter, updates: list, reemit, batch, dtype: torch.dtype) -> Node:
+    """``(6, S)``: step 0's coefficients evaluated at every step index ``s``, in ``dtype`` (the
+    sample's)."""
     S = reemit.size()
     memo: dict = {}
     constant_rows: dict = {}  # one row per number the coefficients are (the absent ones' 0.0)
@@ -332,9 +342,9 @@ def _indexed_tables(em: _Emitter, updates: list, reemit, batch) -> Node:
         v = 0.0 if c is None else _vector(em, c, reemit, batch, memo)
         if not isinstance(v, Node):
             if v not in constant_rows:
-                constant_rows[v] = em.full([S], v)
+                constant_rows[v] = em.full([S], v, dtype)
             v = constant_rows[v]
         elif _val(v).dim() == 0:
             v = em(aten.expand.default, em(aten.reshape.default, v, [1]), [S])
-        rows.append(v)
+        rows.append(em.cast(v, dtype))
     return em.stack(rows)

@@ -16,8 +16,9 @@ class StepRule:
 
     Args:
         A, B, C, D, E, S: 1-D float32 or float64 tensors of one length, on one
-            device (stored as contiguous float32; see :mod:`ddpm_ops.step_rules`
-            for the update they define).
+            device (stored as contiguous float32, the tables of a float32
+            sample, and as given in float64, those of a float64 sample; see
+            :mod:`ddpm_ops.step_rules` for the update they define).
         P: ``None`` or a seventh such table: the coefficient of the previous
             step's clamped ``x0`` (a multistep solver's term, zero at a call's
             first step).
@@ -51,6 +52,7 @@ class StepRule:
         clip, post_clip: ``None``, a ``(lo, hi)`` pair of floats, or a
             ``(2, dim)`` float32 tensor on the tables' device (row 0 the lower
             bounds, row 1 the upper): ``lo, hi = rule.clip`` unpacks either.
+            :meth:`clamps` gives them as a float64 sample is clamped.
     """
 
     A: torch.Tensor
@@ -65,6 +67,9 @@ class StepRule:
     noise_clip: float | None = None
     adds_noise: bool = field(init=False)
     _tables: torch.Tensor = field(init=False)
+    # The tables and per-column bounds as given, in float64: a float64 sample's.
+    _tables64: torch.Tensor = field(init=False)
+    _clamps64: tuple = field(init=False)
 
     def __post_init__(self):
         names = TABLE_NAMES + ((PREVIOUS_TABLE,) if self.P is not None else ())
@@ -78,15 +83,19 @@ class StepRule:
                 raise ValueError(f"{name}: expected the device of A ({given[0].device}), got {table.device}")
         # One (6 or 7, len) block, so tables() costs nothing and A..S (P) are its rows.
         tables = torch.stack([t.to(torch.float32) for t in given]).contiguous()
+        tables64 = torch.stack([t.to(torch.float64) for t in given]).contiguous()
         traced = torch.compiler.is_compiling()
         if not traced and not bool(torch.isfinite(tables).all()):
             bad = [n for n, t in zip(names, tables) if not bool(torch.isfinite(t).all())]
             raise ValueError(f"{', '.join(bad)}: expected finite values (in float32), got inf or nan")
         object.__setattr__(self, "_tables", tables)
+        object.__setattr__(self, "_tables64", tables64)
         for name, row in zip(names, tables):
             object.__setattr__(self, name, row)
-        object.__setattr__(self, "clip", _as_range("clip", self.clip, tables.device))
-        object.__setattr__(self, "post_clip", _as_range("post_clip", self.post_clip, tables.device))
+        clamps64 = (_as_range("clip", self.clip, tables.device), _as_range("post_clip", self.post_clip, tables.device))
+        object.__setattr__(self, "_clamps64", clamps64)
+        for name, bounds in zip(("clip", "post_clip"), clamps64):
+            object.__setattr__(self, name, bounds.to(torch.float32) if isinstance(bounds, torch.Tensor) else bounds)
         object.__setattr__(self, "adds_noise", traced or bool((tables[5] != 0).any()))
         if self.noise_clip is not None:
             if isinstance(self.noise_clip, bool) or not isinstance(self.noise_clip, (int, float)) or \
@@ -128,10 +137,17 @@ class StepRule:
     def device(self) -> torch.device:
         return self._tables.device
 
-    def tables(self) -> torch.Tensor:
-        """The ``(6, len)`` float32 block ``[A, B, C, D, E, S]`` the op reads, ``(7, len)``
-        with ``P`` (do not modify it)."""
-        return self._tables
+    def tables(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The ``(6, len)`` block ``[A, B, C, D, E, S]`` the op reads, ``(7, len)`` with ``P``
+        (do not modify it): for ``dtype`` float64, a float64 sample's, the tables as given in
+        float64; for any other ``dtype``, the float32 block (a float32 sample's)."""
+        return self._tables64 if dtype == torch.float64 else self._tables
+
+    def clamps(self, dtype: torch.dtype = torch.float32) -> tuple:
+        """``(clip, post_clip)`` as :meth:`tables` gives the tables for ``dtype``: per-column
+        bounds in float64 as given for float64, else the float32 attributes; pairs of floats
+        and ``None`` as they are."""
+        return self._clamps64 if dtype == torch.float64 else (self.clip, self.post_clip)
 
     def to(self, device: torch.device | str) -> "StepRule":
         """A copy of the rule with its tables on ``device``.
@@ -142,8 +158,9 @@ class StepRule:
         Returns:
             A new :class:`StepRule`.
         """
-        tables = self._tables.to(device)
-        return StepRule(*tables, clip=self.clip, post_clip=self.post_clip, noise_clip=self.noise_clip)
+        tables = self._tables64.to(device)
+        clip, post_clip = self._clamps64
+        return StepRule(*tables, clip=clip, post_clip=post_clip, noise_clip=self.noise_clip)
 
     def __repr__(self) -> str:
         return (
@@ -165,7 +182,7 @@ def _check_table(name: str, table) -> torch.Tensor:
 
 def _as_range(name: str, value, device: torch.device | str = "cpu"):
     """``value`` as a range: ``None``, ``(lo, hi)`` floats, or a ``(2, dim)``
-    float32 tensor of per-column bounds on ``device``."""
+    float64 tensor of per-column bounds on ``device``."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -197,7 +214,7 @@ def _as_range(name: str, value, device: torch.device | str = "cpu"):
         j = int(crossed[0])
         raise ValueError(f"{name}: expected lo <= hi in every column, got lo = {float(table[0, j])} > "
                          f"hi = {float(table[1, j])} in column {j}")
-    return table.to(device=device, dtype=torch.float32).contiguous()
+    return table.to(device=device).contiguous()
 
 
 def _as_bound(name: str, value, whole) -> float | torch.Tensor:

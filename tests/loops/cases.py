@@ -189,6 +189,13 @@ def _dql_sample_action():
     return m, (torch.randn(1, 17),), (6, 50, 6)
 
 
+def _tabddpm_project():
+    """TabDDPM's GaussianMultinomialDiffusion.sample (numerical features): float64 between its networks."""
+    torch.manual_seed(0)
+    m = tabddpm.GaussianMultinomialDiffusion(num_timesteps=8)
+    return m, (torch.randint(0, 3, (64,)),), (9, 64, 6)
+
+
 def _tabddpm_ddim(**kw):
     def make():
         torch.manual_seed(0)
@@ -240,6 +247,7 @@ CASES = {
     "tiny_diffusion": _tiny,
     "tabddpm": _tabddpm,
     "tabddpm_long_after_full": lambda: _tabddpm(long_after_full=True),
+    "tabddpm_gaussian_multinomial_float64_variance": _tabddpm_project,
     "v1_posterior": _v1(),
     "v1_expand": _v1(lookup="expand"),
     "v1_int_t": _v1(timesteps="int"),

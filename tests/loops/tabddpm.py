@@ -204,3 +204,92 @@ class GaussianDDIMSampler(GaussianSampler):
                 model_out = self._denoise_fn(torch.cat([z_norm, log_z], dim=1).float(), t, **out_dict)
             z_norm = self.gaussian_ddim_step(model_out[:, :self.d_in], z_norm, t, noise[1 + k])
         return z_norm
+
+
+def get_named_beta_schedule(schedule_name, num_diffusion_timesteps):
+    """tab_ddpm's schedules: float64 betas (numpy there, float64 tensors here)."""
+    if schedule_name == "linear":
+        scale = 1000 / num_diffusion_timesteps
+        return torch.linspace(scale * 0.0001, scale * 0.02, num_diffusion_timesteps, dtype=torch.float64)
+    return betas_for_alpha_bar(num_diffusion_timesteps,
+                               lambda t: math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2)
+
+
+def betas_for_alpha_bar(num_diffusion_timesteps, alpha_bar, max_beta=0.999):
+    betas = []
+    for i in range(num_diffusion_timesteps):
+        t1 = i / num_diffusion_timesteps
+        t2 = (i + 1) / num_diffusion_timesteps
+        betas.append(min(1 - alpha_bar(t2) / alpha_bar(t1), max_beta))
+    return torch.tensor(betas, dtype=torch.float64)
+
+
+class GaussianMultinomialDiffusion(nn.Module):
+    """tab_ddpm/gaussian_multinomial_diffsuion.py's GaussianMultinomialDiffusion with numerical
+    features only (no categorical columns: ``log_z`` is ``(b, 0)``). Its schedule is computed in
+    float64 and registered as float32 buffers, but for ``posterior_variance``, a float64 attribute,
+    and the posterior mean's coefficients, float32 attributes. ``gaussian_p_mean_variance``
+    builds the model variance as ``cat([posterior_variance[1:2], (1 - alphas)[1:]])``, which is
+    float64, so ``sample()`` makes ``z_norm`` float64 at its first step (``mean`` float32 plus a
+    float64 noise term) and keeps it float64; each network call reads
+    ``cat([z_norm, log_z]).float()``.
+
+    ``forward(y, noise=None)``: ``sample()`` with the labels ``y`` given (the project draws them
+    from ``y_dist``); ``noise`` (T + 1, B, d_in), the initial sample first, replaces the draws so
+    that a compiled run can be compared with eager."""
+
+    def __init__(self, num_numerical_features=6, num_classes=3, num_timesteps=10, scheduler="cosine",
+                 d_layers=(128, 128), dim_t=128):
+        super().__init__()
+        self.num_numerical_features, self.num_timesteps = num_numerical_features, num_timesteps
+        self._denoise_fn = MLPDiffusionAsIs(num_numerical_features, num_classes, d_layers, dim_t)
+        alphas = 1. - get_named_beta_schedule(scheduler, num_timesteps)
+        betas = 1. - alphas
+        alphas_cumprod = torch.cumprod(alphas, 0)
+        alphas_cumprod_prev = torch.cat([torch.ones(1, dtype=torch.float64), alphas_cumprod[:-1]])
+        self.posterior_variance = betas * (1.0 - alphas_cumprod_prev) / (1.0 - alphas_cumprod)
+        self.posterior_mean_coef1 = (betas * torch.sqrt(alphas_cumprod_prev) / (1.0 - alphas_cumprod)).float()
+        self.posterior_mean_coef2 = ((1.0 - alphas_cumprod_prev) * torch.sqrt(alphas) / (1.0 - alphas_cumprod)).float()
+        self.register_buffer("alphas", alphas.float())
+        self.register_buffer("sqrt_recip_alphas_cumprod", torch.sqrt(1.0 / alphas_cumprod).float())
+        self.register_buffer("sqrt_recipm1_alphas_cumprod", torch.sqrt(1.0 / alphas_cumprod - 1).float())
+
+    def gaussian_q_posterior_mean_variance(self, x_start, x_t, t):
+        return (extract_to(self.posterior_mean_coef1, t, x_t.shape) * x_start
+                + extract_to(self.posterior_mean_coef2, t, x_t.shape) * x_t)
+
+    def _predict_xstart_from_eps(self, x_t, t, eps):
+        return (extract_to(self.sqrt_recip_alphas_cumprod, t, x_t.shape) * x_t
+                - extract_to(self.sqrt_recipm1_alphas_cumprod, t, x_t.shape) * eps)
+
+    def gaussian_p_mean_variance(self, model_output, x, t):
+        model_variance = torch.cat([self.posterior_variance[1].unsqueeze(0).to(x.device), (1. - self.alphas)[1:]],
+                                   dim=0)
+        model_log_variance = torch.log(model_variance)
+        model_variance = extract_to(model_variance, t, x.shape)
+        model_log_variance = extract_to(model_log_variance, t, x.shape)
+        pred_xstart = self._predict_xstart_from_eps(x_t=x, t=t, eps=model_output)
+        model_mean = self.gaussian_q_posterior_mean_variance(x_start=pred_xstart, x_t=x, t=t)
+        return {"mean": model_mean, "variance": model_variance, "log_variance": model_log_variance,
+                "pred_xstart": pred_xstart}
+
+    def gaussian_p_sample(self, model_out, x, t, noise=None):
+        out = self.gaussian_p_mean_variance(model_out, x, t)
+        noise = torch.randn_like(x) if noise is None else noise
+        nonzero_mask = (t != 0).float().view(-1, *([1] * (len(x.shape) - 1)))
+        sample = out["mean"] + nonzero_mask * torch.exp(0.5 * out["log_variance"]) * noise
+        return {"sample": sample, "pred_xstart": out["pred_xstart"]}
+
+    def forward(self, y, noise=None):
+        b = y.shape[0]
+        device = self.alphas.device
+        z_norm = torch.randn((b, self.num_numerical_features), device=device) if noise is None else noise[0]
+        log_z = torch.zeros((b, 0), device=device).float()
+        out_dict = {"y": y.long().to(device)}
+        for i in reversed(range(0, self.num_timesteps)):
+            t = torch.full((b,), i, device=device, dtype=torch.long)
+            model_out = self._denoise_fn(torch.cat([z_norm, log_z], dim=1).float(), t, **out_dict)
+            model_out_num = model_out[:, :self.num_numerical_features]
+            z = None if noise is None else noise[self.num_timesteps - i]
+            z_norm = self.gaussian_p_sample(model_out_num, z_norm, t, noise=z)["sample"]
+        return z_norm
