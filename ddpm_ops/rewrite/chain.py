@@ -108,9 +108,10 @@ class _Feed:
 
 def _feed(piece: Node | None) -> _Feed:
     """How the network's input piece reads its step's sample: down from ``piece``, through
-    readings that keep each row (:func:`_kept`) and scalings read by nothing else, to the first value also read elsewhere (by
-    the update); where none is, to the last value a layout op alone leads to (a chunk that only
-    the network reads). ``_Feed(piece)`` where the piece is the sample."""
+    readings that keep each row (:func:`_kept`) and scalings read by nothing else, to the first
+    value also read elsewhere (by the update); where none is, to the last value a layout op alone
+    leads to (a chunk that only the network reads). ``_Feed(piece)`` where the piece is the
+    sample."""
     def read_elsewhere(n):
         return sum(not _is(u, _ASSERT_METADATA) for u in n.users) > 1
 
