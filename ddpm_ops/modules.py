@@ -382,6 +382,7 @@ class DiffusionSampler(nn.Module):
         args[slot["post_clip"]], args[slot["post_clip_bounds"]] = _clamp_args("post_clip", post_clip, x)
         args[slot["step_tables"]] = rule.tables(x.dtype)
         args[slot["noise_clip"]] = rule.noise_clip
+        args[slot["eps_clip"]] = None if rule.eps_clip is None else list(rule.eps_clip)
         features = self._buffers["time_features"]
         if plan.time_net:
             args[slot["time_input"]] = features

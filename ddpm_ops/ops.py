@@ -126,7 +126,9 @@ def sample(
              + rule.P[s] * x0_prev,            clamped to rule.post_clip
 
     (``x0_prev`` the previous step's clamped ``x0``, zero at the call's first
-    step; no term for a rule without ``P``).
+    step; no term for a rule without ``P``; for a rule with ``Q`` and ``R``,
+    ``e`` in the ``E`` term is ``rule.Q[s] * x - rule.R[s] * x0``, clamped to
+    ``rule.eps_clip``: the eps read back from the clamped ``x0``).
 
     Args:
         x: ``(batch, dim)`` float32, or ``(batch, *event)`` (an action chunk
@@ -278,7 +280,8 @@ def sample(
                activations=[] if network is not None else resolve_activations(activations, len(weights) - 1),
                clip=clip, post_clip=post_clip, return_chain=return_chain, validate=validate, precision=precision,
                **({} if draw_from is None else {"generator": draw_from}),
-               **({} if rule.noise_clip is None else {"noise_clip": rule.noise_clip}))
+               **({} if rule.noise_clip is None else {"noise_clip": rule.noise_clip}),
+               **({} if rule.eps_clip is None else {"eps_clip": list(rule.eps_clip)}))
     if x.dim() == 2:
         return out
     return out.reshape(num_steps + 1, *x.shape) if return_chain else out.reshape(x.shape)

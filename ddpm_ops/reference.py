@@ -237,6 +237,7 @@ def reference_sample(
     tables = cast(rule.tables(x.dtype))
     A, B, C, D, E, S = tables[:6]
     P = None if rule.P is None else tables[6]
+    Q, R = (None, None) if rule.Q is None else tables[7:9]
     clip, post_clip = (tuple(cast(r)) if isinstance(r, torch.Tensor) else r for r in rule.clamps(x.dtype))
     weights = [cast(w) for w in weights]
     biases = [cast(b) for b in biases]
@@ -284,6 +285,10 @@ def reference_sample(
         x0 = col(A) * x_cur - col(B) * e
         if clip is not None:
             x0 = x0.clamp(*clip)
+        if Q is not None:  # the eps read back from the clamped x0
+            e = col(Q) * x_cur - col(R) * x0
+            if rule.eps_clip is not None:
+                e = e.clamp(*rule.eps_clip)
         x_cur = col(C) * x0 + col(D) * x_cur + col(E) * e
         if P is not None:
             x_cur = x_cur + col(P) * x0_prev

@@ -79,10 +79,12 @@ def run_python(script: str, env: dict | None = None, timeout: float = 300) -> su
 RULES = ("ddpm_epsilon", "ddpm_sample", "ddpm_v", "ddim_eta", "ddim_strided")
 
 
-def make_rule(kind: str, table_length: int, clip=None, post_clip=None, previous=None) -> "ddpm_ops.StepRule":
+def make_rule(kind: str, table_length: int, clip=None, post_clip=None, previous=None, eps_read=None,
+              eps_clip=None) -> "ddpm_ops.StepRule":
     """A step rule of ``table_length`` step indices: DDPM posteriors of each
     prediction type, or DDIM (eta 0.5 on every timestep, or eta 0 strided);
-    ``previous``: a ``P`` table to add."""
+    ``previous``: a ``P`` table to add; ``eps_read``: ``(E, Q, R)``, an E table
+    and the tables of the eps read back from x0, clamped to ``eps_clip``."""
     if kind.startswith("ddpm"):
         prediction = {"ddpm_epsilon": "epsilon", "ddpm_sample": "sample", "ddpm_v": "v_prediction"}[kind]
         variance = "fixed_large" if kind == "ddpm_v" else "fixed_small"
@@ -94,7 +96,11 @@ def make_rule(kind: str, table_length: int, clip=None, post_clip=None, previous=
         timesteps = torch.arange(table_length) * stride + (0 if stride == 1 else 9)
         rule = ddpm_ops.step_rules.ddim(alphas_cumprod[: timesteps[-1] + 1], timesteps,
                                         eta=0.5 if kind == "ddim_eta" else 0.0)
-    return ddpm_ops.StepRule(*[getattr(rule, n) for n in "ABCDES"], previous, clip=clip, post_clip=post_clip)
+    tables = [getattr(rule, n) for n in "ABCDES"]
+    read = {}
+    if eps_read is not None:
+        tables[4], read["Q"], read["R"] = eps_read
+    return ddpm_ops.StepRule(*tables, previous, clip=clip, post_clip=post_clip, eps_clip=eps_clip, **read)
 
 
 @dataclass
@@ -122,10 +128,14 @@ class RuleProblem:
         clip, clip_bounds = _clamp_args(clamps[0])
         post_clip, post_clip_bounds = _clamp_args(clamps[1])
         noise = None if self.noise is None else self.noise.to(dtype)
-        return (self.x.to(dtype), self.t_start, self.weights, self.biases, self.rule.tables(dtype), self.num_steps,
+        args = (self.x.to(dtype), self.t_start, self.weights, self.biases, self.rule.tables(dtype), self.num_steps,
                 self.activations, self.time_bias, self.cond_bias, clip, post_clip, noise,
                 self.return_chain, False, "fp32", self.noise_seed,
                 *_net_args(self.time_net), *_net_args(self.cond_net), clip_bounds, post_clip_bounds)
+        if self.rule.eps_clip is None:
+            return args
+        # generator, network, norm_weights, norm_biases and noise_clip at their defaults: then eps_clip.
+        return (*args, None, None, None, None, None, list(self.rule.eps_clip))
 
     def reference64(self) -> torch.Tensor:
         def f64(t):
@@ -188,7 +198,9 @@ def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation=
     two layers and the time columns, Mish between), "cond_net" (an
     observation's columns alone), "clip_bounds" and "post_clip_bounds"
     (the clamps with random per-column bounds instead of floats), "previous"
-    (a random P table: the previous step's x0 term);
+    (a random P table: the previous step's x0 term), "eps_read" (random E, Q
+    and R tables: the E term reads the eps read back from x0, Q x - R x0),
+    "eps_clip" (with "eps_read": that eps clamped to (-0.3, 0.4));
     ``activation`` one name for every hidden layer or "mixed" (a different one
     per layer)."""
     g = generator if generator is not None else torch.Generator().manual_seed(torch.seed())
@@ -208,7 +220,10 @@ def make_rule_problem(batch, dim, hidden, num_steps, *, features=(), activation=
     if "post_clip_bounds" in features:
         post_clip = (-1.5 + 0.5 * torch.rand(dim, generator=g), 1.0 + 0.4 * torch.rand(dim, generator=g))
     previous = 0.4 * torch.rand(table_length, generator=g) - 0.2 if "previous" in features else None
-    step_rule = make_rule(rule, table_length, clip=clip, post_clip=post_clip, previous=previous)
+    eps_read = ((0.2 + 0.3 * torch.rand(table_length, generator=g), 0.5 + torch.rand(table_length, generator=g),
+                 0.2 + 0.8 * torch.rand(table_length, generator=g)) if "eps_read" in features else None)
+    step_rule = make_rule(rule, table_length, clip=clip, post_clip=post_clip, previous=previous, eps_read=eps_read,
+                          eps_clip=(-0.3, 0.4) if "eps_clip" in features else None)
     h0 = widths[1]
     t_start = torch.randint(max(num_steps - 1, 0), table_length, (batch,), generator=g)
     x = torch.randn(batch, dim, generator=g) * 1.5

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ddpm_ops  # (installs the rewrite)
 from ddpm_ops import graph_pass
-from loops import dpm_solver, k_diffusion, tabddpm, v1_variants
+from loops import dpm_solver, dppo, k_diffusion, tabddpm, v1_variants
 from test_rewrite import compile_run, fresh_compile  # noqa: F401  (autouse: each test compiles afresh)
 from test_rewrite_models import relative_error
 from loops.cases import CASES, LEFT_ALONE, _tabddpm_ddim
@@ -69,6 +69,25 @@ def assert_fused_as_eager(code, out, ref, without):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_loop_fuses_with_eager_numbers(name):
     assert_fuses_with_eager_numbers(name)
+
+
+@pytest.mark.parametrize("denoised_clip", [1.0, None], ids=["x0_clamped", "x0_unclamped"])
+def test_dppo_ddim_eps_clip_binds_in_the_fused_loop(denoised_clip):
+    """DPPO's DDIM ``eps_clip_value`` (0.02: most eps leave the range) fused with eager's numbers:
+    the eps read back from the clamped x0 and clamped (the op's rows Q and R and its eps_clip), or,
+    without ``denoised_clip_value``, the network's eps clamped. Without it the numbers differ, so
+    the clamp is what is checked."""
+    torch.manual_seed(0)
+    model = dppo.DPPOEval(use_ddim=True, eps_clip_value=0.02, denoised_clip_value=denoised_clip,
+                          final_action_clip_value=None)
+    cond = {"state": torch.randn(16, 2, 11)}
+    noise = torch.randn(model.ddim_steps + 1, 16, model.horizon_steps, model.action_dim)
+    out, code = compile_run(model, cond, noise)
+    with torch.no_grad():
+        ref = model(cond, noise)
+        model.eps_clip_value = None
+        without = model(cond, noise)
+    assert_fused_as_eager(code, out, ref, without)
 
 
 @pytest.fixture

@@ -138,7 +138,9 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call, const SampleRul
     if (bounds) return at::clamp(t, (*bounds)[0], (*bounds)[1]);
     return t;
   };
-  const bool has_previous = call.step_tables.size(0) == kStepTablesWithPrevious;
+  const bool eps_readback = call.step_tables.size(0) == kStepTablesWithEpsReadback;
+  const bool has_previous = call.step_tables.size(0) >= kStepTablesWithPrevious;
+  const auto eps_range = parse_clip(extras.eps_clip, "eps_clip");
 
   const std::optional<at::Tensor> seed = noise_seed_of(call);
   const std::optional<at::Tensor> z =
@@ -154,9 +156,10 @@ at::Tensor fused_sample_rule_unfused(const SampleRuleCall& call, const SampleRul
   for (int64_t k = 0; k < call.num_steps; ++k) {
     const at::Tensor s = (t - k).clamp(0, table_length - 1);
     const at::Tensor h = run_network(program, call, extras, current, s, time_rows, cond_rows);
-    const at::Tensor c = call.step_tables.index_select(1, s).unsqueeze(2);  // (6 or 7, batch, 1)
+    const at::Tensor c = call.step_tables.index_select(1, s).unsqueeze(2);  // (rows, batch, 1)
     const at::Tensor x0 = clamp_to(c[kA] * current - c[kB] * h, x0_range, call.clip_bounds);
-    at::Tensor next = c[kC] * x0 + c[kD] * current + c[kE] * h;
+    const at::Tensor e = eps_readback ? clamp_to(c[kQ] * current - c[kR] * x0, eps_range, std::nullopt) : h;
+    at::Tensor next = c[kC] * x0 + c[kD] * current + c[kE] * e;
     if (has_previous && k > 0) next = next + c[kP] * x0_prev;
     if (z.has_value()) {
       const at::Tensor zk = extras.noise_clip.has_value()

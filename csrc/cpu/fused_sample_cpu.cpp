@@ -431,7 +431,18 @@ at::Tensor run_with_step(const CpuProblem& problem, MlpPlan plan, const SampleRu
   step.D = unless_all(row + kD * length, length, T(0));
   step.E = unless_all(row + kE * length, length, T(0));
   step.S = unless_all(row + kS * length, length, T(0));
-  if (tables.size(0) == kStepTablesWithPrevious) step.P = unless_all(row + kP * length, length, T(0));
+  if (tables.size(0) >= kStepTablesWithPrevious) step.P = unless_all(row + kP * length, length, T(0));
+  if (tables.size(0) == kStepTablesWithEpsReadback) {
+    // E may be all zeros while Q and R are not: the read-back term is then dropped with E.
+    if (step.E != nullptr) {
+      step.Q = row + kQ * length;
+      step.R = row + kR * length;
+    }
+    if (const auto range = parse_clip(extras.eps_clip, "eps_clip")) {
+      step.eps_lo = static_cast<T>(range->first);
+      step.eps_hi = static_cast<T>(range->second);
+    }
+  }
   step.noise = z.defined() ? z.data_ptr<T>() : nullptr;
   const int64_t dim = call.x.size(1);
   const ClampBounds<T> x0_bounds(call.clip, call.clip_bounds, "clip", dim);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "../common/activation.h"
 
@@ -24,7 +25,9 @@ inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 //   e  = the rest of the MLP (act[l] after every layer l but the last)
 //   x0 = A[s] x - B[s] e, clamped to [clip_lo, clip_hi] (per column) when given
 //   x  = C[s] x0 + D[s] x + E[s] e + S[s] z[k, r] + P[s] x0_prev, then clamped to
-//        [post_lo, post_hi] when given
+//        [post_lo, post_hi] when given; with the tables Q and R, the E term reads
+//        Q[s] x - R[s] x0 (the eps read back from the clamped x0), clamped to
+//        [eps_lo, eps_hi], instead of e
 //        (z: `noise`, or drawn from `noise_seed`; x0_prev: the previous step's
 //        clamped x0, none at k = 0)
 // A null table stands for its identity (A: 1; D, E, S, P: 0), so a rule that
@@ -35,7 +38,7 @@ inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 template <typename T>
 struct StepTables {
   const T *A = nullptr, *B = nullptr, *C = nullptr, *D = nullptr, *E = nullptr, *S = nullptr,
-          *P = nullptr;
+          *P = nullptr, *Q = nullptr, *R = nullptr;
   // The clamps' bounds, dim values each (a pair of floats repeated, or the
   // per-column bounds); null: no clamp.
   const T *clip_lo = nullptr, *clip_hi = nullptr, *post_lo = nullptr, *post_hi = nullptr;
@@ -43,6 +46,8 @@ struct StepTables {
   T* chain = nullptr;        // (K + 1, batch, dim): x after step k goes to chain[k + 1]
   // z clamped to [-noise_clip, noise_clip] before it is scaled; 0: no clamp.
   T noise_clip = 0;
+  // The read-back eps's clamp (with Q and R; infinite: no clamp).
+  T eps_lo = -std::numeric_limits<T>::infinity(), eps_hi = std::numeric_limits<T>::infinity();
 };
 
 // One instruction of a network program as the kernels run it: buffers by

@@ -395,6 +395,9 @@ void step_rows(const MlpPlan& p, const StepTables<T>& st, T* x, float* x32, int6
     const V d(st.D != nullptr ? st.D[s] : T(0)), e_coef(st.E != nullptr ? st.E[s] : T(0));
     // The previous x0's term: none at a call's first step.
     const V prev_coef(st.P != nullptr ? st.P[s] : T(0));
+    const bool read_back = st.Q != nullptr;
+    const V q(read_back ? st.Q[s] : T(0)), rcoef(read_back ? st.R[s] : T(0));
+    const V eps_lo(st.eps_lo), eps_hi(st.eps_hi);
     const bool use_prev = st.P != nullptr && k > 0;
     T* prev = st.P != nullptr ? x0_prev + r * dim : nullptr;
     const int64_t noise_row = k * p.batch + row0 + r;
@@ -414,7 +417,11 @@ void step_rows(const MlpPlan& p, const StepTables<T>& st, T* x, float* x32, int6
       if (st.clip_lo != nullptr) x0 = at::vec::clamp(x0, load(st.clip_lo + j, n), load(st.clip_hi + j, n));
       V next = c * x0;
       if (st.D != nullptr) next = next + d * xv;
-      if (st.E != nullptr) next = next + e_coef * e;
+      if (read_back) {
+        next = next + e_coef * at::vec::clamp(q * xv - rcoef * x0, eps_lo, eps_hi);
+      } else if (st.E != nullptr) {
+        next = next + e_coef * e;
+      }
       if (use_prev) next = next + prev_coef * load(prev + j, n);
       if (prev != nullptr) store(x0, prev + j, n);
       if (z != nullptr) {

@@ -356,8 +356,10 @@ at::Tensor fused_sample_rule_cuda(const SampleRuleCall& call, const SampleRuleEx
   const at::Tensor& x = call.x;
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t batch = x.size(0), dim = x.size(1), table_length = call.step_tables.size(1);
-  // The engine's epilogue computes the step in float32: a float64 sample runs as the ATen loop.
+  // The engine's epilogue computes the step in float32 and reads the network's e in the E term: a
+  // float64 sample and an eps read back from x0 (step_tables' rows Q and R) run as the ATen loop.
   if (call.num_steps == 0 || batch == 0 || x.scalar_type() != at::kFloat ||
+      call.step_tables.size(0) == kStepTablesWithEpsReadback ||
       !fits_kernel_arguments(batch, static_cast<int64_t>(call.weights.size()), table_length, call.num_steps)) {
     return fused_sample_rule_unfused(call, extras);
   }

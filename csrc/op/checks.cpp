@@ -288,11 +288,17 @@ void check_sample_rule_args(const SampleRuleCall& call, const SampleRuleExtras& 
 
   TORCH_CHECK(call.step_tables.dim() == 2 &&
                   (call.step_tables.sym_size(0) == kStepTables ||
-                   call.step_tables.sym_size(0) == kStepTablesWithPrevious) &&
+                   call.step_tables.sym_size(0) == kStepTablesWithPrevious ||
+                   call.step_tables.sym_size(0) == kStepTablesWithEpsReadback) &&
                   call.step_tables.sym_size(1) >= 1,
               "ddpm::fused_sample: step_tables must have shape (6, steps) (the rows A, B, C, D, "
-              "E, S of the step rule) or (7, steps) (and P, the previous step's x0 coefficient), "
-              "got shape ", shape_of(call.step_tables));
+              "E, S of the step rule), (7, steps) (and P, the previous step's x0 coefficient) or "
+              "(9, steps) (and Q, R: the eps read back from x0), got shape ", shape_of(call.step_tables));
+  if (parse_clip(extras.eps_clip, "eps_clip").has_value()) {
+    TORCH_CHECK(call.step_tables.sym_size(0) == kStepTablesWithEpsReadback,
+                "ddpm::fused_sample: eps_clip clamps the eps read back from x0 (the rows Q and R of "
+                "step_tables): expected step_tables of 9 rows, got shape ", shape_of(call.step_tables));
+  }
   check_step_dtype_on(call.step_tables, "step_tables", x);
   const c10::SymInt& table_length = call.step_tables.sym_size(1);
   TORCH_CHECK(call.num_steps >= 0, "ddpm::fused_sample: num_steps must be >= 0, got ", call.num_steps);

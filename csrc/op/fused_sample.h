@@ -77,7 +77,8 @@ struct SampleRuleCall {
 };
 
 // The arguments the rule overload gained after `generator`: the network as a
-// program, its LayerNorms' parameters, and the noise clamp. Kept out of
+// program, its LayerNorms' parameters, the noise clamp and the clamp of the
+// eps read back from x0. Kept out of
 // SampleRuleCall so that kernels written against it keep compiling:
 // rule_kernel hands a kernel that takes only a SampleRuleCall the calls that
 // use none of these, and runs the others as the ATen loop.
@@ -90,16 +91,19 @@ struct SampleRuleExtras {
   std::optional<at::TensorList> norm_biases;
   // z clamped to [-noise_clip, noise_clip] before it is scaled by S[s].
   std::optional<double> noise_clip;
+  // (lo, hi): the eps read back from the clamped x0 (step_tables' rows Q and R)
+  // clamped to it before the E term reads it.
+  OptionalRange eps_clip;
 
   bool any() const {
     return network.has_value() || norm_weights.has_value() || norm_biases.has_value() ||
-           noise_clip.has_value();
+           noise_clip.has_value() || eps_clip.has_value();
   }
 };
 
 // A call that uses none of the extras.
 inline const std::optional<std::vector<std::string>> kNoNetwork;
-inline const SampleRuleExtras kNoExtras{kNoNetwork, std::nullopt, std::nullopt, std::nullopt};
+inline const SampleRuleExtras kNoExtras{kNoNetwork, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
 
 // One instruction of a parsed network program (parse_network).
 struct NetworkOp {
@@ -228,13 +232,13 @@ at::Tensor rule_kernel(const at::Tensor& x, const at::Tensor& t_start, at::Tenso
                        const std::optional<std::vector<std::string>>& network,
                        std::optional<at::TensorList> norm_weights,
                        std::optional<at::TensorList> norm_biases,
-                       std::optional<double> noise_clip) {
+                       std::optional<double> noise_clip, OptionalRange eps_clip) {
   const SampleRuleCall call{x, t_start, weights, biases, step_tables, num_steps, activations, time_bias,
                             cond_bias, clip, post_clip, noise, return_chain, validate, precision, noise_seed,
                             {time_input, time_weights, time_biases, time_activations},
                             {cond_input, cond_weights, cond_biases, cond_activations}, clip_bounds,
                             post_clip_bounds, generator};
-  const SampleRuleExtras extras{network, norm_weights, norm_biases, noise_clip};
+  const SampleRuleExtras extras{network, norm_weights, norm_biases, noise_clip, eps_clip};
   if constexpr (std::is_invocable_v<decltype(Kernel), const SampleRuleCall&, const SampleRuleExtras&>) {
     return Kernel(call, extras);
   } else {

@@ -43,6 +43,11 @@
 //                       the affine LayerNorms' (width,) parameters, in order.
 //   float? noise_clip   z (given or drawn) clamped to [-noise_clip, noise_clip]
 //                       before it is scaled by S[s]; noise_clip > 0.
+//   float[]? eps_clip   (lo, hi): with step_tables of 9 rows (A, B, C, D, E, S,
+//                       P, Q, R), the E term reads the eps read back from the
+//                       clamped x0, Q[s] x - R[s] x0, instead of the network's e;
+//                       eps_clip clamps it to [lo, hi] first (DPPO's DDIM
+//                       eps_clip_value). Only with 9 rows.
 #include "fused_sample.h"
 
 #include <ATen/ATen.h>
@@ -130,7 +135,8 @@ TORCH_LIBRARY(ddpm, m) {
       "Tensor? cond_input=None, Tensor[]? cond_weights=None, Tensor[]? cond_biases=None, "
       "str[]? cond_activations=None, Tensor? clip_bounds=None, "
       "Tensor? post_clip_bounds=None, Generator? generator=None, str[]? network=None, "
-      "Tensor[]? norm_weights=None, Tensor[]? norm_biases=None, float? noise_clip=None) -> Tensor");
+      "Tensor[]? norm_weights=None, Tensor[]? norm_biases=None, float? noise_clip=None, "
+      "float[]? eps_clip=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ddpm, Meta, m) {

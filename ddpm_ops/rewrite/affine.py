@@ -12,6 +12,11 @@ masks, scalars) and numbers. :func:`_read_update` proves ``x_{k+1}`` is
 
 or raises ``_NoMatch`` naming the node that is not.
 
+An eps read back from the clamped x0, ``q*x - r*x0``, and clamped to two
+numbers (DPPO's DDIM ``eps_clip_value``: ``(x - sqrt(alpha) * x0) /
+sqrt(1 - alpha)``, then ``clamp_``) is the variable ``er``: the op's rows Q
+and R and its ``eps_clip``. The update then reads ``E*er`` in place of ``E*e``.
+
 A clamp of ``e`` between bounds computed from the sample, ``q*x - r*x_max`` and
 ``q*x - r*x_min`` (CleanDiffuser's predict-noise clip), is the clamp of
 ``x0 = (q*x - e) / r`` to ``(x_min, x_max)`` where ``r > 0``: it is read as the
@@ -50,7 +55,7 @@ from .coefficients import (ONE, ZERO, _Coef, _is_num, _num, _number_factor, _pro
 from .nodes import _cast, _NoMatch, _is, _known_eq, _no_kwargs, _val, aten, prims
 
 
-VARS = ("x", "e", "x0", "z", "p")
+VARS = ("x", "e", "x0", "z", "p", "er")
 
 
 @dataclass
@@ -86,6 +91,8 @@ class _Update:
     zero: Node | None = None  # the term v * 0 added to the result (the module docstring), if any
     zero_of: Node | None = None  # its v
     eps_clip: Node | None = None  # the clamp of e read as the x0 clamp (_UpdateReader._eps_clamp), if any
+    eps_read: dict | None = None  # {x: q, x0: -r}: the clamped eps read back from x0 (``er``), if any
+    eps_read_clip: tuple | None = None  # its clamp: two numbers
 
 
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.clone.default,
@@ -130,6 +137,7 @@ class _UpdateReader:
         self.noise = None
         self.zero: Node | None = None
         self.eps_clip: Node | None = None
+        self.eps_read: tuple | None = None  # (the form read back, its clamp, the clamp's node)
         self.leaves: set = set()
 
     # -- values that are not forms
@@ -206,15 +214,28 @@ class _UpdateReader:
             raise _NoMatch(f"a clamp of x0 in a step whose clamp {self.eps_clip.name} of e to bounds that "
                            "depend on the sample already clamps its x0 (the op clamps x0 once)")
         if "x0" in f.coef and _is_num(f.coef.get("e", ZERO), 0.0):
-            # DPPO's DDIM eps_clip_value: eps read back from the clamped x0, (x - sqrt(alpha) * x0) /
-            # sqrt(1 - alpha), then clamped before the direction term.
-            raise _NoMatch("a clamp of a value computed from the clamped x0 and x (an eps read back from the "
-                           "clamped x0 and clamped again): the op clamps x0 and the step's result only, and has "
-                           "no clamp of the eps it could read back from its x0, (A*x - x0)/B")
+            return self.read_back(f)
         if self.pre is not None or set(f.coef) - {"x", "e"}:
             raise _NoMatch("a clamp that is neither of the predicted x0 (once) nor the step's last op")
         self.pre, self.pre_source = (dict(f.coef), f.clip), f
         return _Form({"x0": ONE})
+
+    def read_back(self, f: _Form) -> _Form:
+        """``f``, a clamp of ``q*x - r*x0``, as the variable ``er``: DPPO's DDIM reads the eps back
+        from the clamped x0, ``(x - sqrt(alpha) * x0) / sqrt(1 - alpha)``, and clamps it to
+        ``eps_clip_value`` before the direction term. One such clamp a step, to two numbers."""
+        coef = {v: c for v, c in f.coef.items() if not _is_num(c, 0.0)}
+        if set(coef) - {"x", "x0"}:
+            raise _NoMatch("a clamp of a value computed from the clamped x0 and " + ", ".join(sorted(set(coef) - {
+                "x", "x0"})) + ": the op clamps x0, the eps read back from it (q*x - r*x0) and the step's result")
+        if any(isinstance(b, Node) for b in f.clip):
+            raise _NoMatch("a clamp of the eps read back from the clamped x0 (q*x - r*x0) to tensor bounds: the op "
+                           "clamps it to two numbers")
+        if self.eps_read is not None and self.eps_read[0] is not f:
+            raise _NoMatch("two clamps of values read back from the clamped x0 in one step: the op reads one eps "
+                           "back (q*x - r*x0)")
+        self.eps_read = (f, f.clip)
+        return _Form({"er": ONE})
 
     def _evaluate(self, n: Node) -> _Form:
         t = n.target
@@ -623,11 +644,19 @@ def _read_update(x: Node, e: Node, out: Node, inside: set, sample_shape, step_on
         if not (_is_num(k) and k.args[0] != 0 and math.isfinite(k.args[0])):
             raise _NoMatch(f"the update adds {r.zero.name} (a term v * 0) times {k!r}, not a nonzero number")
         zero = r.zero
-    if "x" not in f.coef and "e" not in f.coef and "x0" not in f.coef:
+    if "x" not in f.coef and "e" not in f.coef and "x0" not in f.coef and "er" not in f.coef:
         raise _NoMatch(f"{out.name} does not depend on the sample")
+    if "er" in f.coef and not _is_num(f.coef.get("e", ZERO), 0.0):
+        raise _NoMatch(f"{out.name} reads both the network's output and the eps read back from the clamped x0 "
+                       "(the op's E term reads one of them)")
     pre, clip = (r.pre if r.pre is not None else (None, None))
+    eps_read, eps_read_clip = (None, None) if r.eps_read is None else r.eps_read
+    if eps_read is not None:
+        f.coef.pop("e", None)
+        eps_read = {"x": eps_read.coef.get("x", ZERO), "x0": eps_read.coef["x0"]}
     return _Update(out=out, pre=pre, clip=clip, post=f.coef, post_clip=post_clip,
-                   noise=r.noise, leaves=r.leaves, zero=zero, zero_of=_zero_times(zero), eps_clip=r.eps_clip)
+                   noise=r.noise, leaves=r.leaves, zero=zero, zero_of=_zero_times(zero), eps_clip=r.eps_clip,
+                   eps_read=eps_read, eps_read_clip=eps_read_clip)
 
 
 
@@ -655,9 +684,11 @@ def _rescaled(u: _Update, scale: _Coef, scale_next: _Coef) -> None:
     (EDM's and k-diffusion's ``c_in * x``), where the next step's network reads ``scale_next *
     x'`` (1 after the loop's last step, so that the op's result is the sample): the network reads
     ``y`` as it is, x0 is ``(A/scale)*y - B*e`` (the same value, so its clamp and the previous x0
-    too), and ``y' = scale_next * x'`` multiplies every term of the update by ``scale_next``, the
+    too, and the eps read back from it with ``q/scale``), and ``y' = scale_next * x'`` multiplies every term of the update by ``scale_next``, the
     sample's ``D`` also divided by ``scale``. Only where both are finite and nonzero
     (:func:`.emit._prove_scales`)."""
     if u.pre is not None and "x" in u.pre:
         u.pre = {**u.pre, "x": cdiv(u.pre["x"], scale)}
+    if u.eps_read is not None:
+        u.eps_read = {**u.eps_read, "x": cdiv(u.eps_read["x"], scale)}
     u.post = {v: cmul(cdiv(c, scale) if v == "x" else c, scale_next) for v, c in u.post.items()}

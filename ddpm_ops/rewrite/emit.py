@@ -81,7 +81,9 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
             noise = em(aten.reshape.default, noise, [K, batch, dim])
         clip, clip_bounds = _clamp_arg(em, plan.clip, dim, plan.dtype)
         post, post_bounds = _clamp_arg(em, plan.post_clip, dim, plan.dtype)
-        bounds = {k: v for k, v in (("clip_bounds", clip_bounds), ("post_clip_bounds", post_bounds)) if v is not None}
+        clamps = {k: v for k, v in (("clip_bounds", clip_bounds), ("post_clip_bounds", post_bounds)) if v is not None}
+        if plan.eps_read_clip is not None:
+            clamps["eps_clip"] = list(plan.eps_read_clip)
         zero, x_in = None, x if xv.dtype == plan.dtype else _wide_sample(em, loop, plan.dtype)
         if plan.zero is not None and K > 1:
             zero = em(aten.mul.Tensor, *plan.zero.args)
@@ -95,7 +97,7 @@ def _emit(graph: Graph, plan: _Plan) -> tuple[Node, _Emitter]:
                        num_steps=K, activations=list(net0.activations), time_bias=time_bias,
                        cond_bias=cond_bias, clip=clip, post_clip=post, noise=noise, noise_seed=noise_seed,
                        **bias_net_args("time", time_net or None), **bias_net_args("cond", cond_net or None),
-                       **program, **bounds)
+                       **program, **clamps)
         try:
             with _meta_refusals_unlogged():
                 fused = em(RULE, *args)

@@ -156,6 +156,8 @@ def _log(plan: _Plan) -> None:
     noise = "yes" if any(u.noise is not None for u in plan.updates) else "no"
     # Said only where a step reads it (the lines of other loops stay as they were).
     previous = ", previous x0 yes" if any("p" in u.post for u in plan.updates) else ""
+    if plan.eps_read_clip is not None:
+        previous += f", eps read back from x0 clamped to {plan.eps_read_clip}"
     _report_fused(
         f"ddpm_ops: fused {K} step{'s' if K != 1 else ''} into one ddpm::fused_sample.rule (batch shape "
         f"{tuple(_val(plan.loop.x(0)).shape)}, {len(net.weights)} layers "

@@ -51,6 +51,7 @@ class _Plan:
     # sample in another (a transposed chunk): the op's result is laid out by them again
     out_layout: list | None = None
     scaled: bool = False  # the network reads the sample scaled (the op's state is what it reads)
+    eps_read_clip: tuple | None = None  # the clamp of the eps every step reads back from its x0
 
 
 def _loops_in(graph: Graph) -> tuple[list[_Loop], dict, list[str]]:
@@ -191,9 +192,17 @@ def _plan(loop: _Loop, latest: dict, position: dict) -> _Plan:
         raise _NoMatch(f"the steps clamp their result to different bounds {sorted(map(str, posts))}")
     if "p" in updates[0].post:  # its reader had no step before to take one from: never so
         raise _NoMatch("the first step reads a previous x0, which the op's is zero at a call's first step")
+    read_back = {u.eps_read_clip for u in updates if u.eps_read is not None}
+    if read_back and any(u.eps_read is None for u in updates):
+        k = next(k for k, u in enumerate(updates) if u.eps_read is None)
+        raise _NoMatch(f"step {k} reads no eps back from its clamped x0 where other steps do (the op's E term "
+                       "reads one of them in every step)")
+    if len(read_back) > 1:
+        raise _NoMatch(f"the steps clamp the eps read back from x0 to different bounds {sorted(map(str, read_back))}")
     plan = _Plan(loop, updates, end, next(iter(clips), None), next(iter(posts)), _sample_dtype(loop, end),
                  _zero_term(loop, updates),
-                 _output(K - 1) if loop.feed(K - 1).order is not None else None)
+                 _output(K - 1) if loop.feed(K - 1).order is not None else None,
+                 eps_read_clip=next(iter(read_back), None))
     _rescale_all(plan, step_only)
     return plan
 
@@ -331,6 +340,6 @@ def _carried_into(loop: _Loop, k: int, prev: Node, prev_inside: set, inside: set
 
 def _form(u: _Update) -> tuple:
     """What two steps must share to be one step function: coefficient forms and clamps."""
-    return (tuple(_shape_of(c) for c in _coefs(u)), u.clip, u.post_clip, u.zero is not None)
+    return (tuple(_shape_of(c) for c in _coefs(u)), u.clip, u.post_clip, u.zero is not None, u.eps_read_clip)
 
 

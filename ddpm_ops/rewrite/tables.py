@@ -130,25 +130,14 @@ def _stack_rows(em: _Emitter, per_step: list, dtype=torch.float32) -> Node:
 
 def _shared_tables(em: _Emitter, updates: list, dtype: torch.dtype) -> Node:
     """``(6, K)``: rows A, B, C, D, E, S of every step, stacked by ``s = K - 1 - k``; ``(7, K)``
-    with row P where a step reads the previous step's x0 (a multistep solver), in ``dtype`` (the
-    sample's). Row ``K - 1``, the call's first step, has ``P = 0``: the loop's first step reads
-    no previous x0 (the op's is zero there)."""
+    with row P where a step reads the previous step's x0 (a multistep solver); ``(9, K)`` with P,
+    Q and R where a step reads an eps back from its clamped x0; in ``dtype`` (the sample's). Row
+    ``K - 1``, the call's first step, has ``P = 0``: the loop's first step reads no previous x0
+    (the op's is zero there)."""
     memo: dict = {}
-    names = "ABCDESP" if any("p" in u.post for u in updates) else "ABCDES"
-    columns = {name: [] for name in names}
-    for u in updates:
-        pre = u.pre or {}
-        for name, c in (("A", pre.get("x")), ("B", pre.get("e")), ("C", u.post.get("x0")),
-                        ("D", u.post.get("x")), ("E", u.post.get("e")), ("S", u.post.get("z")),
-                        ("P", u.post.get("p")))[:len(names)]:
-            if c is None:
-                columns[name].append(0.0)
-                continue
-            value = _scalar(em, c, memo)
-            if name == "B":  # the op computes A*x - B*e
-                value = -value if isinstance(value, float) else em(aten.neg.default, value)
-            columns[name].append(value)
-    return em.stack([_stack_rows(em, columns[n], dtype) for n in names])
+    rows = _row_count(updates)
+    columns = [[0.0 if c is None else _scalar(em, c, memo) for c in _coefs(u, rows)] for u in updates]
+    return em.stack([_stack_rows(em, [step[i] for step in columns], dtype) for i in range(rows)])
 
 
 def _first_row(em: _Emitter, piece: Node) -> Node:
@@ -253,16 +242,26 @@ def _check_uniform(nodes, batch) -> None:
 
 # ----------------------------------------------------------------------------- tables over step indices
 
-_ROWS = "ABCDES"
+def _row_count(updates: list) -> int:
+    """The rows of the op's tables for ``updates``: 9 where a step reads an eps back from its
+    clamped x0 (rows P, Q, R), 7 where one reads the previous x0 (P), else 6."""
+    if any(u.eps_read is not None for u in updates):
+        return 9
+    return 7 if any("p" in u.post for u in updates) else 6
 
 
-def _coefs(u) -> list:
-    """The six coefficients of an update (``None`` where absent; B as the op reads it), and P
-    (the previous x0's) where it reads one."""
+def _coefs(u, rows: int | None = None) -> list:
+    """The coefficients of an update in the op's row order (``None`` where absent; B as the op
+    reads it): the six, then P where it reads one, Q and R where it reads an eps back from x0,
+    or the first ``rows`` of them. E is that eps's coefficient where the step reads one."""
     pre = u.pre or {}
     b = pre.get("e")
-    return [pre.get("x"), None if b is None else _Coef("neg", (b,)), u.post.get("x0"), u.post.get("x"),
-            u.post.get("e"), u.post.get("z"), *([u.post["p"]] if "p" in u.post else [])]
+    read = u.eps_read
+    rows = rows or (9 if read is not None else 7 if "p" in u.post else 6)
+    coefs = [pre.get("x"), None if b is None else _Coef("neg", (b,)), u.post.get("x0"), u.post.get("x"),
+             u.post.get("er" if read is not None else "e"), u.post.get("z"), u.post.get("p"),
+             None if read is None else read["x"], None if read is None else _Coef("neg", (read["x0"],))]
+    return coefs[:rows]
 
 
 def _shape_of(c) -> Any:
@@ -286,6 +285,8 @@ def _leaves_of(c, out: list) -> list:
 def _step_values(updates: list) -> list[list]:
     """Per step, the leaves of its coefficients in one order; raise unless every step has step 0's form."""
     form = [_shape_of(c) for c in _coefs(updates[0])]
+    if any(u.eps_read is not None for u in updates[1:]) and updates[0].eps_read is None:
+        raise _NoMatch("a later step reads an eps back from its clamped x0 and step 0 does not")
     if any("p" in u.post for u in updates):
         # Step 0 reads no previous x0, so it is not the function that gives the P table.
         raise _NoMatch("a step reads the previous step's x0 (a multistep solver), which is read with "
@@ -332,8 +333,8 @@ def _vector(em: _Emitter, c: _Coef, reemit, batch, memo: dict) -> Any:
 
 
 def _indexed_tables(em: _Emitter, updates: list, reemit, batch, dtype: torch.dtype) -> Node:
-    """``(6, S)``: step 0's coefficients evaluated at every step index ``s``, in ``dtype`` (the
-    sample's)."""
+    """``(6, S)`` (``(9, S)`` with an eps read back from x0): step 0's coefficients evaluated at
+    every step index ``s``, in ``dtype`` (the sample's)."""
     S = reemit.size()
     memo: dict = {}
     constant_rows: dict = {}  # one row per number the coefficients are (the absent ones' 0.0)

@@ -21,9 +21,10 @@ schedule) and :mod:`.diffusers_schedulers` (:func:`from_diffusers`).
 """
 from .builders import FINAL_SIGMAS, PREDICTIONS, VARIANCES, ddim, ddpm, dpm_solver_pp, flow_euler
 from .diffusers_schedulers import from_diffusers
-from .rule import PREVIOUS_TABLE, TABLE_NAMES, StepRule
+from .rule import EPS_TABLES, PREVIOUS_TABLE, TABLE_NAMES, StepRule
 
 __all__ = [
+    "EPS_TABLES",
     "FINAL_SIGMAS",
     "PREDICTIONS",
     "PREVIOUS_TABLE",

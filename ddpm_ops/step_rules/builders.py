@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .rule import PREVIOUS_TABLE, TABLE_NAMES, StepRule, _as_range
+from .rule import EPS_TABLES, PREVIOUS_TABLE, TABLE_NAMES, StepRule, _as_range
 
 PREDICTIONS = ("epsilon", "sample", "v_prediction")
 VARIANCES = ("fixed_small", "fixed_large")
@@ -81,6 +81,7 @@ def ddim(
     use_clipped_model_output: bool = False,
     min_std: float | None = None,
     noise_clip: float | None = None,
+    eps_clip: float | tuple[float, float] | None = None,
 ) -> StepRule:
     """The strided DDIM step (Song et al., 2021) over ``timesteps``.
 
@@ -110,20 +111,39 @@ def ddim(
             DDIM sampler draws ``mean + max(std, min_sampling_denoising_std) z``.
         noise_clip: ``None`` or ``c > 0``: the noise clamped to ``[-c, c]``
             before it is scaled.
+        eps_clip: ``None``, ``(lo, hi)`` or ``c`` for ``(-c, c)``: DPPO's DDIM
+            ``eps_clip_value``. ``pred_eps`` is then read back from the
+            clipped ``x0``, ``(x - sqrt(abar_t) x0) / sqrt(1 - abar_t)``, and
+            clamped to this range (the rule's ``Q``, ``R`` and ``eps_clip``);
+            beside ``clip`` that is ``use_clipped_model_output``, which must
+            then be set.
 
     Returns:
         A :class:`StepRule` of length ``len(timesteps)``.
 
     Raises:
         ValueError: bad ``alphas_cumprod``, ``timesteps``, ``eta``,
-            ``prediction``, ``clip``, ``min_std`` or ``noise_clip``.
+            ``prediction``, ``clip``, ``min_std``, ``noise_clip`` or
+            ``eps_clip``, or ``eps_clip`` and ``clip`` without
+            ``use_clipped_model_output``.
     """
     abar_all = _check_alphas_cumprod(alphas_cumprod)
     steps = _check_timesteps(timesteps, len(abar_all))
     abar = abar_all[steps]
     abar_prev = torch.cat([abar.new_ones(1), abar[:-1]])
-    tables = _ddim_tables(abar, abar_prev, eta, prediction, use_clipped_model_output)
-    return _rule(_floored(tables, torch.ones(len(abar), dtype=torch.bool), min_std), clip, noise_clip)
+    if eps_clip is not None and clip is not None and not use_clipped_model_output:
+        raise ValueError("eps_clip: clamps the eps read back from the clipped x0 (DPPO's DDIM), so beside clip it "
+                         "needs use_clipped_model_output=True, got use_clipped_model_output=False")
+    tables = _ddim_tables(abar, abar_prev, eta, prediction, use_clipped_model_output and eps_clip is None)
+    tables = _floored(tables, torch.ones(len(abar), dtype=torch.bool), min_std)
+    if eps_clip is None:
+        return _rule(tables, clip, noise_clip)
+    a, b, *_, s = tables
+    # The E term reads Q*x - R*x0 in place of pred_eps: C is sqrt(abar_prev) alone, D zero.
+    eps_tables = (1.0 / (1.0 - abar).sqrt(), (abar / (1.0 - abar)).sqrt())
+    direction = _ddim_direction(abar, abar_prev, eta)
+    return _rule((a, b, abar_prev.sqrt(), torch.zeros_like(a), direction, s), clip, noise_clip,
+                 eps_tables=eps_tables, eps_clip=eps_clip)
 
 
 def flow_euler(
@@ -286,18 +306,27 @@ def _ddpm_tables(abar, abar_prev, noise_mask, prediction, variance):
     return a, b, c, d, torch.zeros_like(abar), s
 
 
+def _ddim_sigma(abar, abar_prev, eta):
+    return eta * ((1.0 - abar_prev) / (1.0 - abar) * (1.0 - abar / abar_prev)).sqrt()
+
+
+def _ddim_direction(abar, abar_prev, eta):
+    """``sqrt(1 - abar_prev - sigma^2)``, pred_eps's coefficient."""
+    dir_var = 1.0 - abar_prev - _ddim_sigma(abar, abar_prev, eta) ** 2
+    # Exactly 0 when abar_prev = 1; anything visibly negative is eta too large.
+    if bool((dir_var < -1e-12).any()):
+        raise ValueError(f"eta: {eta} makes sigma^2 exceed 1 - abar_prev (diffusers would return NaN)")
+    return dir_var.clamp(min=0).sqrt()
+
+
 def _ddim_tables(abar, abar_prev, eta, prediction, use_clipped_model_output):
     """DDIMScheduler.step's coefficients, float64, for the given abar pairs."""
     eta = float(eta)
     if not (math.isfinite(eta) and eta >= 0):
         raise ValueError(f"eta: expected a finite number >= 0, got {eta}")
     a, b = _x0_coefficients(abar, prediction)
-    sigma = eta * ((1.0 - abar_prev) / (1.0 - abar) * (1.0 - abar / abar_prev)).sqrt()
-    dir_var = 1.0 - abar_prev - sigma**2
-    # Exactly 0 when abar_prev = 1; anything visibly negative is eta too large.
-    if bool((dir_var < -1e-12).any()):
-        raise ValueError(f"eta: {eta} makes sigma^2 exceed 1 - abar_prev (diffusers would return NaN)")
-    direction = dir_var.clamp(min=0).sqrt()
+    sigma = _ddim_sigma(abar, abar_prev, eta)
+    direction = _ddim_direction(abar, abar_prev, eta)
     c = abar_prev.sqrt()
     # pred_eps = eps_x * x + eps_e * e, from the unclipped x0 of each prediction.
     if use_clipped_model_output:
@@ -324,14 +353,15 @@ def _floored(tables, mask, min_std):
     return (*rest, torch.where(mask, s.clamp(min=float(min_std)), s))
 
 
-def _rule(tables, clip, noise_clip=None) -> StepRule:
+def _rule(tables, clip, noise_clip=None, eps_tables=None, eps_clip=None) -> StepRule:
     clip = _as_range("clip", clip)
-    for name, table in zip(TABLE_NAMES + (PREVIOUS_TABLE,), tables):
+    named = list(zip(TABLE_NAMES + (PREVIOUS_TABLE,), tables)) + list(zip(EPS_TABLES, eps_tables or ()))
+    for name, table in named:
         if not bool(torch.isfinite(table).all()):
             raise ValueError(
                 f"{name}: the schedule gives a non-finite coefficient (alphas_cumprod 0 with prediction='epsilon'?)"
             )
-    return StepRule(*tables, clip=clip, noise_clip=noise_clip)
+    return StepRule(**dict(named), clip=clip, noise_clip=noise_clip, eps_clip=eps_clip)
 
 
 def _check_betas(betas: torch.Tensor) -> torch.Tensor:

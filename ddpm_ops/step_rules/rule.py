@@ -8,6 +8,8 @@ import torch
 TABLE_NAMES = ("A", "B", "C", "D", "E", "S")
 # The optional seventh table: the previous step's x0 coefficient.
 PREVIOUS_TABLE = "P"
+# The optional eighth and ninth: the eps read back from the clamped x0, Q*x - R*x0.
+EPS_TABLES = ("Q", "R")
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -31,6 +33,12 @@ class StepRule:
             to ``[-c, c]`` before it is scaled by ``S[s]`` (DPPO's
             ``randn_clip_value``), a given noise tensor and noise the op draws
             alike.
+        Q, R: ``None``, or two more such tables: the ``E`` term then reads
+            the eps read back from the clamped ``x0``, ``Q[s] * x - R[s] * x0``,
+            instead of the network's ``e`` (both or neither).
+        eps_clip: ``None``, ``(lo, hi)`` or a number ``c`` meaning ``(-c, c)``
+            (numbers only): the read-back eps is clamped to it first (DPPO's
+            DDIM ``eps_clip_value``). Needs ``Q`` and ``R``.
 
     A rule built while torch.compile or torch.export traces (inside a
     module's ``forward``, from its buffers) checks what does not need the
@@ -43,7 +51,9 @@ class StepRule:
         ValueError: a table is not 1-D, is empty, is not float32/float64, has
             a non-finite entry (checked eagerly only), or differs from ``A``
             in length or device; a range has ``lo > hi`` or a non-finite
-            bound, or bounds that are not 1-D real tensors of one length.
+            bound, or bounds that are not 1-D real tensors of one length;
+            ``Q`` without ``R`` or the reverse; ``eps_clip`` without them, or
+            with tensor bounds.
 
     Attributes:
         adds_noise: whether any ``S`` entry is nonzero (read once, here);
@@ -65,6 +75,9 @@ class StepRule:
     clip: tuple[float, float] | torch.Tensor | None = None
     post_clip: tuple[float, float] | torch.Tensor | None = None
     noise_clip: float | None = None
+    Q: torch.Tensor | None = None
+    R: torch.Tensor | None = None
+    eps_clip: tuple[float, float] | None = None
     adds_noise: bool = field(init=False)
     _tables: torch.Tensor = field(init=False)
     # The tables and per-column bounds as given, in float64: a float64 sample's.
@@ -72,7 +85,14 @@ class StepRule:
     _clamps64: tuple = field(init=False)
 
     def __post_init__(self):
+        if (self.Q is None) != (self.R is None):
+            raise ValueError(f"Q, R: expected both tables of the read-back eps or neither, got "
+                             f"{'Q' if self.R is None else 'R'} alone")
+        if self.eps_clip is not None and self.Q is None:
+            raise ValueError("eps_clip: expected the tables Q and R of the eps it clamps (Q*x - R*x0, read back "
+                             "from the clamped x0), got neither")
         names = TABLE_NAMES + ((PREVIOUS_TABLE,) if self.P is not None else ())
+        names += EPS_TABLES if self.Q is not None else ()
         given = [_check_table(name, getattr(self, name)) for name in names]
         for name, table in zip(names[1:], given[1:]):
             if table.shape != given[0].shape:
@@ -81,17 +101,20 @@ class StepRule:
                 )
             if table.device != given[0].device:
                 raise ValueError(f"{name}: expected the device of A ({given[0].device}), got {table.device}")
-        # One (6 or 7, len) block, so tables() costs nothing and A..S (P) are its rows.
-        tables = torch.stack([t.to(torch.float32) for t in given]).contiguous()
-        tables64 = torch.stack([t.to(torch.float64) for t in given]).contiguous()
+        # One (6, 7 or 9, len) block, so tables() costs nothing and A..S (P, Q, R) are its rows;
+        # the op reads Q and R as rows 7 and 8, after a P of zeros where the rule has none.
+        block = given if self.Q is None or self.P is not None else given[:6] + [torch.zeros_like(given[0])] + given[6:]
+        tables = torch.stack([t.to(torch.float32) for t in block]).contiguous()
+        tables64 = torch.stack([t.to(torch.float64) for t in block]).contiguous()
         traced = torch.compiler.is_compiling()
         if not traced and not bool(torch.isfinite(tables).all()):
             bad = [n for n, t in zip(names, tables) if not bool(torch.isfinite(t).all())]
             raise ValueError(f"{', '.join(bad)}: expected finite values (in float32), got inf or nan")
         object.__setattr__(self, "_tables", tables)
         object.__setattr__(self, "_tables64", tables64)
-        for name, row in zip(names, tables):
-            object.__setattr__(self, name, row)
+        rows = dict(zip(TABLE_NAMES + (PREVIOUS_TABLE,) + EPS_TABLES, tables))
+        for name in names:
+            object.__setattr__(self, name, rows[name])
         clamps64 = (_as_range("clip", self.clip, tables.device), _as_range("post_clip", self.post_clip, tables.device))
         object.__setattr__(self, "_clamps64", clamps64)
         for name, bounds in zip(("clip", "post_clip"), clamps64):
@@ -102,6 +125,12 @@ class StepRule:
                     not (math.isfinite(self.noise_clip) and self.noise_clip > 0):
                 raise ValueError(f"noise_clip: expected None or a finite number > 0, got {self.noise_clip!r}")
             object.__setattr__(self, "noise_clip", float(self.noise_clip))
+        if self.eps_clip is not None:
+            eps_clip = _as_range("eps_clip", self.eps_clip)
+            if isinstance(eps_clip, torch.Tensor):
+                raise ValueError(f"eps_clip: expected None, (lo, hi) or a number c with number bounds, got "
+                                 f"per-column bounds {self.eps_clip!r}")
+            object.__setattr__(self, "eps_clip", eps_clip)
 
     @classmethod
     def from_coefficients(cls, sqrt_recip_alphas: torch.Tensor, coef_eps: torch.Tensor) -> "StepRule":
@@ -138,8 +167,9 @@ class StepRule:
         return self._tables.device
 
     def tables(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The ``(6, len)`` block ``[A, B, C, D, E, S]`` the op reads, ``(7, len)`` with ``P``
-        (do not modify it): for ``dtype`` float64, a float64 sample's, the tables as given in
+        """The ``(6, len)`` block ``[A, B, C, D, E, S]`` the op reads, ``(7, len)`` with ``P``,
+        ``(9, len)`` with ``Q`` and ``R`` (after ``P``, zeros where the rule has none; do not
+        modify it): for ``dtype`` float64, a float64 sample's, the tables as given in
         float64; for any other ``dtype``, the float32 block (a float32 sample's)."""
         return self._tables64 if dtype == torch.float64 else self._tables
 
@@ -158,15 +188,18 @@ class StepRule:
         Returns:
             A new :class:`StepRule`.
         """
-        tables = self._tables64.to(device)
+        tables = dict(zip(TABLE_NAMES + (PREVIOUS_TABLE,) + EPS_TABLES, self._tables64.to(device)))
+        if self.P is None:
+            tables.pop(PREVIOUS_TABLE, None)
         clip, post_clip = self._clamps64
-        return StepRule(*tables, clip=clip, post_clip=post_clip, noise_clip=self.noise_clip)
+        return StepRule(**tables, clip=clip, post_clip=post_clip, noise_clip=self.noise_clip, eps_clip=self.eps_clip)
 
     def __repr__(self) -> str:
         return (
             f"StepRule(len={len(self)}, adds_noise={self.adds_noise}, "
             f"previous_x0={self.P is not None}, clip={_describe_range(self.clip)}, "
-            f"post_clip={_describe_range(self.post_clip)}, noise_clip={self.noise_clip}, device={self.device})"
+            f"post_clip={_describe_range(self.post_clip)}, noise_clip={self.noise_clip}, "
+            f"eps_readback={self.Q is not None}, eps_clip={self.eps_clip}, device={self.device})"
         )
 
 

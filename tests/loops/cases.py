@@ -342,6 +342,10 @@ CASES = {
     "tabddpm_gaussian_ddim_sample_ones_long_t": _tabddpm_ddim(spelling="ddim_sample"),
     "dppo_eval_forward_dict_cond_plain_tables": _dppo_eval(),
     "dppo_eval_ddim_tensor_timesteps": _dppo_eval(use_ddim=True),
+    # DPPO's DDIM eps_clip_value: eps read back from the clamped x0 and clamped (the op's rows Q and
+    # R and its eps_clip); without denoised_clip_value, the network's eps clamped.
+    "dppo_eval_ddim_eps_clip": _dppo_eval(use_ddim=True, eps_clip_value=0.5),
+    "dppo_eval_ddim_eps_clip_unclamped_x0": _dppo_eval(use_ddim=True, eps_clip_value=0.5, denoised_clip_value=None),
     # CleanDiffuser's default fix_mask (0.): ``xt * (1. - 0.) + prior * 0.`` after the initial draw and
     # every step. ``c = prior * 0.`` is +-0 where the prior is finite and NaN where it is not: the op
     # runs from ``x_T + c`` and ``c`` is added to its result, computed once a call.
@@ -381,9 +385,4 @@ LEFT_ALONE = {
     # of the network reads the previous sample through two pieces).
     "tiny_diffusion_numpy_t_sinusoidal_input": (
         _tiny_project(input_emb="sinusoidal"), "reads the previous step's sample in more than one piece"),
-    # DPPO's DDIM eps_clip_value clamps eps read back from the clamped x0: a clamp the op has not
-    # (it clamps x0 and the step's result).
-    "dppo_eval_ddim_eps_clip": (
-        _dppo_eval(use_ddim=True, eps_clip_value=1.0),
-        "has no clamp of the eps it could read back from its x0, (A*x - x0)/B"),
 }
