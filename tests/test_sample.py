@@ -327,7 +327,7 @@ BAD = {
     "clip order": (dict(clip=[1.0, -1.0]), r"clip must have lo <= hi, got \(1, -1\)"),
     "clip nan": (dict(post_clip=[float("nan"), 1.0]), r"post_clip must have lo <= hi"),
     "clip length": (dict(clip=[1.0]), r"clip must be a \(lo, hi\) pair, got 1 values"),
-    "tables of 8 rows": (dict(step_tables=torch.randn(8, 50)), r"step_tables must have shape \(6, steps\) .* or \(7, steps\) \(and P, the previous step's x0 coefficient\), got shape \[8, 50\]"),
+    "tables of 8 rows": (dict(step_tables=torch.randn(8, 50)), r"step_tables must have shape \(6, steps\) .*, \(7, steps\) \(and P, the previous step's x0 coefficient\) or \(9, steps\) \(and Q, R: the eps read back from x0\), got shape \[8, 50\]"),
     "clip and clip_bounds": (dict(clip=[-1.0, 1.0], clip_bounds=torch.tensor([[-1.0] * 5, [1.0] * 5])), r"clip and clip_bounds: expected at most one of them .*, got both"),
     "clip_bounds shape": (dict(clip_bounds=torch.randn(2, 4)), r"clip_bounds must have shape \(2, dim\) = \(2, 5\) \(row 0 the lower bounds, row 1 the upper\), got shape \[2, 4\]"),
     "clip_bounds rows": (dict(post_clip_bounds=torch.randn(5)), r"post_clip_bounds must have shape \(2, dim\) = \(2, 5\) .* got shape \[5\]"),

@@ -1,8 +1,9 @@
 """Every test loop with its inputs: name -> () -> (model, args, noise shape or None)."""
 import torch
 
-from . import cleandiffuser, diffusers_style, diffusion_policy, diffusion_ql, dpm_solver, dppo, flow_policy, idql, \
-    k_diffusion, lucidrains, readme, scheduler_step, tabddpm, tiny_diffusion, v1_variants
+from . import cleandiffuser, cpql, decision_diffuser, diffusers_style, diffusion_policy, diffusion_ql, dipo, \
+    dpm_solver, dppo, flow_policy, idql, janner_diffuser, k_diffusion, lucidrains, readme, scheduler_step, score_sde, \
+    tabddpm, tiny_diffusion, v1_variants
 
 
 def _dql():
@@ -205,6 +206,40 @@ def _tabddpm_ddim(**kw):
     return make
 
 
+def _project(module, cls, args, noise_shape, **kw):
+    """A loop of ``module.cls(**kw)`` called as ``model(*args, noise)``; ``args`` and ``noise_shape``
+    functions of the model."""
+    def make():
+        torch.manual_seed(0)
+        m = getattr(module, cls)(**kw)
+        return m, args(m), noise_shape(m)
+    return make
+
+
+def _dipo(**kw):
+    return _project(dipo, "DIPODiffusion", lambda m: (torch.randn(16, m.state_dim),),
+                    lambda m: (m.n_timesteps + 1, 16, m.action_dim), **kw)
+
+
+def _janner(**kw):
+    return _project(janner_diffuser, "GaussianDiffusion", lambda m: (torch.randn(16, m.observation_dim),),
+                    lambda m: (m.n_timesteps + 1, 16, m.horizon, m.transition_dim), **kw)
+
+
+def _decision_diffuser(**kw):
+    return _project(decision_diffuser, "ActionGaussianDiffusion",
+                    lambda m: (torch.randn(16, m.observation_dim), 0.9 * torch.ones(16, 1)),
+                    lambda m: (m.n_timesteps + 1, 16, m.action_dim), **kw)
+
+
+def _score_sde(**kw):
+    return _project(score_sde, "PCSampler", lambda m: (), lambda m: (m.sde.N + 1, 16, m.dim), **kw)
+
+
+def _cpql(**kw):
+    return _project(cpql, "CPQLActor", lambda m: (torch.randn(16, 11),), lambda m: (4, 16, 3), **kw)
+
+
 def _dppo_eval(**kw):
     def make():
         torch.manual_seed(0)
@@ -371,6 +406,23 @@ CASES = {
     # The chunk read and written channels first (ConditionalUnet1D's convention on an MLP): the op
     # runs the network's order of the chunk's elements.
     "diffusion_policy_lowdim_ddim_channels_first": _diffusion_policy(channels_first=True),
+    # DIPO: its noise scaled by noise_ratio (0 when evaluating: the noise term times 0).
+    "dipo": _dipo(),
+    "dipo_eval": _dipo(eval=True),
+    # Janner's diffuser and Decision Diffuser without their conditioning (inpainting, guidance).
+    "janner_diffuser_eps_clip": _janner(predict_epsilon=True, clip_denoised=True, conditioning=False),
+    "decision_diffuser_unguided": _decision_diffuser(returns_condition=False),
+    # score_sde's predictor-corrector sampler on a VP SDE: continuous time t * ones(B) read by the score
+    # function's scaling; the discrete reverse-diffusion predictor (beta_max 3: 6 steps of beta_max 20
+    # make eager's alphas negative) and its probability flow.
+    "score_sde_euler_maruyama": _score_sde(),
+    "score_sde_euler_maruyama_last_x": _score_sde(denoise=False),
+    "score_sde_reverse_diffusion": _score_sde(predictor="reverse_diffusion", continuous=False, beta_max=3.0),
+    "score_sde_probability_flow": _score_sde(predictor="reverse_diffusion", continuous=False, beta_max=3.0,
+                                             probability_flow=True),
+    # CPQL's consistency-model multistep sampler: noise added before each network call, c_in * x.
+    "cpql_multistep": _cpql(),
+    "cpql_multistep_unclipped": _cpql(clip_denoised=False),
 }
 
 
@@ -385,4 +437,13 @@ LEFT_ALONE = {
     # of the network reads the previous sample through two pieces).
     "tiny_diffusion_numpy_t_sinusoidal_input": (
         _tiny_project(input_emb="sinusoidal"), "reads the previous step's sample in more than one piece"),
+    # Janner's diffuser inpaints the state into the trajectory after every step (x[:, 0, action_dim:] =
+    # state, a select_scatter): the op writes whole rows of the sample, not fixed elements of it.
+    "janner_diffuser_inpainting": (
+        _janner(predict_epsilon=True, clip_denoised=True),
+        "(aten.select_scatter.default) is not add, sub, mul, div, neg, clamp or a view"),
+    # Decision Diffuser's classifier-free guidance: two network calls a step, combined; the op calls
+    # its network once a step.
+    "decision_diffuser_guided": (
+        _decision_diffuser(), "(aten.addmm.default) is not add, sub, mul, div, neg, clamp or a view"),
 }
