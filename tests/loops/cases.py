@@ -406,9 +406,9 @@ CASES = {
     # The chunk read and written channels first (ConditionalUnet1D's convention on an MLP): the op
     # runs the network's order of the chunk's elements.
     "diffusion_policy_lowdim_ddim_channels_first": _diffusion_policy(channels_first=True),
-    # DIPO: its noise scaled by noise_ratio (0 when evaluating: the noise term times 0).
+    # DIPO: its noise scaled by noise_ratio.
     "dipo": _dipo(),
-    "dipo_eval": _dipo(eval=True),
+    "dipo_small_noise": _dipo(noise_ratio=0.1),
     # Janner's diffuser and Decision Diffuser without their conditioning (inpainting, guidance).
     "janner_diffuser_eps_clip": _janner(predict_epsilon=True, clip_denoised=True, conditioning=False),
     "decision_diffuser_unguided": _decision_diffuser(returns_condition=False),
