@@ -685,8 +685,8 @@ def _rescaled(u: _Update, scale: _Coef, scale_next: _Coef) -> None:
     x'`` (1 after the loop's last step, so that the op's result is the sample): the network reads
     ``y`` as it is, x0 is ``(A/scale)*y - B*e`` (the same value, so its clamp and the previous x0
     too, and the eps read back from it with ``q/scale``), and ``y' = scale_next * x'`` multiplies
-    every term of the update by ``scale_next``, the sample's ``D`` also divided by ``scale``. Only where both are finite and nonzero
-    (:func:`.emit._prove_scales`)."""
+    every term of the update by ``scale_next``, the sample's ``D`` also divided by ``scale``. Only
+    where both are finite and nonzero (:func:`.emit._prove_scales`)."""
     if u.pre is not None and "x" in u.pre:
         u.pre = {**u.pre, "x": cdiv(u.pre["x"], scale)}
     if u.eps_read is not None:
