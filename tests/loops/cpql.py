@@ -8,27 +8,12 @@ A consistency model's multistep sampling: ``x = denoise(x_T, sigmas[0])``, then 
 reads ``c_in * x_t`` and ``1000 * 0.25 * log(sigmas + 1e-44)``, returns ``c_out * F + c_skip * x_t``
 clamped to [-1, 1] (``clip_denoised``), and ``sample`` clamps again. ``sampler="onestep"``: the first
 denoise alone. The noise is given as tensors: ``noise[0]`` the ``x_T`` draw, ``noise[1 + i]`` step ``i``'s."""
-import math
-
 import numpy as np
 import torch
 import torch as th
 import torch.nn as nn
 
-
-class SinusoidalPosEmb(nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, x):
-        device = x.device
-        half_dim = self.dim // 2
-        emb = math.log(10000) / (half_dim - 1)
-        emb = torch.exp(torch.arange(half_dim, device=device) * -emb)
-        emb = x[:, None] * emb[None, :]
-        emb = torch.cat((emb.sin(), emb.cos()), dim=-1)
-        return emb
+from .common import SinusoidalPosEmb
 
 
 def append_dims(x, target_dims):

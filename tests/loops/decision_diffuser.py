@@ -9,43 +9,13 @@ and ``model(x, cond, t, returns, force_dropout=True)`` (MLPnet then also samples
 ``use_dropout`` defaulting to True, and multiplies the returns embedding by it and by 0);
 ``epsilon = epsilon_uncond + w * (epsilon_cond - epsilon_uncond)``. The draws are ``0.5 * torch.randn``:
 the noise is given as tensors, ``noise[0]`` the initial draw, ``noise[1 + k]`` step ``k``'s."""
-import math
-
 import numpy as np
 import torch
 from torch import nn
 from torch.distributions import Bernoulli
 
-
-class SinusoidalPosEmb(nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, x):
-        device = x.device
-        half_dim = self.dim // 2
-        emb = math.log(10000) / (half_dim - 1)
-        emb = torch.exp(torch.arange(half_dim, device=device) * -emb)
-        emb = x[:, None] * emb[None, :]
-        emb = torch.cat((emb.sin(), emb.cos()), dim=-1)
-        return emb
-
-
-def extract(a, t, x_shape):
-    b, *_ = t.shape
-    out = a.gather(-1, t)
-    return out.reshape(b, *((1,) * (len(x_shape) - 1)))
-
-
-def cosine_beta_schedule(timesteps, s=0.008, dtype=torch.float32):
-    steps = timesteps + 1
-    x = np.linspace(0, steps, steps)
-    alphas_cumprod = np.cos(((x / steps) + s) / (1 + s) * np.pi * 0.5) ** 2
-    alphas_cumprod = alphas_cumprod / alphas_cumprod[0]
-    betas = 1 - (alphas_cumprod[1:] / alphas_cumprod[:-1])
-    betas_clipped = np.clip(betas, a_min=0, a_max=0.999)
-    return torch.tensor(betas_clipped, dtype=dtype)
+from .common import SinusoidalPosEmb, extract
+from .dppo import cosine_beta_schedule
 
 
 class MLPnet(nn.Module):

@@ -5,11 +5,11 @@
 DIPO scales the step's noise by ``self.noise_ratio`` (0 when ``eval``, ``max_noise_ratio`` otherwise),
 clamps x0 in place (``x_recon.clamp_(-1., 1.)``), builds ``posterior_mean_coef*`` with ``np.sqrt`` of
 tensors, and clamps the action in place after the loop (``action.clamp_(-1., 1.)``)."""
-import math
-
 import numpy as np
 import torch
 import torch.nn as nn
+
+from .common import SinusoidalPosEmb, extract
 
 
 def init_weights(m):
@@ -26,27 +26,6 @@ def init_weights(m):
         input_dim = m.in_features
         truncated_normal_init(m.weight, std=1 / (2 * np.sqrt(input_dim)))
         m.bias.data.fill_(0.0)
-
-
-class SinusoidalPosEmb(nn.Module):
-    def __init__(self, dim):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, x):
-        device = x.device
-        half_dim = self.dim // 2
-        emb = math.log(10000) / (half_dim - 1)
-        emb = torch.exp(torch.arange(half_dim, device=device) * -emb)
-        emb = x[:, None] * emb[None, :]
-        emb = torch.cat((emb.sin(), emb.cos()), dim=-1)
-        return emb
-
-
-def extract(a, t, x_shape):
-    b, *_ = t.shape
-    out = a.gather(-1, t)
-    return out.reshape(b, *((1,) * (len(x_shape) - 1)))
 
 
 def vp_beta_schedule(timesteps, dtype=torch.float32):
